@@ -1,0 +1,46 @@
+"""The ``apf-gunicorn`` command line: ``check``, ``explain``, ``simulate`` and ``dump``.
+
+Each subcommand lives in its own module (``cli/check.py`` …) exposing
+``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them together.
+
+    $ apf-gunicorn check config/kubernetes --concurrency-limit 600 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "check": "validate a configuration and print each priority level's limits",
+    "explain": "show which FlowSchema, priority level, flow and queues a request gets",
+    "simulate": "run the fair-queuing code against a synthetic workload in virtual time",
+    "dump": "print the live debug dumps of a running server",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="apf-gunicorn",
+        description="Kubernetes API Priority and Fairness for gunicorn.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, help_text in SUBCOMMANDS.items():
+        module = importlib.import_module(f"apf_gunicorn.cli.{name}")
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # `apf-gunicorn dump queues | head`
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

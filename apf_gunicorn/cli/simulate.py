@@ -1,0 +1,15 @@
+"""`apf-gunicorn simulate`: not written yet (see the open issues)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+
+def run(args: argparse.Namespace) -> int:
+    print("apf-gunicorn simulate: not implemented yet", file=sys.stderr)
+    return 2
