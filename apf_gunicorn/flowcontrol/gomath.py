@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+from fractions import Fraction
 
 NS_PER_SECOND = 1_000_000_000
 
@@ -56,14 +57,13 @@ def parse_duration(value: str | int | float) -> int:
         return 0
     sign = 1
     body = text
-    if body[:1] in "+-":
+    if body and body[0] in "+-":
         sign = -1 if body[0] == "-" else 1
         body = body[1:]
     if not body:
         raise ValueError(f"invalid duration {value!r}")
     pos = 0
-    total = 0
-    from fractions import Fraction
+    total = Fraction(0)
 
     while pos < len(body):
         m = _DURATION_PART.match(body, pos)
