@@ -1,0 +1,181 @@
+"""Server-level settings from environment variables (SPEC section 3), validated once at start.
+
+Usage::
+
+    from apf_gunicorn.server.settings import load_settings, SettingsError
+    try:
+        settings = load_settings(os.environ, workers=4, threads=16)
+    except SettingsError as e:
+        sys.exit(str(e))     # names the variable, the value and what is allowed
+
+Every variable is checked; the first bad one raises :class:`SettingsError`. The resulting
+:class:`Settings` is frozen and is inherited by the workers across ``fork``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
+DEFAULT_ADMIN_BIND = "127.0.0.1:9180"
+DEFAULT_USER_HEADER = "X-Remote-User"
+DEFAULT_GROUP_HEADER = "X-Remote-Group"
+DEFAULT_METRICS_PREFIX = "apf"
+
+_HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_IMPORT_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_INSTANCE = re.compile(r"^[A-Za-z0-9_.-]{0,40}$")
+
+
+class SettingsError(ValueError):
+    """A bad setting; ``str()`` names the variable, the value and what is allowed."""
+
+    def __init__(self, var: str, value: str, allowed: str):
+        self.var, self.value, self.allowed = var, value, allowed
+        super().__init__(f"invalid {var}={value!r}: {allowed}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    config_path: str | None  # None: the built-in configuration
+    concurrency_limit: int
+    queue_wait_limit_ns: int
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    user_header: str
+    group_header: str
+    request_info: str | None  # "module:callable" or None for the built-in resolver
+    routes: str | None  # path of a YAML route map (APF_ROUTES) or None
+    admin_bind: tuple[str, int] | None  # None: off
+    metrics_prefix: str
+    instance: str  # user-chosen instance id, part of the shm and socket names
+    test_die_in_lock: int  # test only: a worker SIGKILLs itself in its Nth critical section
+
+
+def default_concurrency_limit(workers: int, threads: int) -> int:
+    """Half of all worker threads: the other half holds queued and exempt requests."""
+    return max(1, (workers * threads) // 2)
+
+
+def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
+                  threads: int = 1) -> Settings:
+    """Read and validate every APF_* variable of ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+
+    def get(var: str) -> str | None:
+        v = env.get(var)
+        return None if v is None or v.strip() == "" else v.strip()
+
+    config_path = get("APF_CONFIG")
+    if config_path is not None and not os.path.exists(config_path):
+        raise SettingsError("APF_CONFIG", config_path,
+                            "must be an existing YAML file or directory of *.yaml/*.yml files")
+
+    raw = get("APF_CONCURRENCY_LIMIT")
+    if raw is None:
+        limit = default_concurrency_limit(workers, threads)
+    else:
+        limit = _int(raw)
+        if limit is None or limit < 1 or limit > 1_000_000:
+            raise SettingsError("APF_CONCURRENCY_LIMIT", raw,
+                                "must be an integer number of seats from 1 to 1000000")
+
+    raw = get("APF_QUEUE_WAIT_LIMIT")
+    if raw is None:
+        wait_s = DEFAULT_QUEUE_WAIT_LIMIT_S
+    else:
+        try:
+            wait_s = float(raw)
+        except ValueError:
+            wait_s = -1.0
+        if not (0 < wait_s <= 3600):
+            raise SettingsError("APF_QUEUE_WAIT_LIMIT", raw,
+                                "must be a number of seconds greater than 0 and at most 3600")
+
+    raw = get("APF_TRUSTED_PROXIES")
+    proxies = []
+    for item in (raw or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            proxies.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SettingsError("APF_TRUSTED_PROXIES", raw or "",
+                                f"{item!r} is not an IP address or CIDR; expected a "
+                                "comma-separated list such as 10.0.0.0/8,127.0.0.1") from None
+
+    headers = {}
+    for var, default in (("APF_USER_HEADER", DEFAULT_USER_HEADER),
+                         ("APF_GROUP_HEADER", DEFAULT_GROUP_HEADER)):
+        raw = get(var)
+        if raw is not None and not _HEADER_TOKEN.match(raw):
+            raise SettingsError(var, raw, "must be an HTTP header name (letters, digits, '-')")
+        headers[var] = raw or default
+
+    request_info = get("APF_REQUEST_INFO")
+    if request_info is not None and not _IMPORT_SPEC.match(request_info):
+        raise SettingsError("APF_REQUEST_INFO", request_info,
+                            "must be 'module:callable', e.g. myapp.apf:request_attributes")
+
+    routes = get("APF_ROUTES")
+    if routes is not None and not os.path.isfile(routes):
+        raise SettingsError("APF_ROUTES", routes, "must be an existing YAML file of route rules")
+
+    raw = get("APF_ADMIN_BIND")
+    admin_bind = _bind(raw) if raw is not None else _bind(DEFAULT_ADMIN_BIND)
+
+    prefix = get("APF_METRICS_PREFIX") or DEFAULT_METRICS_PREFIX
+    if not _METRIC_PREFIX.match(prefix):
+        raise SettingsError("APF_METRICS_PREFIX", prefix,
+                            "must match [a-zA-Z_:][a-zA-Z0-9_:]* (a Prometheus name prefix)")
+
+    instance = get("APF_INSTANCE") or ""
+    if not _INSTANCE.match(instance):
+        raise SettingsError("APF_INSTANCE", instance,
+                            "must be at most 40 characters from A-Z a-z 0-9 _ . -")
+
+    raw = get("APF_TEST_DIE_IN_LOCK")
+    die = 0
+    if raw is not None:
+        die = _int(raw) if _int(raw) is not None else -1
+        if die < 0:
+            raise SettingsError("APF_TEST_DIE_IN_LOCK", raw, "must be a non-negative integer")
+
+    return Settings(
+        config_path=config_path,
+        concurrency_limit=limit,
+        queue_wait_limit_ns=int(wait_s * 1e9),
+        trusted_proxies=tuple(proxies),
+        user_header=headers["APF_USER_HEADER"],
+        group_header=headers["APF_GROUP_HEADER"],
+        request_info=request_info,
+        routes=routes,
+        admin_bind=admin_bind,
+        metrics_prefix=prefix,
+        instance=instance,
+        test_die_in_lock=die,
+    )
+
+
+def _int(raw: str) -> int | None:
+    try:
+        return int(raw, 10)
+    except ValueError:
+        return None
+
+
+def _bind(raw: str) -> tuple[str, int] | None:
+    if raw.lower() == "off":
+        return None
+    host, sep, port = raw.rpartition(":")
+    host = host.strip("[]")
+    p = _int(port) if sep else None
+    if not host or p is None or not (0 <= p <= 65535):
+        raise SettingsError("APF_ADMIN_BIND", raw,
+                            "must be host:port (e.g. 127.0.0.1:9180, [::1]:9180) or 'off'")
+    return host, p

@@ -1,0 +1,58 @@
+"""Settings validation: every APF_* variable, defaults, and the error texts."""
+
+import pytest
+
+from apf_gunicorn.server.settings import SettingsError, default_concurrency_limit, load_settings
+
+
+def test_defaults():
+    s = load_settings({}, workers=4, threads=16)
+    assert s.config_path is None
+    assert s.concurrency_limit == default_concurrency_limit(4, 16) == 32
+    assert s.queue_wait_limit_ns == 15_000_000_000
+    assert s.trusted_proxies == ()
+    assert (s.user_header, s.group_header) == ("X-Remote-User", "X-Remote-Group")
+    assert s.request_info is None and s.routes is None
+    assert s.admin_bind == ("127.0.0.1", 9180)
+    assert s.metrics_prefix == "apf"
+
+
+def test_values(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("")
+    s = load_settings({
+        "APF_CONFIG": str(cfg), "APF_CONCURRENCY_LIMIT": "12", "APF_QUEUE_WAIT_LIMIT": "2.5",
+        "APF_TRUSTED_PROXIES": "10.0.0.0/8, 127.0.0.1,::1", "APF_USER_HEADER": "X-User",
+        "APF_REQUEST_INFO": "pkg.mod:func", "APF_ADMIN_BIND": "off",
+        "APF_METRICS_PREFIX": "my_apf", "APF_INSTANCE": "t1",
+    })
+    assert s.concurrency_limit == 12
+    assert s.queue_wait_limit_ns == 2_500_000_000
+    assert [str(n) for n in s.trusted_proxies] == ["10.0.0.0/8", "127.0.0.1/32", "::1/128"]
+    assert s.user_header == "X-User"
+    assert s.admin_bind is None
+    assert load_settings({"APF_ADMIN_BIND": "[::1]:0"}).admin_bind == ("::1", 0)
+
+
+@pytest.mark.parametrize("var,value,allowed", [
+    ("APF_CONFIG", "/nonexistent/x.yaml", "existing YAML file"),
+    ("APF_CONCURRENCY_LIMIT", "0", "integer number of seats from 1"),
+    ("APF_CONCURRENCY_LIMIT", "ten", "integer number of seats from 1"),
+    ("APF_QUEUE_WAIT_LIMIT", "-1", "greater than 0"),
+    ("APF_QUEUE_WAIT_LIMIT", "abc", "greater than 0"),
+    ("APF_TRUSTED_PROXIES", "10.0.0.0/8,bogus", "'bogus' is not an IP address"),
+    ("APF_USER_HEADER", "X User", "HTTP header name"),
+    ("APF_GROUP_HEADER", "X:G", "HTTP header name"),
+    ("APF_REQUEST_INFO", "nocolon", "module:callable"),
+    ("APF_ROUTES", "/nonexistent/routes.yaml", "existing YAML file"),
+    ("APF_ADMIN_BIND", "localhost", "host:port"),
+    ("APF_ADMIN_BIND", "127.0.0.1:99999", "host:port"),
+    ("APF_METRICS_PREFIX", "9bad", "Prometheus name prefix"),
+    ("APF_INSTANCE", "a/b", "at most 40 characters"),
+])
+def test_bad_values_name_variable_value_and_allowed(var, value, allowed):
+    with pytest.raises(SettingsError) as ei:
+        load_settings({var: value})
+    msg = str(ei.value)
+    assert msg.startswith(f"invalid {var}={value!r}: ")
+    assert allowed in msg
