@@ -1,0 +1,400 @@
+"""WSGI environ -> :class:`~apf_gunicorn.flowcontrol.objects.RequestAttributes`.
+
+This is what the classifier sees of a request: who sent it (user and groups) and what it does
+(a Kubernetes resource request, or a non-resource path and a lower-cased method).
+
+    resolver = RequestInfoResolver(trusted_proxies=["10.0.0.0/8"], routes=load_routes(path))
+    attrs = resolver(environ)        # never raises
+
+Identity, in this order:
+
+1. ``X-Remote-User`` (header name configurable) when ``REMOTE_ADDR`` is in one of the trusted
+   proxy CIDRs; groups from ``X-Remote-Group`` (repeatable or comma-separated; WSGI servers join
+   repeated headers with ``,``). Headers from any other peer are ignored.
+2. ``REMOTE_USER`` set by an upstream WSGI layer.
+3. ``system:anonymous`` in group ``system:unauthenticated``.
+
+An identified user also gets ``system:authenticated`` (Kubernetes' AuthenticatedGroupAdder).
+
+What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
+Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
+``RequestInfoFactory``; anything else is a non-resource request whose verb is the lower-cased
+method.
+
+Hostile input never raises: headers and paths are decoded from WSGI's latin-1 transport as UTF-8
+with replacement characters, and values are truncated to the bounds below.
+
+The ``APF_REQUEST_INFO`` hook (:func:`load_request_info_hook`) replaces this resolver with a
+user function, falling back to it when the function fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from .objects import RequestAttributes
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS_USER = "system:anonymous"
+AUTHENTICATED_GROUP = "system:authenticated"
+UNAUTHENTICATED_GROUP = "system:unauthenticated"
+
+#: Longest user or group name kept (longer ones are truncated). Kubernetes service-account user
+#: names are at most ~340 characters; 1024 leaves room for any real identity provider.
+MAX_NAME_LENGTH = 1024
+#: Most groups kept from the group header (further ones are dropped).
+MAX_GROUPS = 64
+#: Longest header value read at all (identity headers); the rest is ignored before splitting.
+MAX_HEADER_LENGTH = 16384
+#: Longest path kept; longer paths are truncated (gunicorn's request line limit is 4094).
+MAX_PATH_LENGTH = 8192
+#: Longest method kept.
+MAX_METHOD_LENGTH = 32
+#: Longest query string parsed (only ``watch`` and ``fieldSelector`` are read from it).
+MAX_QUERY_LENGTH = 8192
+
+Environ = Mapping[str, Any]
+Resolver = Callable[[Environ], RequestAttributes]
+
+_SPECIAL_VERBS = frozenset(("proxy", "watch"))
+_SPECIAL_VERBS_NO_SUBRESOURCES = frozenset(("proxy",))
+_NAMESPACE_SUBRESOURCES = frozenset(("status", "finalize"))
+_METHOD_VERBS = {
+    "POST": "create",
+    "GET": "get",
+    "HEAD": "get",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
+_ANONYMOUS_GROUPS = (UNAUTHENTICATED_GROUP,)
+_TRUST_CACHE_SIZE = 4096
+
+
+def wsgi_str(value: Any, limit: int) -> str:
+    """A WSGI "native string" (bytes carried as latin-1) as real text, truncated to ``limit``.
+
+    Non-UTF-8 bytes become U+FFFD; a value that is not a str at all becomes ``""``.
+    """
+    if not isinstance(value, str):
+        return ""
+    if len(value) > limit * 4:  # at most 4 UTF-8 bytes per character: cut before decoding
+        value = value[: limit * 4]
+    try:
+        text = value.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # not a WSGI native string (a test or a hook); use as is
+        text = value
+    return text[:limit]
+
+
+def identity_groups(user: str, groups: Iterable[str]) -> tuple[str, ...]:
+    """Groups of an identified user as Kubernetes' authenticated-group adder leaves them.
+
+    ``system:authenticated`` is added unless the groups already say authenticated or
+    unauthenticated; the anonymous user instead gets ``system:unauthenticated``.
+    """
+    groups = tuple(groups)
+    if AUTHENTICATED_GROUP in groups or UNAUTHENTICATED_GROUP in groups:
+        return groups
+    if user == ANONYMOUS_USER:
+        return (*groups, UNAUTHENTICATED_GROUP)
+    return (*groups, AUTHENTICATED_GROUP)
+
+
+def _header_key(name: str) -> str:
+    return "HTTP_" + name.strip().upper().replace("-", "_")
+
+
+def _split_groups(raw: str) -> tuple[str, ...]:
+    groups: list[str] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if part and part not in groups:
+            groups.append(part[:MAX_NAME_LENGTH])
+            if len(groups) >= MAX_GROUPS:
+                break
+    return tuple(groups)
+
+
+def _watch_requested(values: list[str]) -> bool:
+    # Kubernetes decodes ?watch= with Convert_Slice_string_To_bool: the first value counts and
+    # anything but "0" or "false" (any case) is true, even an empty value.
+    return bool(values) and values[0].lower() not in ("0", "false")
+
+
+def _exact_name_from_field_selector(selector: str) -> str:
+    """The name a ``fieldSelector`` pins with ``metadata.name=X`` (Kubernetes
+    ``RequiresExactMatch``), or "" when it pins none or does not parse."""
+    found = ""
+    for term in selector.split(","):
+        if "!=" in term:
+            field, value = term.split("!=", 1)
+        elif "==" in term:
+            field, value = term.split("==", 1)
+            if field.strip() == "metadata.name":
+                found = value.strip()
+            continue
+        elif "=" in term:
+            field, value = term.split("=", 1)
+            if field.strip() == "metadata.name":
+                found = value.strip()
+            continue
+        else:
+            return ""  # an invalid selector: Kubernetes keeps no name
+    if found in (".", "..") or "/" in found or "%" in found:
+        return ""  # not a valid path segment name
+    return found
+
+
+def parse_kubernetes_path(method: str, path: str, query: str) -> dict[str, Any] | None:
+    """Kubernetes ``RequestInfoFactory.NewRequestInfo`` for ``/api`` and ``/apis`` paths.
+
+    Returns the resource fields (``verb``, ``api_group``, ``api_version``, ``namespace``,
+    ``resource``, ``subresource``, ``name``) or None for a non-resource request.
+    """
+    parts = path.strip("/").split("/") if path.strip("/") else []
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
+        return None
+    prefix = parts[0]
+    parts = parts[1:]
+    api_group = ""
+    if prefix == "apis":
+        if len(parts) < 3:
+            return None
+        api_group = parts[0]
+        parts = parts[1:]
+    api_version = parts[0]
+    parts = parts[1:]
+
+    if parts[0] in _SPECIAL_VERBS:
+        if len(parts) < 2:
+            # Kubernetes returns an error with what it has so far (a resource request whose verb
+            # is still the lower-cased method); we classify by that instead of failing.
+            return {
+                "verb": method.lower(),
+                "api_group": api_group,
+                "api_version": api_version,
+                "namespace": "",
+                "resource": "",
+                "subresource": "",
+                "name": "",
+            }
+        verb = parts[0]
+        parts = parts[1:]
+    else:
+        verb = _METHOD_VERBS.get(method, "")
+
+    namespace = ""
+    if parts[0] == "namespaces":
+        if len(parts) > 1:
+            namespace = parts[1]
+            if len(parts) > 2 and parts[2] not in _NAMESPACE_SUBRESOURCES:
+                parts = parts[2:]
+
+    resource = name = subresource = ""
+    if len(parts) >= 3 and verb not in _SPECIAL_VERBS_NO_SUBRESOURCES:
+        subresource = parts[2]
+    if len(parts) >= 2:
+        name = parts[1]
+    if len(parts) >= 1:
+        resource = parts[0]
+
+    if not name and verb == "get":
+        params: dict[str, list[str]] = {}
+        if query:
+            for key, value in parse_qsl(query[:MAX_QUERY_LENGTH], keep_blank_values=True,
+                                        errors="replace"):
+                params.setdefault(key, []).append(value)
+        verb = "watch" if _watch_requested(params.get("watch", [])) else "list"
+        selectors = params.get("fieldSelector")
+        if selectors:
+            name = _exact_name_from_field_selector(selectors[0])
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return {
+        "verb": verb,
+        "api_group": api_group,
+        "api_version": api_version,
+        "namespace": namespace,
+        "resource": resource,
+        "subresource": subresource,
+        "name": name,
+    }
+
+
+class RequestInfoResolver:
+    """The built-in resolver. Build one per configuration; calls are thread-safe."""
+
+    def __init__(
+        self,
+        trusted_proxies: Iterable[str] = (),
+        user_header: str = "X-Remote-User",
+        group_header: str = "X-Remote-Group",
+        routes: Any = None,
+    ) -> None:
+        """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured;
+        a bad entry raises ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
+        None."""
+        networks = []
+        for cidr in trusted_proxies:
+            cidr = cidr.strip()
+            if not cidr:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(cidr, strict=False))
+            except ValueError as exc:
+                raise ValueError(f"trusted proxy {cidr!r} is not an IP address or CIDR: {exc}") from None
+        self.trusted_networks = tuple(networks)
+        self.user_key = _header_key(user_header)
+        self.group_key = _header_key(group_header)
+        self.routes = routes
+        self._trust_cache: dict[str, bool] = {}
+
+    def is_trusted(self, remote_addr: Any) -> bool:
+        """Whether a peer address is inside a trusted CIDR (cached per address)."""
+        if not self.trusted_networks or not isinstance(remote_addr, str):
+            return False
+        cached = self._trust_cache.get(remote_addr)
+        if cached is not None:
+            return cached
+        try:
+            addr = ipaddress.ip_address(remote_addr.split("%", 1)[0])
+        except ValueError:
+            trusted = False
+        else:
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped
+            trusted = any(addr in net for net in self.trusted_networks)
+        if len(self._trust_cache) >= _TRUST_CACHE_SIZE:
+            self._trust_cache.clear()
+        self._trust_cache[remote_addr] = trusted
+        return trusted
+
+    def identity(self, environ: Environ) -> tuple[str, tuple[str, ...]]:
+        """(user, groups) of a request."""
+        if self.trusted_networks and self.is_trusted(environ.get("REMOTE_ADDR")):
+            user = wsgi_str(environ.get(self.user_key), MAX_HEADER_LENGTH).strip()[:MAX_NAME_LENGTH]
+            if user:
+                groups = _split_groups(wsgi_str(environ.get(self.group_key), MAX_HEADER_LENGTH))
+                return user, identity_groups(user, groups)
+        user = wsgi_str(environ.get("REMOTE_USER"), MAX_NAME_LENGTH).strip()
+        if user:
+            return user, identity_groups(user, ())
+        return ANONYMOUS_USER, _ANONYMOUS_GROUPS
+
+    def __call__(self, environ: Environ) -> RequestAttributes:
+        try:
+            return self._resolve(environ)
+        except Exception:  # a bug or an environ beyond imagination: classify as anonymous
+            log.exception("request attributes: cannot read the request; treating it as anonymous")
+            return RequestAttributes(ANONYMOUS_USER, _ANONYMOUS_GROUPS, "", "/")
+
+    def _resolve(self, environ: Environ) -> RequestAttributes:
+        user, groups = self.identity(environ)
+        method = wsgi_str(environ.get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
+        path = wsgi_str(environ.get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
+        if self.routes is not None:
+            fields = self.routes.match(method, path)
+            if fields is not None:
+                return RequestAttributes(user, groups, path=path, is_resource=True, **fields)
+        if path.lstrip("/").startswith("api"):  # Kubernetes trims every leading "/"
+            query = wsgi_str(environ.get("QUERY_STRING"), MAX_QUERY_LENGTH)
+            fields = parse_kubernetes_path(method, path, query)
+            if fields is not None:
+                return RequestAttributes(user, groups, path=path, is_resource=True, **fields)
+        return RequestAttributes(user, groups, method.lower(), path)
+
+
+# --- the APF_REQUEST_INFO hook ------------------------------------------------------------------
+
+_FIELDS = {f.name for f in dataclasses.fields(RequestAttributes)}
+_STR_FIELDS = _FIELDS - {"groups", "is_resource", "extra"}
+
+
+class HookError(ValueError):
+    """``APF_REQUEST_INFO`` names nothing callable (raised at load, never per request)."""
+
+
+def attributes_from_hook_result(result: Any, fallback: Callable[[], RequestAttributes]
+                                ) -> RequestAttributes:
+    """Check and convert what a hook returned: a RequestAttributes, or a dict with some of its
+    field names whose missing fields are taken from ``fallback()``. Raises TypeError/ValueError
+    for anything else."""
+    if isinstance(result, RequestAttributes):
+        attrs = result
+    elif isinstance(result, Mapping):
+        unknown = set(result) - _FIELDS
+        if unknown:
+            raise ValueError(f"unknown request attribute(s) {sorted(map(str, unknown))}")
+        changes = dict(result)
+        if "groups" in changes:
+            changes["groups"] = tuple(changes["groups"])
+        elif "user" in changes:
+            changes["groups"] = identity_groups(changes["user"], ())
+        attrs = dataclasses.replace(fallback(), **changes)
+    else:
+        raise TypeError(f"expected RequestAttributes or a dict, got {type(result).__name__}")
+    for name in _STR_FIELDS:
+        if not isinstance(getattr(attrs, name), str):
+            raise TypeError(f"request attribute {name!r} must be a str")
+    if not isinstance(attrs.groups, tuple) or not all(isinstance(g, str) for g in attrs.groups):
+        raise TypeError("request attribute 'groups' must be a sequence of str")
+    if not isinstance(attrs.is_resource, bool):
+        raise TypeError("request attribute 'is_resource' must be a bool")
+    return attrs
+
+
+class HookedResolver:
+    """A user function in front of the built-in resolver.
+
+    ``resolve(environ)`` returns ``(attributes, failed)``: ``failed`` is True when the hook
+    raised or returned something unusable and the built-in resolver answered instead (the
+    server counts it). Calling the object returns only the attributes.
+    """
+
+    def __init__(self, hook: Callable[[Environ], Any], fallback: Resolver, name: str = "") -> None:
+        self.hook = hook
+        self.fallback = fallback
+        self.name = name or getattr(hook, "__qualname__", repr(hook))
+        self.failures = 0  # approximate under threads; the server counts the flag instead
+
+    def resolve(self, environ: Environ) -> tuple[RequestAttributes, bool]:
+        try:
+            return attributes_from_hook_result(self.hook(environ), lambda: self.fallback(environ)), False
+        except Exception:
+            self.failures += 1
+            log.exception("APF_REQUEST_INFO hook %s failed; using the built-in resolver", self.name)
+            return self.fallback(environ), True
+
+    def __call__(self, environ: Environ) -> RequestAttributes:
+        return self.resolve(environ)[0]
+
+
+def load_request_info_hook(spec: str, fallback: Resolver | None = None) -> HookedResolver:
+    """Import ``module:callable`` (dotted attribute paths allowed after the colon).
+
+    Raises :class:`HookError` naming the spec when it cannot be imported or is not callable.
+    ``fallback`` answers when the hook fails (default: a built-in resolver trusting no proxy).
+    """
+    module_name, sep, attr_path = spec.strip().partition(":")
+    if not sep or not module_name or not attr_path:
+        raise HookError(f"APF_REQUEST_INFO={spec!r}: expected 'module:callable'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HookError(f"APF_REQUEST_INFO={spec!r}: cannot import {module_name!r}: {exc}") from exc
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise HookError(f"APF_REQUEST_INFO={spec!r}: {module_name!r} has no {attr_path!r}") from None
+    if not callable(obj):
+        raise HookError(f"APF_REQUEST_INFO={spec!r}: {attr_path!r} is not callable")
+    return HookedResolver(obj, fallback or RequestInfoResolver(), name=spec)
