@@ -1,0 +1,117 @@
+"""The production seat ledger behind the simulator's :class:`~.harness.Backend` protocol.
+
+The simulator drives the very code the server runs: a :class:`apf_gunicorn.ledger.Ledger` over
+a ``bytearray`` with a ``NullLock``, fed virtual nanoseconds. Handles are ``(slot, gen)``.
+
+    backend = ledger_backend(queue_set_spec, clients)
+    adm = backend.admit(0, flow_hash, 1, 0, 0, now)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .harness import Admission, DemandResults
+from .scenario import ClientSpec, QueueSetSpec
+
+
+class SimulationUnavailable(RuntimeError):
+    """The scenario needs code that is not in this installation (exit status 2)."""
+
+
+def concurrent_requests_bound(clients: Sequence[ClientSpec]) -> int:
+    """An upper bound on requests alive at once (waiting, executing or lingering): each
+    thread has a call in flight at most every ``exec + think``, and a call lives at most as
+    long as its wait, its ``exec`` and its lingering tail."""
+    total = 0
+    for c in clients:
+        period = max(c.exec_ns + c.think_ns, 1)
+        # Waiting is bounded by the scenario, not per thread; a thread's calls only start one
+        # period apart once executing, so count executing/lingering overlap plus one waiting.
+        per_thread = -(-(c.exec_ns + c.additional_latency_ns) // period) + 2
+        total += c.threads * min(per_thread, max(c.calls, 1))
+    return total
+
+
+def _ledger_api() -> Any:
+    try:
+        import apf_gunicorn.ledger as ledger
+    except ImportError as exc:  # pragma: no cover - only while the ledger is being written
+        raise SimulationUnavailable(f"the seat ledger is not available: {exc}") from None
+    missing = [n for n in ("Ledger", "Capacity", "NullLock", "LevelSpec") if not hasattr(ledger, n)]
+    if missing:
+        raise SimulationUnavailable(
+            "the seat ledger (apf_gunicorn.ledger) does not provide "
+            + ", ".join(missing) + " yet; the simulator drives only the production ledger")
+    return ledger
+
+
+class LedgerBackend:
+    """Levels of one production ledger; ``admit`` takes the level index ``configure`` gave."""
+
+    name = "ledger"
+
+    def __init__(self, ledger: Any, levels: dict[str, int], api: Any) -> None:
+        self.ledger = ledger
+        self.levels = levels
+        self._api = api
+        self._rejected = api.REJECTED if hasattr(api, "REJECTED") else "rejected"
+
+    @classmethod
+    def create(cls, specs: Sequence[tuple[str, int, int, int, int]], slots: int,
+               now: int = 0) -> LedgerBackend:
+        """``specs``: (name, desired_queues, hand_size, queue_length_limit, concurrency_limit)."""
+        api = _ledger_api()
+        queues = max([1, *(s[1] for s in specs)])
+        capacity = _capacity(api, levels=len(specs), queues=queues * len(specs), slots=slots)
+        buf = bytearray(api.Ledger.size(capacity))
+        ledger = api.Ledger.create(buf, capacity, lock=api.NullLock())
+        levels, _ = ledger.configure([api.LevelSpec(*s) for s in specs], ["simulated"], now)
+        return cls(ledger, dict(levels), api)
+
+    def admit(self, level: int, flow_hash: int, initial: int, final: int,
+              additional_latency_ns: int, now: int) -> Admission:
+        res = self.ledger.admit(level, flow_hash, initial, final, additional_latency_ns, 0, now)
+        granted = [(slot, gen) for slot, gen, _owner in res.granted]
+        if res.outcome == self._rejected:
+            return Admission(None, res.reason, granted)
+        handle = (res.slot, res.gen)
+        if str(res.outcome).lower().endswith("execute") and handle not in granted:
+            granted.append(handle)
+        return Admission(handle, "", granted)
+
+    def finish(self, handle: tuple[int, int], now: int) -> tuple[list, int]:
+        granted, linger_until = self.ledger.finish(handle[0], handle[1], now)
+        return [(s, g) for s, g, _o in granted], linger_until
+
+    def release(self, handle: tuple[int, int], now: int) -> list:
+        return [(s, g) for s, g, _o in self.ledger.release(handle[0], handle[1], now)]
+
+    def set_limits(self, limits: dict[int, int], now: int) -> list:
+        return [(s, g) for s, g, _o in self.ledger.set_limits(limits, now)]
+
+    def demand_stats(self, level: int, now: int) -> DemandResults | None:
+        st = self.ledger.take_demand_stats(level, now)
+        return DemandResults(st.duration_s, st.average, st.deviation,
+                             float(getattr(st, "min", 0.0)), float(st.high_watermark))
+
+    def epoch_advances(self) -> int:
+        snap = self.ledger.snapshot(0)
+        return sum(getattr(lv, "epoch_advances", 0) for lv in snap.levels)
+
+
+def _capacity(api: Any, levels: int, queues: int, slots: int) -> Any:
+    """A ``Capacity`` big enough for the scenario, with whatever fields the ledger names."""
+    fields = getattr(api.Capacity, "__dataclass_fields__", {})
+    wanted = {"levels": levels, "max_levels": levels, "queues": queues, "max_queues": queues,
+              "slots": slots, "max_slots": slots, "requests": slots}
+    kwargs = {k: max(v, getattr(api.Capacity(), k, 0)) for k, v in wanted.items() if k in fields}
+    return api.Capacity(**kwargs)
+
+
+def ledger_backend(qs: QueueSetSpec, clients: Sequence[ClientSpec]) -> LedgerBackend:
+    """One level named ``queueSet`` configured as the scenario's queue set."""
+    return LedgerBackend.create(
+        [("queueSet", qs.queues, qs.hand_size, qs.queue_length_limit, qs.concurrency_limit)],
+        slots=concurrent_requests_bound(clients))

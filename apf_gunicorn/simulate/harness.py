@@ -1,0 +1,363 @@
+"""Kubernetes' uniform-scenario client harness, over any fair-queuing backend.
+
+This reproduces ``uniformScenario`` from Kubernetes' ``queueset_test.go``
+(``reference/k8s-queueset.md`` section 8.0):
+
+* thread ``j`` of client ``i`` starts at ``90*j + 20*i`` ns; with ``split`` the second half of
+  the threads start at the first evaluation, with half the calls;
+* each call is admitted; a rejected call stops its thread; when a call starts executing, the
+  thread's next call is scheduled at ``exec start + exec + think`` (think may be negative) and
+  the main phase ends after ``exec``; lingering seats are released by the backend's
+  ``linger_until``;
+* per client the time-weighted initial seats executing are integrated exactly (integer ns), and
+  reset at each evaluation, giving each window's ``averageExecutingSeats``;
+* the harness keeps its own seat-demand integrator (``+maxSeats`` at each call, ``-maxSeats`` on
+  rejection or ``additionalLatency`` after the main phase) and, per window, compares it with
+  the backend's (Kubernetes' seat-demand check).
+
+The backend (:class:`Backend`) is the production ledger in ``simulate`` (see
+:mod:`apf_gunicorn.simulate.backends`); tests also plug in a reference port.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+from apf_gunicorn.flowcontrol.gomath import duration_seconds
+
+from .engine import EventLoop
+from .scenario import ClientSpec
+
+REJECT_REASONS = ("queue-full", "concurrency-limit", "time-out")
+
+
+@dataclass(slots=True)
+class Admission:
+    """What a backend's ``admit`` answers: ``handle`` is None when rejected (with ``reason``);
+    ``granted`` lists every handle (this one included) that started executing in the call."""
+
+    handle: Any
+    reason: str
+    granted: list
+
+
+@dataclass(frozen=True, slots=True)
+class DemandResults:
+    """Integrator results as Kubernetes' ``IntegratorResults``."""
+
+    duration: float
+    average: float
+    deviation: float
+    min: float
+    max: float
+
+
+class Backend(Protocol):
+    """The fair-queuing code the harness drives. ``now`` is virtual integer ns."""
+
+    name: str
+
+    def admit(self, level: int, flow_hash: int, initial: int, final: int,
+              additional_latency_ns: int, now: int) -> Admission: ...
+
+    def finish(self, handle: Any, now: int) -> tuple[list, int]:
+        """Main phase over: (granted handles, linger-until ns or 0)."""
+
+    def release(self, handle: Any, now: int) -> list:
+        """Lingering seats free: granted handles."""
+
+    def demand_stats(self, level: int, now: int) -> DemandResults | None:
+        """Seat-demand integrator results since the last call (None: not available)."""
+
+    def epoch_advances(self) -> int: ...
+
+
+class ExactIntegrator:
+    """A piecewise-constant integer signal integrated exactly over integer ns.
+
+    ``results`` matches Kubernetes' integrator (min/max start at 0, ``reset`` restarts them at
+    the current value) but without float accumulation error.
+    """
+
+    __slots__ = ("x", "last", "t", "ix", "ixx", "min", "max")
+
+    def __init__(self, now: int = 0) -> None:
+        self.x = 0
+        self.last = now
+        self.t = self.ix = self.ixx = 0
+        self.min = self.max = 0
+
+    def add(self, dx: int, now: int) -> None:
+        dt = now - self.last
+        if dt:
+            x = self.x
+            self.t += dt
+            self.ix += x * dt
+            self.ixx += x * x * dt
+            self.last = now
+        self.x += dx
+        if self.x < self.min:
+            self.min = self.x
+        elif self.x > self.max:
+            self.max = self.x
+
+    def reset(self, now: int) -> DemandResults:
+        self.add(0, now)
+        if self.t <= 0:
+            avg = dev = math.nan
+        else:
+            mean = Fraction(self.ix, self.t)
+            var = Fraction(self.ixx, self.t) - mean * mean
+            avg, dev = float(mean), math.sqrt(var)
+        out = DemandResults(duration_seconds(self.t), avg, dev, float(self.min), float(self.max))
+        self.t = self.ix = self.ixx = 0
+        self.min = self.max = self.x
+        return out
+
+
+def fair_alloc(demands: Sequence[float], capacity: float) -> list[float]:
+    """Kubernetes' test helper ``fairAlloc``: the max-min fair allocation of ``capacity``."""
+    count = len(demands)
+    order = sorted(range(count), key=lambda i: demands[i])
+    alloc = [0.0] * count
+    nxt, prev = 0, 0.0
+    while nxt < count:
+        demand = demands[order[nxt]]
+        if demand > 0:
+            bite = (count - nxt) * (demand - prev)
+            if bite > capacity:
+                break
+            prev = demand
+            alloc[order[nxt]] = demand
+            capacity -= bite
+        nxt += 1
+    for j in range(nxt, count):
+        alloc[order[j]] = prev + capacity / (count - nxt)
+    return alloc
+
+
+def client_demand(client: ClientSpec, threads: int) -> float:
+    """``threads * seats * exec / (exec + think)``, the seats a client would keep busy."""
+    period = client.exec_ns + client.think_ns
+    if period <= 0:
+        return float(threads * client.seats)
+    return threads * client.seats * client.exec_ns / period
+
+
+@dataclass(slots=True)
+class ClientTotals:
+    dispatched: int = 0
+    completed: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+
+
+@dataclass(slots=True)
+class ClientWindow:
+    average_executing_seats: float
+    demand: float
+    fair_share: float
+
+
+@dataclass(slots=True)
+class Window:
+    start_ns: int
+    end_ns: int
+    clients: dict[str, ClientWindow]
+    seat_demand: dict[str, dict] = field(default_factory=dict)
+    priority_levels: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunResult:
+    windows: list[Window]
+    clients: dict[str, ClientTotals]
+    epoch_advances: int
+    end_ns: int
+    events: int
+    requests: int
+
+
+class _Thread:
+    __slots__ = ("client", "index", "calls")
+
+    def __init__(self, client: _Client, index: int, calls: int) -> None:
+        self.client = client
+        self.index = index
+        self.calls = calls
+
+
+class _Client:
+    __slots__ = ("spec", "index", "level", "hash", "totals", "exec_seats")
+
+    def __init__(self, spec: ClientSpec, index: int, level: int, flow_hash: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.level = level
+        self.hash = flow_hash
+        self.totals = ClientTotals()
+        self.exec_seats = ExactIntegrator()
+
+
+class UniformHarness:
+    """Runs uniform clients against one backend.
+
+    ``routes`` gives each client's (level index, flow hash); ``levels`` names the levels whose
+    seat demand is checked; ``capacity`` is the limit used for the informational fair share;
+    ``on_window(window, now)`` may add per-level data to each window; ``periodic`` is an
+    optional ``(period_ns, fn(now))`` run every period of virtual time (borrowing).
+    """
+
+    def __init__(self, clients: Sequence[ClientSpec], evaluate: Sequence[int], backend: Backend,
+                 routes: Sequence[tuple[int, int]], capacity: float,
+                 check_levels: dict[str, int] | None = None,
+                 on_window: Callable[[Window, int], None] | None = None,
+                 periodic: tuple[int, Callable[[int], None]] | None = None) -> None:
+        self.loop = EventLoop()
+        self.backend = backend
+        self.evaluate = tuple(evaluate)
+        self.capacity = capacity
+        self.clients = [_Client(spec, i, *routes[i]) for i, spec in enumerate(clients)]
+        self.check_levels = check_levels or {}
+        self.demand_check = {name: ExactIntegrator() for name in self.check_levels}
+        self._check_of_level = {lvl: self.demand_check[n] for n, lvl in self.check_levels.items()}
+        self.on_window = on_window
+        self.periodic = periodic
+        self._running: dict[Any, tuple[_Thread, int]] = {}
+        self.requests = 0
+
+    # -- client behaviour ---------------------------------------------------------------
+    def _call(self, thread: _Thread, k: int) -> None:
+        client = thread.client
+        spec = client.spec
+        now = self.loop.now
+        self.requests += 1
+        check = self._check_of_level.get(client.level)
+        if check is not None:
+            check.add(spec.max_seats, now)
+        adm = self.backend.admit(client.level, client.hash, spec.seats, spec.final_seats,
+                                 spec.additional_latency_ns, now)
+        if adm.handle is None:
+            client.totals.rejected[adm.reason] = client.totals.rejected.get(adm.reason, 0) + 1
+            if check is not None:
+                check.add(-spec.max_seats, now)
+            return  # a rejected thread stops
+        self._running[adm.handle] = (thread, k)
+        self._start_all(adm.granted)
+
+    def _start_all(self, granted: list) -> None:
+        for handle in granted:
+            entry = self._running.get(handle)
+            if entry is not None:
+                self._start(handle, *entry)
+
+    def _start(self, handle: Any, thread: _Thread, k: int) -> None:
+        loop = self.loop
+        now = loop.now
+        client = thread.client
+        spec = client.spec
+        client.totals.dispatched += 1
+        client.exec_seats.add(spec.seats, now)
+        if k + 1 < thread.calls:
+            loop.at(now + spec.exec_ns + spec.think_ns, lambda: self._call(thread, k + 1))
+        loop.at(now + spec.exec_ns, lambda: self._end(handle, client))
+
+    def _end(self, handle: Any, client: _Client) -> None:
+        now = self.loop.now
+        spec = client.spec
+        del self._running[handle]
+        client.exec_seats.add(-spec.seats, now)
+        client.totals.completed += 1
+        granted, linger_until = self.backend.finish(handle, now)
+        check = self._check_of_level.get(client.level)
+        if check is not None:
+            self.loop.at(now + spec.additional_latency_ns,
+                         lambda: check.add(-spec.max_seats, self.loop.now))
+        if linger_until:
+            self.loop.at(linger_until, lambda: self._start_all(self.backend.release(handle, self.loop.now)))
+        self._start_all(granted)
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        loop = self.loop
+        half = self.evaluate[0]
+        for client in self.clients:
+            spec = client.spec
+            for j in range(spec.threads):
+                start, calls = 90 * j + 20 * client.index, spec.calls
+                if spec.split and j >= spec.threads // 2:
+                    start, calls = start + half, calls // 2
+                if calls > 0:
+                    thread = _Thread(client, j, calls)
+                    loop.at(start, lambda t=thread: self._call(t, 0))
+        if self.periodic is not None:
+            period, fn = self.periodic
+
+            def tick() -> None:
+                fn(loop.now)
+                if len(loop) or loop.now < self.evaluate[-1]:
+                    loop.after(period, tick)
+
+            loop.at(period, tick)
+        windows = []
+        start = 0
+        for index, end in enumerate(self.evaluate):
+            loop.run_until(end)
+            windows.append(self._window(start, end, index))
+            start = end
+        loop.run()
+        return RunResult(windows, {c.spec.name: c.totals for c in self.clients},
+                         self.backend.epoch_advances(), loop.now, loop.events_run, self.requests)
+
+    def _window(self, start: int, end: int, index: int) -> Window:
+        demands = []
+        for client in self.clients:
+            spec = client.spec
+            threads = spec.threads
+            if spec.split and index == 0:
+                threads = spec.threads // 2
+            demands.append(client_demand(spec, threads))
+        fair = fair_alloc(demands, self.capacity)
+        out: dict[str, ClientWindow] = {}
+        for client, demand, share in zip(self.clients, demands, fair, strict=True):
+            avg = client.exec_seats.reset(end).average
+            out[client.spec.name] = ClientWindow(avg, demand, share)
+        window = Window(start, end, out)
+        for name, level in self.check_levels.items():
+            mine = self.demand_check[name].reset(end)
+            theirs = self.backend.demand_stats(level, end)
+            window.seat_demand[name] = _compare_demand(mine, theirs)
+        if self.on_window is not None:
+            self.on_window(window, end)
+        return window
+
+
+def _close(a: float, b: float) -> bool:
+    """Kubernetes' ``float64close``: NaN counts as 0; absolute or relative error below 1e-10."""
+    a = 0.0 if math.isnan(a) else a
+    b = 0.0 if math.isnan(b) else b
+    diff = abs(a - b)
+    if diff < 1e-10:
+        return True
+    den = max(abs(a), abs(b))
+    return den > 0 and diff / den < 1e-10
+
+
+def _compare_demand(expected: DemandResults, got: DemandResults | None) -> dict:
+    entry: dict[str, Any] = {
+        "duration": expected.duration, "average": expected.average,
+        "deviation": expected.deviation, "max": expected.max,
+    }
+    if got is None:
+        entry["checked"] = False
+        return entry
+    entry["checked"] = True
+    entry["backend"] = {"duration": got.duration, "average": got.average,
+                        "deviation": got.deviation, "max": got.max}
+    entry["match"] = (_close(expected.duration, got.duration)
+                      and _close(expected.average, got.average)
+                      and _close(expected.deviation, got.deviation))
+    return entry

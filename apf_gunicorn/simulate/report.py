@@ -1,0 +1,110 @@
+"""Turn a simulation result into the SPEC section 9 JSON document or a readable table.
+
+    doc = to_json(result)          # {"evaluations": [...], "clients": {...}, ...}
+    print(format_table(result))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from apf_gunicorn.flowcontrol.gomath import duration_seconds, format_duration
+
+from .harness import REJECT_REASONS, RunResult
+
+
+def _num(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` document. Keys beyond the SPEC's: per window ``start``, per client
+    ``demand`` and ``fairShare`` (Kubernetes' fairAlloc ideal), ``seatDemand`` (the backend's
+    seat-demand integrator against the harness's own); top level ``epochAdvances``,
+    ``virtualEnd``, ``events``, ``requests`` and anything in ``extra``."""
+    evaluations = []
+    for w in result.windows:
+        entry: dict[str, Any] = {
+            "start": duration_seconds(w.start_ns),
+            "end": duration_seconds(w.end_ns),
+            "clients": {
+                name: {"averageExecutingSeats": _num(c.average_executing_seats),
+                       "demand": c.demand, "fairShare": c.fair_share}
+                for name, c in w.clients.items()
+            },
+        }
+        if w.priority_levels:
+            entry["priorityLevels"] = w.priority_levels
+        if w.seat_demand:
+            entry["seatDemand"] = {
+                name: {k: (_num(v) if isinstance(v, float) else v) for k, v in d.items()}
+                for name, d in w.seat_demand.items()
+            }
+        evaluations.append(entry)
+    clients = {}
+    for name, t in result.clients.items():
+        rejected = {reason: t.rejected.get(reason, 0) for reason in REJECT_REASONS}
+        rejected.update({k: v for k, v in t.rejected.items() if k not in rejected})
+        clients[name] = {"dispatched": t.dispatched, "completed": t.completed,
+                         "rejected": rejected}
+    doc: dict[str, Any] = {
+        "evaluations": evaluations,
+        "clients": clients,
+        "epochAdvances": result.epoch_advances,
+        "virtualEnd": duration_seconds(result.end_ns),
+        "events": result.events,
+        "requests": result.requests,
+    }
+    if extra:
+        doc.update(extra)
+    return doc
+
+
+def format_table(result: RunResult, max_clients: int = 50) -> str:
+    """Per window, each client's average executing seats beside its demand and fair share;
+    then each client's totals. Only the first ``max_clients`` clients are listed per table."""
+    lines: list[str] = []
+    names = list(result.clients)
+    shown = names[:max_clients]
+    width = max([6, *(len(n) for n in shown)])
+    for w in result.windows:
+        lines.append(f"window {format_duration(w.start_ns)} .. {format_duration(w.end_ns)}")
+        lines.append(f"  {'client':<{width}}  {'avg seats':>12}  {'demand':>10}  {'fair share':>10}")
+        for name in shown:
+            c = w.clients[name]
+            lines.append(f"  {name:<{width}}  {c.average_executing_seats:>12.6f}  "
+                         f"{c.demand:>10.4f}  {c.fair_share:>10.4f}")
+        for level, d in w.priority_levels.items():
+            lines.append(f"  level {level}: avg seats {d.get('averageExecutingSeats', 0):.4f}, "
+                         f"current limit {d.get('currentLimit')}")
+        for level, d in w.seat_demand.items():
+            if d.get("checked"):
+                verdict = "matches" if d.get("match") else "DIFFERS from"
+                lines.append(f"  seat demand ({level}): backend {verdict} harness "
+                             f"(avg {d['average']:.6f}, max {d['max']:g})")
+        lines.append("")
+    lines.append(f"  {'client':<{width}}  {'dispatched':>10}  {'completed':>9}  "
+                 f"{'queue-full':>10}  {'conc-limit':>10}  {'time-out':>8}")
+    for name in shown:
+        t = result.clients[name]
+        r = t.rejected
+        lines.append(f"  {name:<{width}}  {t.dispatched:>10}  {t.completed:>9}  "
+                     f"{r.get('queue-full', 0):>10}  {r.get('concurrency-limit', 0):>10}  "
+                     f"{r.get('time-out', 0):>8}")
+    if len(names) > len(shown):
+        tot = {"dispatched": 0, "completed": 0}
+        rej = dict.fromkeys(REJECT_REASONS, 0)
+        for t in result.clients.values():
+            tot["dispatched"] += t.dispatched
+            tot["completed"] += t.completed
+            for k in rej:
+                rej[k] += t.rejected.get(k, 0)
+        lines.append(f"  ... {len(names) - len(shown)} more clients; all {len(names)}: "
+                     f"dispatched {tot['dispatched']}, completed {tot['completed']}, "
+                     f"rejected {rej}")
+    lines.append("")
+    lines.append(f"epoch advances: {result.epoch_advances}; virtual end "
+                 f"{format_duration(result.end_ns)}; {result.requests} requests, "
+                 f"{result.events} events")
+    return "\n".join(lines)
