@@ -1,15 +1,55 @@
-"""`apf-gunicorn simulate`: not written yet (see the open issues)."""
+"""`apf-gunicorn simulate SCENARIO [--json]`: run the production fair-queuing code against a
+synthetic workload in virtual time and report what each client got (SPEC section 9).
+
+Exit status: 0 on success, 1 for an invalid scenario (the message names the field), 2 when the
+scenario needs code this installation does not have.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+
+from apf_gunicorn.simulate import (
+    ScenarioError,
+    SimulationUnavailable,
+    format_table,
+    load_scenario,
+    simulate,
+    to_json,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file (YAML or JSON)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--max-clients", type=int, default=50, metavar="N",
+                        help="list at most N clients in the table output (default 50)")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("apf-gunicorn simulate: not implemented yet", file=sys.stderr)
-    return 2
+    try:
+        scenario = load_scenario(args.scenario)
+    except OSError as exc:
+        print(f"apf-gunicorn simulate: {exc}", file=sys.stderr)
+        return 1
+    except ScenarioError as exc:
+        print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
+        return 1
+    started = time.perf_counter()
+    try:
+        result = simulate(scenario)
+    except SimulationUnavailable as exc:
+        print(f"apf-gunicorn simulate: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - started
+    if args.json:
+        doc = to_json(result, {"wallSeconds": round(elapsed, 3)})
+        json.dump(doc, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(result, max_clients=args.max_clients))
+        print(f"simulated in {elapsed:.2f} s of wall time")
+    return 0
