@@ -71,9 +71,11 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         return None if v is None or v.strip() == "" else v.strip()
 
     config_path = get("APF_CONFIG")
-    if config_path is not None and not os.path.exists(config_path):
+    if (config_path is not None and not config_path.startswith("builtin:")
+            and not os.path.exists(config_path)):
         raise SettingsError("APF_CONFIG", config_path,
-                            "must be an existing YAML file or directory of *.yaml/*.yml files")
+                            "must be an existing YAML file, a directory of *.yaml/*.yml files, "
+                            "or builtin:<name> (webapp, kubernetes, mandatory)")
 
     raw = get("APF_CONCURRENCY_LIMIT")
     if raw is None:

@@ -1,0 +1,321 @@
+"""The WSGI middleware: API Priority and Fairness in front of any WSGI app.
+
+Per request: attributes -> FlowSchema and priority level -> work estimate -> ``ledger.admit``;
+then run now, or park the thread until the ledger grants the request, its wait limit runs out
+(429, ``time-out``), its client leaves (``cancelled``) or the worker stops (503). The seats
+are given back (``ledger.finish``) when the response body has been sent or closed, or when
+the app raises; a watch holds them only until the app returns its iterable (its initial
+phase). Lingering seats (final seats, additional latency) are released by the dispatcher.
+
+Usage (``post_worker_init`` does this)::
+
+    worker.wsgi = APFMiddleware(worker.wsgi, WorkerContext(...))
+
+The plugin itself never answers 500: if anything in the APF path fails before the app runs,
+the request is served without APF and the error is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.workestimate import clamp, default_estimator
+from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
+
+log = logging.getLogger("apf_gunicorn.middleware")
+
+# Ledger outcomes (contract in docs/ARCHITECTURE.md); resolved from the ledger package when
+# it provides constants, else these strings.
+EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
+
+MAX_WAIT_NS = 60_000_000_000
+FS_UID_HEADER = "X-Kubernetes-PF-FlowSchema-UID"
+PL_UID_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
+TOO_MANY = b"Too many requests, please try again later.\n"
+STOPPING_BODY = b"Server is shutting down, please retry.\n"
+
+# Set by the gthread subclass (server/worker.py) on the request thread: when gunicorn queued
+# the connection for a thread. Lets the wait limit count the time spent in gthread's queue.
+hidden = threading.local()
+
+
+@dataclass
+class WorkerContext:
+    """Everything the middleware binds at construction (one per worker process)."""
+
+    ledger: Any
+    resolver: Callable[[dict], Any]
+    classifier: Any
+    level_index: dict[str, int]
+    fs_index: dict[str, int]
+    owner: int
+    parking: Parking
+    deliver: Callable[[list], None]
+    add_linger: Callable[[int, int, int], None]
+    queue_wait_limit_ns: int
+    alive: Callable[[], bool]
+    retry_after: Any = None  # flowcontrol.retryafter tracker (record/retry_after) or None
+    metrics: Any = None  # server.metrics.RequestMetrics or None
+    encode_detail: Callable[..., bytes] | None = None
+    estimator: Callable[[Any, Any], Any] = default_estimator
+    max_seats: dict[str, int] = field(default_factory=dict)
+    clock: Callable[[], int] = time.monotonic_ns
+
+
+class _Route:
+    """What the middleware needs per FlowSchema, computed once."""
+
+    __slots__ = ("level", "fs_index", "headers", "level_name", "fs_name", "max_seats")
+
+    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats):
+        self.level = level
+        self.fs_index = fs_index
+        self.headers = headers
+        self.level_name = level_name
+        self.fs_name = fs_name
+        self.max_seats = max_seats
+
+
+class APFMiddleware:
+    def __init__(self, app: Callable, ctx: WorkerContext):
+        self.app = app
+        self.ctx = ctx
+        self._routes: dict[str, _Route] = {}
+        self._admit = ctx.ledger.admit
+        self._finish_ledger = ctx.ledger.finish
+        self._clock = ctx.clock
+        self._owner = ctx.owner
+        self._resolve = ctx.resolver
+        self._classify = ctx.classifier.classify
+        self._estimate = ctx.estimator
+        self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
+                      "stopping": 0, "bypassed": 0}
+        try:  # the ledger's own outcome constants, if it defines them
+            from apf_gunicorn import ledger as _ledger
+            global EXECUTE, QUEUED, REJECTED
+            EXECUTE = getattr(_ledger, "EXECUTE", EXECUTE)
+            QUEUED = getattr(_ledger, "QUEUED", QUEUED)
+            REJECTED = getattr(_ledger, "REJECTED", REJECTED)
+        except ImportError:
+            pass
+
+    # -- the request path ------------------------------------------------------------------
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        try:
+            attrs = self._resolve(environ)
+            c = self._classify(attrs)
+            route = self._routes.get(c.flow_schema.name)
+            if route is None:
+                route = self._route(c)
+            est = self._estimate(attrs, c)
+            if est.initial_seats != 1 or est.final_seats:
+                est = clamp(est, route.max_seats)
+            now = self._clock()
+            detail = b""
+            if self.ctx.encode_detail is not None:
+                detail = self._detail(attrs, c)
+            res = self._admit(route.level, c.flow_hash, est.initial_seats, est.final_seats,
+                              est.additional_latency_ns, self._owner, now,
+                              fs_index=route.fs_index, detail=detail)
+        except Exception:
+            log.exception("apf: admission failed; serving the request without APF")
+            self.stats["bypassed"] += 1
+            return self.app(environ, start_response)
+
+        if res.granted:
+            self.ctx.deliver(res.granted)
+        outcome = res.outcome
+        if outcome == EXECUTE:
+            return self._run(environ, start_response, res.slot, res.gen, route, attrs, now)
+        if outcome == QUEUED:
+            return self._wait(environ, start_response, res.slot, res.gen, route, attrs, now)
+        return self._reject(start_response, route, res.reason)
+
+    def _route(self, c) -> _Route:
+        fs, pl = c.flow_schema, c.priority_level
+        headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
+        route = _Route(self.ctx.level_index[pl.name], self.ctx.fs_index.get(fs.name, 0),
+                       headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30))
+        self._routes[fs.name] = route
+        return route
+
+    def _detail(self, attrs, c) -> bytes:
+        try:
+            return self.ctx.encode_detail(attrs, c)
+        except Exception:
+            return b""
+
+    def _wait(self, environ, start_response, slot, gen, route, attrs, admitted_ns):
+        ctx = self.ctx
+        self.stats["queued"] += 1
+        limit = ctx.queue_wait_limit_ns
+        qs = environ.get("QUERY_STRING", "")
+        if "timeout=" in qs:
+            limit = _timeout_wait_limit(qs, limit)
+        arrival = getattr(hidden, "enqueued_ns", 0) or admitted_ns
+        if arrival > admitted_ns:
+            arrival = admitted_ns
+        deadline = arrival + limit
+        fd = -1
+        if environ.get("HTTP_VERSION") != "2":
+            sock = environ.get("gunicorn.socket")
+            if sock is not None:
+                try:
+                    fd = sock.fileno()
+                except OSError:
+                    fd = -1
+        parking = ctx.parking
+        w = parking.park(slot, gen, fd)
+        try:
+            if not w.outcome and ctx.alive():
+                w.event.wait(max(0, deadline - self._clock()) / 1e9)
+            elif not w.outcome:
+                parking._wake(w, STOPPING)
+        finally:
+            parking.unpark(w)
+        outcome = w.outcome
+        if outcome == GRANTED:
+            return self._run(environ, start_response, slot, gen, route, attrs, self._clock())
+        reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
+        try:
+            removed = ctx.ledger.cancel(slot, gen, self._clock(), reason)
+        except Exception:
+            log.exception("apf: cancel failed")
+            removed = True
+        if not removed:
+            # Dispatched meanwhile: it holds seats and must run and finish after all, unless
+            # its client is gone.
+            if outcome == CANCELLED:
+                self._finish(slot, gen)
+                self.stats["cancelled"] += 1
+                return []
+            return self._run(environ, start_response, slot, gen, route, attrs, self._clock())
+        if outcome == STOPPING:
+            self.stats["stopping"] += 1
+            start_response("503 Service Unavailable", [
+                ("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1"),
+                ("Connection", "close"), *route.headers])
+            return [STOPPING_BODY]
+        if outcome == CANCELLED:
+            self.stats["cancelled"] += 1
+            return []
+        self.stats["timeout"] += 1
+        return self._reject(start_response, route, "time-out")
+
+    def _reject(self, start_response, route, reason):
+        self.stats["rejected"] += 1
+        retry = 1
+        tracker = self.ctx.retry_after
+        if tracker is not None:
+            try:
+                t = int(time.time())
+                tracker.record(route.level_name, t)
+                retry = tracker.retry_after(route.level_name)
+            except Exception:
+                log.exception("apf: retry-after tracker failed")
+        start_response("429 Too Many Requests", [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Retry-After", str(retry)),
+            *route.headers,
+        ])
+        return [TOO_MANY]
+
+    def _run(self, environ, start_response, slot, gen, route, attrs, start_ns):
+        headers = route.headers
+        self.stats["served"] += 1
+
+        def sr(status, response_headers, exc_info=None):
+            return start_response(status, [*response_headers, *headers], exc_info)
+
+        try:
+            result = self.app(environ, sr)
+        except BaseException:
+            self._finish(slot, gen)
+            raise
+        if attrs.verb == "watch":
+            # Kubernetes: a watch holds its seats only for its initialization.
+            self._finish(slot, gen)
+            return result
+        file_wrapper = environ.get("wsgi.file_wrapper")
+        if file_wrapper is not None and isinstance(result, file_wrapper):
+            # Keep sendfile: hook the wrapper's close instead of wrapping it.
+            orig_close = getattr(result, "close", None)
+
+            def close():
+                try:
+                    if orig_close is not None:
+                        orig_close()
+                finally:
+                    self._finish(slot, gen)
+
+            try:
+                result.close = close
+                return result
+            except AttributeError:
+                pass
+        return _Body(result, self, slot, gen)
+
+    def _finish(self, slot: int, gen: int) -> None:
+        try:
+            granted, linger_until = self._finish_ledger(slot, gen, self._clock())
+        except Exception:
+            log.exception("apf: finish failed for slot %d", slot)
+            return
+        if granted:
+            self.ctx.deliver(granted)
+        if linger_until:
+            self.ctx.add_linger(linger_until, slot, gen)
+
+
+class _Body:
+    """Wraps the app's response iterable; gives the seats back on close (exactly once)."""
+
+    __slots__ = ("_result", "_mw", "_slot", "_gen", "_done")
+
+    def __init__(self, result, mw, slot, gen):
+        self._result = result
+        self._mw = mw
+        self._slot = slot
+        self._gen = gen
+        self._done = False
+
+    def __iter__(self):
+        return iter(self._result)
+
+    def close(self):
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if not self._done:
+                self._done = True
+                self._mw._finish(self._slot, self._gen)
+
+    def __del__(self):
+        # A server that never calls close() must not leak seats.
+        if not self._done:
+            self._done = True
+            self._mw._finish(self._slot, self._gen)
+
+
+def _timeout_wait_limit(query: str, default_ns: int) -> int:
+    """Wait limit for ``?timeout=<Go duration>``: a quarter of it, capped at 60 s."""
+    for part in query.split("&"):
+        if part.startswith("timeout="):
+            try:
+                ns = parse_duration(part[8:])
+            except Exception:
+                return default_ns
+            if ns > 0:
+                return min(ns // 4, MAX_WAIT_NS)
+            return default_ns
+    return default_ns

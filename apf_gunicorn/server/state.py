@@ -1,0 +1,63 @@
+"""What the gunicorn hooks share, in module globals that survive a HUP.
+
+The path form of the config file (``-c apf_gunicorn/conf.py``) re-executes conf.py on every
+HUP, so no state may live there. It lives here instead: ``MASTER`` in the master (and, as an
+inherited copy, in each forked worker until the worker builds its own ``WORKER``).
+
+Usage::
+
+    from apf_gunicorn.server import state
+    state.MASTER.ledger.snapshot(now)
+    state.WORKER.index
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Generation:
+    """One loaded configuration and what is derived from it (replaced whole on reload)."""
+
+    configuration: Any
+    limits: dict  # level name -> LevelLimits
+    classifier: Any
+    level_index: dict[str, int]
+    fs_index: dict[str, int]
+    number: int = 1
+
+
+@dataclass
+class MasterState:
+    settings: Any
+    token: str  # names the ledger segment and the workers' grant sockets
+    segment: Any  # server.shm.Segment
+    ledger: Any
+    capacity: Any
+    resolver: Any
+    generation: Generation
+    sender: Any = None  # channel.GrantSender
+    workers: dict[int, int] = field(default_factory=dict)  # worker index -> pid (0: booting)
+    services: Any = None  # master.MasterServices
+    reload_errors: int = 0
+    borrowing_states: Any = None
+    master_pid: int = 0
+
+
+@dataclass
+class WorkerState:
+    index: int
+    pid: int
+    ledger: Any = None
+    parking: Any = None
+    dispatcher: Any = None
+    inbox: Any = None
+    sender: Any = None
+    middleware: Any = None
+    worker: Any = None
+
+
+MASTER: MasterState | None = None
+WORKER: WorkerState | None = None
