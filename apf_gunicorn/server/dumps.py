@@ -1,0 +1,235 @@
+"""The three Kubernetes APF debug dumps, rendered from a ledger snapshot.
+
+``dump_priority_levels``, ``dump_queues`` and ``dump_requests`` produce exactly the text of
+kube-apiserver's ``/debug/api_priority_and_fairness/dump_*`` endpoints (``apf_controller_debug.go``):
+comma-terminated cells aligned as Go's ``text/tabwriter`` (minwidth 8, padding 1) aligns them.
+
+    snap = ledger.snapshot(time.monotonic_ns())
+    print(dump_priority_levels(snap), end="")
+
+Request details (user, verb, path, ...) come from the opaque ``detail`` bytes the middleware
+stores with each slot. :func:`encode_detail` writes them and :func:`decode_detail` reads them
+back; both live here so the format has one owner. The blob is a msgpack *stream* of alternating
+key and value objects (not one map), in order of importance, so a blob cut short by the slot's
+capacity still decodes up to the cut:
+
+    ``d`` distinguisher, ``u`` user, ``v`` verb, ``p`` path, ``ns`` namespace, ``n`` name,
+    ``g`` API group, ``ver`` API version, ``r`` resource, ``sr`` subresource.
+
+The ledger keeps monotonic nanoseconds; times print as wall-clock RFC3339Nano through an offset
+``time.time_ns() - time.monotonic_ns()`` captured once at import (pass ``wall_offset_ns`` to
+override, as the golden tests do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from apf_gunicorn.flowcontrol.gomath import format_duration, format_rfc3339nano
+
+WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+DETAIL_CAPACITY = 256  # the ledger's default Capacity.detail_bytes
+
+DETAIL_KEYS = ("d", "u", "v", "p", "ns", "n", "g", "ver", "r", "sr")
+_ATTR_FIELDS = (  # RequestAttributes field for each detail key after the distinguisher
+    ("u", "user"), ("v", "verb"), ("p", "path"), ("ns", "namespace"), ("n", "name"),
+    ("g", "api_group"), ("ver", "api_version"), ("r", "resource"), ("sr", "subresource"),
+)
+_SS_SCALE = 100_000_000  # SeatSeconds fixed point: 1e-8 seat-seconds
+
+LEVEL_HEADERS = (
+    "PriorityLevelName", "ActiveQueues", "IsIdle", "IsQuiescing", "WaitingRequests",
+    "ExecutingRequests", "DispatchedRequests", "RejectedRequests", "TimedoutRequests",
+    "CancelledRequests",
+)
+QUEUE_HEADERS = (
+    "PriorityLevelName", "Index", "PendingRequests", "ExecutingRequests", "SeatsInUse",
+    "NextDispatchR", "InitialSeatsSum", "MaxSeatsSum", "TotalWorkSum",
+)
+REQUEST_HEADERS = (
+    "PriorityLevelName", "FlowSchemaName", "QueueIndex", "RequestIndexInQueue",
+    "FlowDistingsher",  # sic: Kubernetes' spelling
+    "ArriveTime", "InitialSeats", "FinalSeats", "AdditionalLatency", "StartTime",
+)
+REQUEST_DETAIL_HEADERS = (
+    "UserName", "Verb", "APIPath", "Namespace", "Name", "APIVersion", "Resource", "SubResource",
+)
+
+
+# -- request detail blobs ---------------------------------------------------------------------
+
+def encode_detail(attrs: Any, classification: Any = None, max_bytes: int = DETAIL_CAPACITY) -> bytes:
+    """The detail blob of one request from its ``RequestAttributes`` and ``Classification``
+    (for the distinguisher). Empty fields are left out; long fields are shortened so the blob
+    fits ``max_bytes`` (the path first, as it is the longest and least needed)."""
+    fields = {"d": getattr(classification, "distinguisher", "") or ""}
+    for key, attr in _ATTR_FIELDS:
+        fields[key] = getattr(attrs, attr, "") or ""
+    return _pack(fields, max_bytes)
+
+
+def encode_detail_fields(max_bytes: int = DETAIL_CAPACITY, **fields: str) -> bytes:
+    """Like :func:`encode_detail` from keyword fields named by :data:`DETAIL_KEYS`."""
+    unknown = set(fields) - set(DETAIL_KEYS)
+    if unknown:
+        raise ValueError(f"unknown detail keys {sorted(unknown)}")
+    return _pack(fields, max_bytes)
+
+
+def _pack(fields: dict[str, str], max_bytes: int) -> bytes:
+    values = {k: str(fields.get(k) or "") for k in DETAIL_KEYS}
+    while True:
+        out = b"".join(
+            msgpack.packb(k) + msgpack.packb(v) for k, v in values.items() if v
+        )
+        if len(out) <= max_bytes:
+            return out
+        # shorten the longest field by what is over (at least a quarter of it), then retry
+        longest = max(values, key=lambda k: len(values[k]))
+        text = values[longest]
+        cut = max(len(out) - max_bytes, len(text) // 4, 1)
+        values[longest] = text[: max(0, len(text) - cut)]
+
+
+def decode_detail(blob: bytes | bytearray | memoryview) -> dict[str, str]:
+    """Every detail key -> its text ("" when absent). Never raises: a truncated or garbled
+    blob yields what could be read."""
+    out = dict.fromkeys(DETAIL_KEYS, "")
+    if not blob:
+        return out
+    unpacker = msgpack.Unpacker(raw=False, unicode_errors="replace")
+    try:
+        unpacker.feed(bytes(blob))
+        key = None
+        for obj in unpacker:
+            if key is None:
+                key = obj
+                continue
+            if isinstance(key, str) and key in out and isinstance(obj, str):
+                out[key] = obj
+            key = None
+    except Exception:  # garbage after the readable part
+        pass
+    return out
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+def format_seat_seconds(value: int) -> str:
+    """Kubernetes ``SeatSeconds.String()``: ``<int>.<8 digits>ss``."""
+    value = int(value) & 0xFFFF_FFFF_FFFF_FFFF  # uint64, as Go
+    quo, rem = divmod(value, _SS_SCALE)
+    return f"{quo}.{rem:08d}ss"
+
+
+def tabwrite(rows: Sequence[Sequence[str]]) -> str:
+    """Rows joined by ``",\\t"`` through Go's tabwriter (minwidth 8, tabwidth 0, padding 1):
+    every cell but the last of a row carries its comma and is padded to the column width."""
+    ncols = max((len(r) for r in rows), default=0)
+    widths = [8] * ncols
+    for r in rows:
+        for i, cell in enumerate(r[:-1]):
+            widths[i] = max(widths[i], len(cell) + 2)  # cell + comma + padding 1
+    lines = []
+    for r in rows:
+        parts = [(cell + ",").ljust(widths[i]) for i, cell in enumerate(r[:-1])]
+        parts.append(r[-1] if r else "")
+        lines.append("".join(parts) + "\n")
+    return "".join(lines)
+
+
+def _bool(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _sorted_levels(snapshot: Any) -> list:
+    return sorted(snapshot.levels, key=lambda lv: lv.name)
+
+
+def dump_priority_levels(snapshot: Any) -> str:
+    rows = [list(LEVEL_HEADERS)]
+    for lv in _sorted_levels(snapshot):
+        active = sum(1 for q in lv.queues if q.waiting > 0)
+        idle = lv.requests_waiting == 0 and lv.requests_executing == 0
+        rows.append([
+            lv.name, str(active), _bool(idle), _bool(lv.quiescing), str(lv.requests_waiting),
+            str(lv.requests_executing), str(lv.dispatched), str(lv.rejected), str(lv.timedout),
+            str(lv.cancelled),
+        ])
+    return tabwrite(rows)
+
+
+def dump_queues(snapshot: Any) -> str:
+    rows = [list(QUEUE_HEADERS)]
+    for lv in _sorted_levels(snapshot):
+        for q in sorted(lv.queues, key=lambda q: q.index):
+            rows.append([
+                lv.name, str(q.index), str(q.waiting), str(q.executing), str(q.seats_in_use),
+                format_seat_seconds(q.next_dispatch_r), str(q.initial_seats_sum),
+                str(q.max_seats_sum), format_seat_seconds(q.total_work_sum),
+            ])
+    return tabwrite(rows)
+
+
+def _state(req: Any) -> str:
+    st = req.state
+    if isinstance(st, int):
+        return {0: "free", 1: "waiting", 2: "executing", 3: "lingering"}.get(st, str(st))
+    return str(st)
+
+
+def _api_version(group: str, version: str) -> str:
+    return f"{group}/{version}" if group else version  # schema.GroupVersion.String()
+
+
+def dump_requests(
+    snapshot: Any, include_details: bool = False, wall_offset_ns: int | None = None
+) -> str:
+    """One row per waiting or executing request; lingering requests (main phase over, seats
+    held for their additional latency) are not listed, as upstream."""
+    offset = WALL_OFFSET_NS if wall_offset_ns is None else wall_offset_ns
+    fs_names = list(snapshot.flow_schema_names)
+    headers = list(REQUEST_HEADERS) + (list(REQUEST_DETAIL_HEADERS) if include_details else [])
+    rows = [headers]
+
+    def row(lv: Any, req: Any, queue: int, pos: int) -> list[str]:
+        detail = decode_detail(req.detail)
+        fs = fs_names[req.fs_index] if 0 <= req.fs_index < len(fs_names) else ""
+        cells = [
+            lv.name, fs, str(queue), str(pos), detail["d"],
+            format_rfc3339nano(req.arrive_ns + offset), str(req.initial_seats),
+            str(req.final_seats), format_duration(req.additional_latency_ns),
+            format_rfc3339nano(req.start_ns + offset if req.start_ns else 0),
+        ]
+        if include_details:
+            cells += [
+                detail["u"], detail["v"], detail["p"], detail["ns"], detail["n"],
+                _api_version(detail["g"], detail["ver"]), detail["r"], detail["sr"],
+            ]
+        return cells
+
+    for lv in _sorted_levels(snapshot):
+        waiting: dict[int, list] = {}
+        executing: dict[int, list] = {}
+        queueless: list = []
+        for req in lv.requests:
+            st = _state(req)
+            if st == "waiting":
+                waiting.setdefault(req.queue, []).append(req)
+            elif st == "executing":
+                if req.queue >= 0:
+                    executing.setdefault(req.queue, []).append(req)
+                else:
+                    queueless.append(req)
+        for qi in sorted(set(waiting) | set(executing)):
+            for pos, req in enumerate(sorted(waiting.get(qi, []), key=lambda r: r.index_in_queue)):
+                rows.append(row(lv, req, qi, pos))
+            for req in sorted(executing.get(qi, []), key=lambda r: r.start_ns):
+                rows.append(row(lv, req, qi, -1))
+        for req in sorted(queueless, key=lambda r: r.start_ns):
+            rows.append(row(lv, req, -1, -1))
+    return tabwrite(rows)

@@ -1,0 +1,159 @@
+"""Golden tests of the three debug dumps (k8s-apf-config.md 7.1, 7.2) and the detail blobs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import msgpack
+
+from apf_gunicorn.flowcontrol.objects import RequestAttributes
+from apf_gunicorn.server.dumps import (
+    decode_detail,
+    dump_priority_levels,
+    dump_queues,
+    dump_requests,
+    encode_detail,
+    encode_detail_fields,
+    format_seat_seconds,
+    tabwrite,
+)
+
+SEC = 1_000_000_000
+
+
+def level(name, **kw):
+    base = dict(index=0, name=name, desired_queues=0, concurrency_limit=0, quiescing=False,
+                seats_in_use=0, seats_waiting=0, requests_waiting=0, requests_executing=0,
+                current_r=0, dispatched=0, rejected=0, timedout=0, cancelled=0, queues=[],
+                requests=[])
+    base.update(kw)
+    return NS(**base)
+
+
+def queue(index, **kw):
+    base = dict(index=index, waiting=0, executing=0, seats_in_use=0, next_dispatch_r=0,
+                initial_seats_sum=0, max_seats_sum=0, total_work_sum=0)
+    base.update(kw)
+    return NS(**base)
+
+
+def request(**kw):
+    base = dict(slot=0, queue=-1, index_in_queue=-1, flow_hash=0, fs_index=0, owner=0,
+                arrive_ns=0, start_ns=0, initial_seats=1, final_seats=0,
+                additional_latency_ns=0, state="executing", detail=b"")
+    base.update(kw)
+    return NS(**base)
+
+
+def test_priority_levels_matches_the_kubernetes_example() -> None:
+    snap = NS(now=0, flow_schema_names=["exempt"], levels=[
+        level("exempt", desired_queues=-1, requests_executing=1, dispatched=12),
+        level("catch-all"),
+    ])
+    assert dump_priority_levels(snap) == (
+        "PriorityLevelName, ActiveQueues, IsIdle, IsQuiescing, WaitingRequests, ExecutingRequests, DispatchedRequests, RejectedRequests, TimedoutRequests, CancelledRequests\n"
+        "catch-all,         0,            true,   false,       0,               0,                 0,                  0,                0,                0\n"
+        "exempt,            0,            false,  false,       0,               1,                 12,                 0,                0,                0\n"
+    )
+
+
+def test_priority_levels_active_queues_and_quiescing() -> None:
+    snap = NS(now=0, flow_schema_names=[], levels=[
+        level("workload-low", desired_queues=4, quiescing=True, requests_waiting=3,
+              requests_executing=2, dispatched=7, rejected=5, cancelled=1,
+              queues=[queue(0, waiting=2), queue(1), queue(2, waiting=1), queue(3)]),
+    ])
+    out = dump_priority_levels(snap).splitlines()[1]
+    assert out.replace(" ", "").split(",") == [
+        "workload-low", "2", "false", "true", "3", "2", "7", "5", "0", "1"]
+
+
+def test_queues_layout_and_seat_seconds() -> None:
+    assert format_seat_seconds(0) == "0.00000000ss"
+    assert format_seat_seconds(123_456_789_012) == "1234.56789012ss"
+    snap = NS(now=0, flow_schema_names=[], levels=[
+        level("global-default", desired_queues=2, queues=[
+            queue(1, executing=1, seats_in_use=1, next_dispatch_r=300_000),
+            queue(0, waiting=2, next_dispatch_r=150_000_000, initial_seats_sum=2,
+                  max_seats_sum=3, total_work_sum=600_000),
+        ]),
+        level("exempt", desired_queues=-1),
+    ])
+    assert dump_queues(snap) == (
+        "PriorityLevelName, Index,  PendingRequests, ExecutingRequests, SeatsInUse, NextDispatchR, InitialSeatsSum, MaxSeatsSum, TotalWorkSum\n"
+        "global-default,    0,      2,               0,                 0,          1.50000000ss,  2,               3,           0.00600000ss\n"
+        "global-default,    1,      0,               1,                 1,          0.00300000ss,  0,               0,           0.00000000ss\n"
+    )
+
+
+def test_requests_order_times_and_details() -> None:
+    offset = 1_714_557_600 * SEC  # 2024-05-01T10:00:00Z at monotonic 0
+    d_alice = encode_detail_fields(d="alice", u="alice", v="list", p="/api/v1/namespaces/ns1/pods",
+                                   ns="ns1", ver="v1", r="pods")
+    d_bob = encode_detail_fields(d="bob", u="bob", v="get", p="/apis/apps/v1/deployments",
+                                 g="apps", ver="v1", r="deployments", n="web", sr="status")
+    snap = NS(now=0, flow_schema_names=["exempt", "catch-all", "global-default"], levels=[
+        level("global-default", desired_queues=8, requests=[
+            request(queue=3, index_in_queue=1, fs_index=2, arrive_ns=2 * SEC + 5,
+                    state="waiting", detail=d_alice),
+            request(queue=3, index_in_queue=0, fs_index=2, arrive_ns=1 * SEC + 123_456_789,
+                    state="waiting", detail=d_bob, additional_latency_ns=5_000_000,
+                    final_seats=2),
+            request(queue=1, fs_index=2, arrive_ns=SEC, start_ns=SEC + 500_000_000,
+                    initial_seats=3, detail=d_alice),
+            request(queue=1, fs_index=2, arrive_ns=SEC, start_ns=SEC, state="lingering"),
+        ]),
+        level("exempt", desired_queues=-1, requests=[
+            request(fs_index=0, arrive_ns=0, start_ns=90 * SEC, detail=b""),
+        ]),
+    ])
+    assert dump_requests(snap, wall_offset_ns=offset) == (
+        "PriorityLevelName, FlowSchemaName, QueueIndex, RequestIndexInQueue, FlowDistingsher, ArriveTime,                     InitialSeats, FinalSeats, AdditionalLatency, StartTime\n"
+        "exempt,            exempt,         -1,         -1,                  ,                2024-05-01T10:00:00Z,           1,            0,          0s,                2024-05-01T10:01:30Z\n"
+        "global-default,    global-default, 1,          -1,                  alice,           2024-05-01T10:00:01Z,           3,            0,          0s,                2024-05-01T10:00:01.5Z\n"
+        "global-default,    global-default, 3,          0,                   bob,             2024-05-01T10:00:01.123456789Z, 1,            2,          5ms,               0001-01-01T00:00:00Z\n"
+        "global-default,    global-default, 3,          1,                   alice,           2024-05-01T10:00:02.000000005Z, 1,            0,          0s,                0001-01-01T00:00:00Z\n"
+    )
+    lines = dump_requests(snap, include_details=True, wall_offset_ns=offset).splitlines()
+    assert [line[186:] for line in lines] == [
+        "UserName, Verb,   APIPath,                     Namespace, Name,   APIVersion, Resource,    SubResource",
+        ",         ,       ,                            ,          ,       ,           ,            ",
+        "alice,    list,   /api/v1/namespaces/ns1/pods, ns1,       ,       v1,         pods,        ",
+        "bob,      get,    /apis/apps/v1/deployments,   ,          web,    apps/v1,    deployments, status",
+        "alice,    list,   /api/v1/namespaces/ns1/pods, ns1,       ,       v1,         pods,        ",
+    ]
+    assert lines[0][:186] == (
+        "PriorityLevelName, FlowSchemaName, QueueIndex, RequestIndexInQueue, FlowDistingsher, ArriveTime,                     InitialSeats, FinalSeats, AdditionalLatency, StartTime,              "
+    )
+
+
+def test_tabwriter_counts_code_points_and_minimum_width() -> None:
+    assert tabwrite([["a", "b"], ["ü", "c"]]) == "a,      b\nü,      c\n"
+    assert tabwrite([["abcdefghij", "x"]]) == "abcdefghij, x\n"
+
+
+def test_detail_round_trip_truncation_and_garbage() -> None:
+    attrs = RequestAttributes(user="system:serviceaccount:kube-system:x", groups=("g",),
+                              verb="create", path="/apis/coordination.k8s.io/v1/leases",
+                              is_resource=True, api_group="coordination.k8s.io",
+                              api_version="v1", resource="leases", namespace="kube-system",
+                              name="lease-1")
+    blob = encode_detail(attrs, NS(distinguisher="system:serviceaccount:kube-system:x"))
+    d = decode_detail(blob)
+    assert d == {"d": "system:serviceaccount:kube-system:x", "u": attrs.user, "v": "create",
+                 "p": attrs.path, "ns": "kube-system", "n": "lease-1",
+                 "g": "coordination.k8s.io", "ver": "v1", "r": "leases", "sr": ""}
+    # the ledger cuts blobs at its capacity: what precedes the cut survives
+    cut = decode_detail(blob[:60])
+    assert cut["d"] == attrs.user and cut["g"] == ""
+    # a huge path is shortened to fit instead of losing the later fields
+    big = encode_detail(RequestAttributes(user="u", groups=(), verb="get", path="/x" * 500,
+                                          resource="r"), None, max_bytes=100)
+    assert len(big) <= 100
+    got = decode_detail(big)
+    assert got["u"] == "u" and got["r"] == "r" and got["p"].startswith("/x/x")
+    # trailing zero padding, garbage, non-UTF-8 and wrong types never raise
+    assert decode_detail(blob + b"\0" * 20) == d
+    assert decode_detail(b"\xc1\xff\x00garbage")["u"] == ""
+    assert decode_detail(msgpack.packb("u") + msgpack.packb(5))["u"] == ""
+    assert decode_detail(msgpack.packb("u") + b"\xa2\xff\xfe")["u"] == "\ufffd\ufffd"
