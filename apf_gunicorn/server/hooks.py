@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 
 from apf_gunicorn.server import state
@@ -38,8 +37,6 @@ log = logging.getLogger("apf_gunicorn")
 def _fail(server, lines: list[str]) -> None:
     for line in lines:
         server.log.error("apf: %s", line)
-    sys.stderr.write("".join(f"apf: {line}\n" for line in lines))
-    sys.stderr.flush()
     raise SystemExit(1)
 
 
@@ -377,6 +374,11 @@ def _optional_pieces(m, gen) -> dict:
     try:
         from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
         out["retry_after"] = RetryAfterTracker()
+    except ImportError:
+        pass
+    try:
+        from apf_gunicorn.server.dumps import encode_detail
+        out["encode_detail"] = encode_detail
     except ImportError:
         pass
     return out

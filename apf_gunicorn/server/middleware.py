@@ -87,6 +87,7 @@ class APFMiddleware:
         self.app = app
         self.ctx = ctx
         self._routes: dict[str, _Route] = {}
+        self._details: dict[tuple, bytes] = {}
         self._admit = ctx.ledger.admit
         self._finish_ledger = ctx.ledger.finish
         self._clock = ctx.clock
@@ -147,10 +148,19 @@ class APFMiddleware:
         return route
 
     def _detail(self, attrs, c) -> bytes:
-        try:
-            return self.ctx.encode_detail(attrs, c)
-        except Exception:
-            return b""
+        # Encoding costs microseconds; most requests repeat a few (user, verb, path) shapes.
+        key = (c.distinguisher, attrs.user, attrs.verb, attrs.path, attrs.namespace,
+               attrs.resource, attrs.name)
+        blob = self._details.get(key)
+        if blob is None:
+            try:
+                blob = self.ctx.encode_detail(attrs, c)
+            except Exception:
+                blob = b""
+            if len(self._details) >= 4096:
+                self._details.clear()
+            self._details[key] = blob
+        return blob
 
     def _wait(self, environ, start_response, slot, gen, route, attrs, admitted_ns):
         ctx = self.ctx

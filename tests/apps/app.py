@@ -1,0 +1,102 @@
+"""Flask app for the server tests: endpoints that sleep, stream, fail, and count how many
+requests execute at once across all worker processes.
+
+The cross-process counter lives in a small file (``APP_COUNTER``) mapped by every worker and
+updated under ``flock``: per counter name, the number executing now and the most ever seen.
+"""
+
+import fcntl
+import mmap
+import os
+import struct
+import time
+
+from flask import Flask, Response, jsonify, request
+
+app = Flask(__name__)
+
+_COUNTERS = ("work", "other", "light", "heavy")
+_REC = struct.Struct("<qq")  # executing now, max seen
+_PATH = os.environ.get("APP_COUNTER", "")
+_mm = None
+
+
+def _map():
+    global _mm
+    if _mm is None and _PATH:
+        fd = os.open(_PATH, os.O_RDWR)
+        try:
+            _mm = mmap.mmap(fd, _REC.size * len(_COUNTERS))
+        finally:
+            os.close(fd)
+    return _mm
+
+
+def _update(name: str, delta: int) -> None:
+    mm = _map()
+    if mm is None or name not in _COUNTERS:
+        return
+    off = _REC.size * _COUNTERS.index(name)
+    fd = os.open(_PATH, os.O_RDWR)  # own open file description: flock excludes threads too
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        cur, top = _REC.unpack_from(mm, off)
+        cur += delta
+        mm[off:off + _REC.size] = _REC.pack(cur, max(top, cur))
+    finally:
+        os.close(fd)
+
+
+def read_counters(path: str) -> dict:
+    with open(path, "rb") as f:
+        data = f.read()
+    return {n: _REC.unpack_from(data, _REC.size * i) for i, n in enumerate(_COUNTERS)}
+
+
+def _busy(name: str):
+    ms = float(request.args.get("ms", "100"))
+    _update(name, 1)
+    try:
+        time.sleep(ms / 1000)
+    finally:
+        _update(name, -1)
+    return f"{name} done pid={os.getpid()}\n"
+
+
+@app.route("/hello")
+def hello():
+    return "hello\n"
+
+
+@app.route("/healthz")
+def healthz():
+    return "ok\n"
+
+
+@app.route("/work")
+def work():
+    return _busy(request.args.get("c", "work"))
+
+
+@app.route("/other")
+def other():
+    return _busy("other")
+
+
+@app.route("/boom")
+def boom():
+    raise RuntimeError("boom")
+
+
+@app.route("/stream")
+def stream():
+    def gen():
+        for i in range(3):
+            time.sleep(0.05)
+            yield f"chunk {i}\n"
+    return Response(gen(), mimetype="text/plain")
+
+
+@app.route("/pid")
+def pid():
+    return jsonify(pid=os.getpid())

@@ -1,0 +1,184 @@
+"""Shared fixtures: a real gunicorn with apf_gunicorn's conf on a free 127.0.0.1 port.
+
+``serve(...)`` starts ``gunicorn -c python:apf_gunicorn.conf tests.apps.app:app`` in its own
+session, waits until it answers, yields a :class:`Server`, and always stops it (TERM, then KILL
+of the whole process group) and checks that no ``/dev/shm`` entry of that server is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+class Server:
+    def __init__(self, proc, port, instance, log_path, counter_path):
+        self.proc = proc
+        self.port = port
+        self.instance = instance
+        self.log_path = log_path
+        self.counter_path = counter_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def workers(self) -> list[int]:
+        return children(self.pid)
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def shm_entries(self) -> list[str]:
+        return [n for n in os.listdir("/dev/shm") if n.startswith(f"apf_{self.instance}_")]
+
+    def request(self, path: str, headers: dict | None = None, timeout: float = 30.0,
+                method: str = "GET"):
+        """(status, headers dict, body bytes) of one request on a fresh connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read()
+        finally:
+            conn.close()
+
+    def counters(self) -> dict:
+        from tests.apps.app import read_counters
+        return read_counters(self.counter_path)
+
+    def reset_counters(self) -> None:
+        with open(self.counter_path, "r+b") as f:
+            f.write(bytes(256))
+
+    def ledger_snapshot(self):
+        """A snapshot of the server's ledger, read from its shared memory."""
+        import mmap
+
+        import posix_ipc
+
+        from apf_gunicorn.ledger import Ledger, ProcessLock
+        from apf_gunicorn.server import shm
+
+        name = shm.segment_name(self.instance, self.pid)
+        mem = posix_ipc.SharedMemory("/" + name)
+        mm = mmap.mmap(mem.fd, mem.size)
+        mem.close_fd()
+        led = Ledger.attach(memoryview(mm)[shm.HEADER_SIZE:], lock=ProcessLock())
+        return led.snapshot(time.monotonic_ns())
+
+    def wait_for(self, predicate, timeout: float = 10.0, step: float = 0.05):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(step)
+        return predicate()
+
+
+@contextlib.contextmanager
+def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = None,
+          args: tuple = (), config: str | None = None, ready_path: str = "/hello",
+          boot_timeout: float = 30.0, expect_fail: bool = False):
+    port = free_port()
+    instance = "t" + uuid.uuid4().hex[:10]
+    log_path = tmp_path / f"gunicorn-{instance}.log"
+    counter_path = tmp_path / f"counter-{instance}.bin"
+    counter_path.write_bytes(bytes(256))
+    full_env = dict(os.environ)
+    full_env.update({
+        "APF_INSTANCE": instance,
+        "APF_ADMIN_BIND": "off",
+        "APF_CONFIG": config or str(APPS / "apf.yaml"),
+        "APF_CONCURRENCY_LIMIT": "16",
+        "APF_TRUSTED_PROXIES": "127.0.0.1",
+        "APP_COUNTER": str(counter_path),
+        "PYTHONPATH": str(ROOT),
+    })
+    full_env.update(env or {})
+    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(workers), "--threads",
+           str(threads), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
+           "--log-level", "info", *args, "tests.apps.app:app"]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    server = Server(proc, port, instance, log_path, counter_path)
+    try:
+        if expect_fail:
+            proc.wait(timeout=boot_timeout)
+            yield server
+            return
+        deadline = time.monotonic() + boot_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited {proc.returncode}:\n{server.log()}")
+            try:
+                status, _, _ = server.request(ready_path, timeout=2)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn did not answer in {boot_timeout}s:\n{server.log()}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        stop(proc)
+        log.close()
+        leftovers = server.shm_entries()
+        for name in leftovers:
+            import posix_ipc
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                posix_ipc.unlink_shared_memory("/" + name)
+        if leftovers and not expect_fail:
+            pytest.fail(f"/dev/shm entries left behind: {leftovers}")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    # Whatever is left of the group (workers of a killed master): kill it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """``with server_factory(workers=4, threads=16) as srv: ...``"""
+    return lambda **kw: serve(tmp_path, **kw)
