@@ -355,3 +355,60 @@ class OracleBackend:
 
     def epoch_advances(self) -> int:
         return self.qs.epoch_advances
+
+    def handles_of(self, grants: list) -> list:
+        return list(grants)
+
+
+class OracleLevels:
+    """Several oracle queue sets behind one backend, with the slice of the ledger API that
+    borrowing uses (``take_demand_stats``, ``set_limits``): the configuration form on the
+    reference port. ``specs``: (name, desired_queues, hand_size, queue_length_limit, limit)."""
+
+    name = "oracle"
+
+    def __init__(self, specs, clients=None, now: int = 0) -> None:
+        self.levels = {spec[0]: i for i, spec in enumerate(specs)}
+        self.sets = [OracleQueueSet(q, h, qll, c, now) for _, q, h, qll, c in specs]
+        self.ledger = self
+
+    def admit(self, level, flow_hash, initial, final, additional_latency_ns, now):
+        from apf_gunicorn.simulate.harness import Admission
+
+        r, reason, granted = self.sets[level].start_request(flow_hash, initial, final,
+                                                            additional_latency_ns, now)
+        if r is None:
+            return Admission(None, reason, [])
+        r.tag = level
+        return Admission(r, "", granted)
+
+    def finish(self, handle, now):
+        return self.sets[handle.tag].finish(handle, now)
+
+    def release(self, handle, now):
+        return self.sets[handle.tag].release(handle, now)
+
+    def take_demand_stats(self, level: int, now: int):
+        from apf_gunicorn.flowcontrol.borrowing import DemandObservation
+
+        duration, avg, dev, _lo, hi = self.sets[level].seat_demand.reset(now)
+        return DemandObservation(duration, avg, dev, hi)
+
+    def set_limits(self, limits: dict, now: int) -> list:
+        granted = []
+        for level, limit in limits.items():
+            qs = self.sets[level]
+            qs._sync(now)
+            qs.concurrency_limit = limit
+            qs._dispatch_as_much_as_possible(now)
+            granted.extend((r, 0, 0) for r in qs._take_granted())
+        return granted
+
+    def handles_of(self, grants: list) -> list:
+        return [r for r, _gen, _owner in grants]
+
+    def demand_stats(self, level, now):
+        return None
+
+    def epoch_advances(self) -> int:
+        return sum(qs.epoch_advances for qs in self.sets)

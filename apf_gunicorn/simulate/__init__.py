@@ -35,17 +35,19 @@ __all__ = [
 BackendFactory = Callable[[QueueSetSpec, Sequence[ClientSpec]], Backend]
 
 
-def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None) -> RunResult:
+def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
+             levels_factory: Callable | None = None) -> RunResult:
     """Run ``scenario`` to the end (every event drained) and return the result.
 
     ``backend_factory`` builds the fair-queuing backend for a ``queueSet`` scenario; the
-    default is the production ledger. Raises :class:`SimulationUnavailable` when the scenario
+    default is the production ledger; ``levels_factory(level_specs, clients)`` does the same for
+    the configuration form (see :func:`.configured.run_configured`). Raises :class:`SimulationUnavailable` when the scenario
     needs code that is not there.
     """
     if scenario.queue_set is None:
         from .configured import run_configured  # the configuration form
 
-        return run_configured(scenario)
+        return run_configured(scenario, levels_factory)
     qs = scenario.queue_set
     backend = (backend_factory or ledger_backend)(qs, scenario.clients)
     harness = UniformHarness(

@@ -88,8 +88,9 @@ class LedgerBackend:
     def release(self, handle: tuple[int, int], now: int) -> list:
         return [(s, g) for s, g, _o in self.ledger.release(handle[0], handle[1], now)]
 
-    def set_limits(self, limits: dict[int, int], now: int) -> list:
-        return [(s, g) for s, g, _o in self.ledger.set_limits(limits, now)]
+    def handles_of(self, grants: list) -> list:
+        """Handles of ``(slot, gen, owner)`` grants (what ``set_limits`` returns)."""
+        return [(s, g) for s, g, _o in grants]
 
     def demand_stats(self, level: int, now: int) -> DemandResults | None:
         st = self.ledger.take_demand_stats(level, now)

@@ -1,36 +1,120 @@
 """The configuration form of a scenario: classify clients, run every level, borrow every 10 s.
 
-Needs the configuration loader, the classifier and the borrowing code
-(``flowcontrol/loader.py``, ``matching.py``, ``borrowing.py``); until all three exist it
-refuses with :class:`~.backends.SimulationUnavailable`.
+The configuration (``config: PATH`` or inline ``objects:``) is loaded and validated by
+:mod:`apf_gunicorn.flowcontrol.loader`, every client is classified once by
+:class:`apf_gunicorn.flowcontrol.matching.Classifier` (its attributes do not change), every
+priority level becomes one level of one ledger, starting at Kubernetes' initial limit
+``nominal - lendable/2``, and :func:`apf_gunicorn.flowcontrol.borrowing.run_borrowing` adjusts
+the limits every 10 s of virtual time exactly as the server's master does.
+
+Each window then also reports, per priority level, the average initial seats its clients kept
+executing and the limit in force at the window's end.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from .backends import SimulationUnavailable
-from .harness import RunResult
-from .scenario import Scenario
+import yaml
 
-REQUIRED = ("loader", "matching", "borrowing", "limits")
+from .backends import LedgerBackend, SimulationUnavailable, concurrent_requests_bound
+from .harness import RunResult, UniformHarness, Window
+from .scenario import ClientSpec, Scenario, ScenarioError
+
+LevelSpecs = list[tuple[str, int, int, int, int]]
+ConfiguredBackendFactory = Callable[[LevelSpecs, Sequence[ClientSpec]], Any]
 
 
-def _require() -> dict[str, object]:
-    modules, missing = {}, []
-    for name in REQUIRED:
-        try:
-            modules[name] = importlib.import_module(f"apf_gunicorn.flowcontrol.{name}")
-        except ImportError:
-            missing.append(f"flowcontrol/{name}.py")
-    if missing:
+def _modules() -> dict[str, Any]:
+    try:
+        from apf_gunicorn.flowcontrol import borrowing, limits, loader, matching, validation
+    except ImportError as exc:
         raise SimulationUnavailable(
-            "the configuration form needs " + ", ".join(missing)
-            + ", which this installation does not have yet; use the queueSet form")
-    return modules
+            f"the configuration form needs the configuration loader, classifier and borrowing "
+            f"code, which this installation does not have ({exc}); use the queueSet form"
+        ) from None
+    return {"borrowing": borrowing, "limits": limits, "loader": loader, "matching": matching,
+            "validation": validation}
 
 
-def run_configured(scenario: Scenario) -> RunResult:
-    _require()
-    raise SimulationUnavailable(
-        "the configuration form is not implemented yet in this version; use the queueSet form")
+def _load(scenario: Scenario, m: dict[str, Any]) -> Any:
+    cfg = scenario.config
+    assert cfg is not None
+    loader, validation = m["loader"], m["validation"]
+    try:
+        if cfg.path is not None:
+            return loader.load_configuration(cfg.path)
+        objects, errors = loader.load_text(yaml.safe_dump_all(list(cfg.objects)), "objects")
+        errors = [*errors, *loader.duplicate_errors(objects)]
+        if errors:
+            raise validation.ConfigErrors(errors)
+        return loader.digest_objects(objects, sources=["objects"])
+    except validation.ConfigErrors as exc:
+        raise ScenarioError("config" if cfg.path else "objects", f"invalid configuration:\n{exc}") from None
+    except OSError as exc:
+        raise ScenarioError("config", str(exc)) from None
+
+
+def ledger_factory(specs: LevelSpecs, clients: Sequence[ClientSpec]) -> LedgerBackend:
+    return LedgerBackend.create(specs, slots=concurrent_requests_bound(clients))
+
+
+def run_configured(scenario: Scenario,
+                   backend_factory: ConfiguredBackendFactory | None = None) -> RunResult:
+    """Run a configuration-form scenario; ``backend_factory(level_specs, clients)`` must return
+    a backend whose ``ledger`` has ``take_demand_stats`` and ``set_limits`` (the production
+    ledger by default)."""
+    m = _modules()
+    config = _load(scenario, m)
+    server_limit = scenario.config.server_concurrency_limit
+    level_limits = m["limits"].compute_limits(config.priority_levels.values(), server_limit)
+    levels = list(config.priority_levels.values())
+    specs: LevelSpecs = []
+    for pl in levels:
+        lim = level_limits[pl.name]
+        queuing = pl.queuing
+        specs.append((pl.name, pl.desired_queues,
+                      queuing.hand_size if queuing else 0,
+                      queuing.queue_length_limit if queuing else 0,
+                      lim.nominal - lim.lendable // 2))
+    backend = (backend_factory or ledger_factory)(specs, scenario.clients)
+    index = backend.levels  # level name -> ledger index
+    classifier = m["matching"].Classifier(config)
+    routes, client_levels = [], []
+    for client in scenario.clients:
+        c = classifier.classify(client.attributes)
+        routes.append((index[c.priority_level.name], c.flow_hash))
+        client_levels.append(c.priority_level.name)
+    states = m["borrowing"].BorrowingStates()
+    for pl in levels:
+        states.state(pl.name, specs[levels.index(pl)][4])
+    level_triples = [(pl.name, index[pl.name], pl.is_exempt) for pl in levels]
+
+    def borrow(now: int) -> list:
+        grants = m["borrowing"].run_borrowing(backend.ledger, level_limits, states, now,
+                                              server_limit=server_limit, levels=level_triples)
+        return backend.handles_of(grants)
+
+    used = {name for name in client_levels}
+    by_index = {idx: name for name, idx in index.items()}
+
+    def on_window(window: Window, now: int) -> None:
+        for lvl, avg in harness.level_averages.items():
+            name = by_index[lvl]
+            window.priority_levels[name] = {
+                "averageExecutingSeats": avg,
+                "currentLimit": states[name].current_limit if name in states else None,
+                "nominalLimit": level_limits[name].nominal,
+            }
+        window.priority_levels.update({
+            name: {"averageExecutingSeats": 0.0, "currentLimit": states[name].current_limit,
+                   "nominalLimit": level_limits[name].nominal}
+            for name in index if name not in used and name in states})
+
+    harness = UniformHarness(
+        scenario.clients, scenario.evaluate, backend, routes=routes,
+        capacity=float(server_limit), on_window=on_window,
+        periodic=(m["borrowing"].ADJUSTMENT_PERIOD_NS, borrow),
+    )
+    return harness.run()

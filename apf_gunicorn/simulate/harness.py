@@ -207,15 +207,16 @@ class UniformHarness:
 
     ``routes`` gives each client's (level index, flow hash); ``levels`` names the levels whose
     seat demand is checked; ``capacity`` is the limit used for the informational fair share;
-    ``on_window(window, now)`` may add per-level data to each window; ``periodic`` is an
-    optional ``(period_ns, fn(now))`` run every period of virtual time (borrowing).
+    ``on_window(window, now)`` may add per-level data to each window (``level_averages`` gives
+    each level's average executing initial seats over the window); ``periodic`` is an optional
+    ``(period_ns, fn(now) -> granted handles)`` run every period of virtual time (borrowing).
     """
 
     def __init__(self, clients: Sequence[ClientSpec], evaluate: Sequence[int], backend: Backend,
                  routes: Sequence[tuple[int, int]], capacity: float,
                  check_levels: dict[str, int] | None = None,
                  on_window: Callable[[Window, int], None] | None = None,
-                 periodic: tuple[int, Callable[[int], None]] | None = None) -> None:
+                 periodic: tuple[int, Callable[[int], list]] | None = None) -> None:
         self.loop = EventLoop()
         self.backend = backend
         self.evaluate = tuple(evaluate)
@@ -228,6 +229,8 @@ class UniformHarness:
         self.periodic = periodic
         self._running: dict[Any, tuple[_Thread, int]] = {}
         self.requests = 0
+        self.level_exec = {c.level: ExactIntegrator() for c in self.clients}
+        self.level_averages: dict[int, float] = {}
 
     # -- client behaviour ---------------------------------------------------------------
     def _call(self, thread: _Thread, k: int) -> None:
@@ -261,6 +264,7 @@ class UniformHarness:
         spec = client.spec
         client.totals.dispatched += 1
         client.exec_seats.add(spec.seats, now)
+        self.level_exec[client.level].add(spec.seats, now)
         if k + 1 < thread.calls:
             loop.at(now + spec.exec_ns + spec.think_ns, lambda: self._call(thread, k + 1))
         loop.at(now + spec.exec_ns, lambda: self._end(handle, client))
@@ -270,6 +274,7 @@ class UniformHarness:
         spec = client.spec
         del self._running[handle]
         client.exec_seats.add(-spec.seats, now)
+        self.level_exec[client.level].add(-spec.seats, now)
         client.totals.completed += 1
         granted, linger_until = self.backend.finish(handle, now)
         check = self._check_of_level.get(client.level)
@@ -297,7 +302,7 @@ class UniformHarness:
             period, fn = self.periodic
 
             def tick() -> None:
-                fn(loop.now)
+                self._start_all(fn(loop.now))
                 if len(loop) or loop.now < self.evaluate[-1]:
                     loop.after(period, tick)
 
@@ -326,6 +331,7 @@ class UniformHarness:
             avg = client.exec_seats.reset(end).average
             out[client.spec.name] = ClientWindow(avg, demand, share)
         window = Window(start, end, out)
+        self.level_averages = {lvl: i.reset(end).average for lvl, i in self.level_exec.items()}
         for name, level in self.check_levels.items():
             mine = self.demand_check[name].reset(end)
             theirs = self.backend.demand_stats(level, end)
