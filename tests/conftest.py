@@ -108,7 +108,9 @@ class Server:
 @contextlib.contextmanager
 def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = None,
           args: tuple = (), config: str | None = None, ready_path: str = "/hello",
-          boot_timeout: float = 30.0, expect_fail: bool = False):
+          boot_timeout: float = 30.0, expect_fail: bool = False,
+          conf: tuple = ("-c", "python:apf_gunicorn.conf")):
+    """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF."""
     port = free_port()
     instance = "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -125,7 +127,7 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
         "PYTHONPATH": str(ROOT),
     })
     full_env.update(env or {})
-    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(workers), "--threads",
+    cmd = [GUNICORN, *conf, "-w", str(workers), "--threads",
            str(threads), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
            "--log-level", "info", *args, "tests.apps.app:app"]
     log = open(log_path, "wb")
