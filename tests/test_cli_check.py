@@ -1,0 +1,137 @@
+"""``apf-gunicorn check``: the 3.3 table in JSON, every error of an invalid configuration, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from apf_gunicorn.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "config"
+
+
+def run_check(capsys, *argv):
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_kubernetes_table_in_json(capsys):
+    code, out, _ = run_check(
+        capsys, str(ROOT / "config" / "kubernetes"), "--concurrency-limit", "600", "--json"
+    )
+    assert code == 0
+    report = json.loads(out)
+    rows = {pl["name"]: pl for pl in report["priorityLevels"]}
+    got = {
+        n: (r["nominal"], r["lendable"], r["lower"], r["upper"], r["maxSeats"])
+        for n, r in rows.items()
+    }
+    assert got == {
+        "exempt": (0, 0, 0, 600, None),
+        "catch-all": (13, 0, 13, 613, None),
+        "system": (74, 24, 50, 674, 12),
+        "node-high": (98, 25, 73, 698, 15),
+        "leader-election": (25, 0, 25, 625, 4),
+        "workload-high": (98, 49, 49, 698, 15),
+        "workload-low": (245, 221, 24, 845, 37),
+        "global-default": (49, 25, 24, 649, 8),
+    }
+    wl = rows["workload-low"]
+    assert (wl["type"], wl["nominalConcurrencyShares"], wl["borrowing"]) == ("Limited", 100, 600)
+    assert (wl["queues"], wl["handSize"], wl["queueLengthLimit"]) == (128, 6, 50)
+    assert rows["exempt"]["queues"] is None
+    assert report["nominalSum"] == 602 and report["dangling"] == []
+    assert [fs["name"] for fs in report["flowSchemas"]][:3] == [
+        "exempt",
+        "probes",
+        "system-leader-election",
+    ]
+
+
+def test_text_output_and_default_limit(capsys):
+    code, out, err = run_check(capsys, "builtin:webapp")
+    assert code == 0 and err == ""
+    assert out.startswith("Server concurrency limit 600 seats")
+    level_table = out.split("\n\n")[1]  # header line, level table, schema table
+    lines = {line.split()[0]: line.split() for line in level_table.splitlines()}
+    # PRIORITY LEVEL TYPE SHARES NOMINAL LENDABLE LOWER UPPER MAX-SEATS QUEUES HAND QLL
+    assert lines["users"][1:] == [
+        "Limited/Queue",
+        "100",
+        "480",
+        "0",
+        "480",
+        "1080",
+        "72",
+        "64",
+        "6",
+        "10",
+    ]
+    assert lines["anonymous"][1:] == [
+        "Limited/Queue",
+        "20",
+        "96",
+        "48",
+        "48",
+        "96",
+        "15",
+        "16",
+        "4",
+        "10",
+    ]
+
+
+def test_dangling_schemas_are_warnings(capsys):
+    code, out, err = run_check(capsys, str(DATA / "kubectl-list.yaml"), "--json")
+    assert code == 0
+    assert json.loads(out)["dangling"][0]["name"] == "batch-jobs"
+    assert err.startswith("warning: ") and '"batch-jobs"' in err and 'named "batch"' in err
+
+
+def test_invalid_configuration_lists_every_error(capsys):
+    code, out, err = run_check(capsys, str(DATA / "invalid"))
+    assert code == 1 and out == ""
+    a, b = DATA / "invalid" / "a.yaml", DATA / "invalid" / "b.yaml"
+    expected = [
+        (a, 'FlowSchema "bad-precedence"', "spec.matchingPrecedence: Invalid value: 20000: must not be greater than 10000"),
+        (a, 'FlowSchema "bad-precedence"', 'spec.distinguisherMethod.type: Unsupported value: "ByIP"'),
+        (a, 'FlowSchema "bad-precedence"', 'spec.priorityLevelConfiguration.name: Invalid value: "Not_A_Name"'),
+        (a, 'FlowSchema "bad-precedence"', 'spec.rules[0].subjects[0].kind: Unsupported value: "Robot"'),
+        (a, 'FlowSchema "bad-precedence"', 'spec.rules[0].nonResourceRules[0].verbs: Unsupported value: []string{"post"}'),
+        (a, 'FlowSchema "bad-precedence"', 'spec.rules[0].nonResourceRules[0].nonResourceURLs[0]: Invalid value: "/api*": wildcard can only do suffix matching'),
+        (a, 'PriorityLevelConfiguration "too-wide"', "spec.limited.nominalConcurrencyShares: Invalid value: -4: must be a non-negative integer"),
+        (a, 'PriorityLevelConfiguration "too-wide"', "spec.limited.lendablePercent: Invalid value: 150: must be between 0 and 100, inclusive"),
+        (a, 'PriorityLevelConfiguration "too-wide"', "spec.limited.limitResponse.queuing.handSize: Invalid value: 8: required entropy bits of deckSize 512 and handSize 8 should not be greater than 60"),
+        (b, 'FlowSchema "wrong-types"', 'spec.matchingPrecedence: Invalid value: "high": must be an integer'),
+        (b, 'FlowSchema "wrong-types"', "spec.rules: Invalid value: {}: must be a list"),
+        (b, 'PriorityLevelConfiguration "exempt"', "spec.type: Invalid value: \"Limited\": type must be 'Exempt' if and only if name is 'exempt'"),
+        (b, 'PriorityLevelConfiguration "exempt"', "spec: Invalid value: {"),
+        (b, 'Deployment "web"', 'kind: Unsupported value: "Deployment"'),
+    ]  # fmt: skip
+    lines = err.splitlines()
+    assert lines[0] == f"{DATA / 'invalid'}: invalid configuration ({len(expected)} errors):"
+    assert len(lines) == len(expected) + 1
+    for line, (file, obj, text) in zip(lines[1:], expected, strict=True):
+        assert line.startswith(f"  {file}: {obj}: {text}"), line
+
+
+def test_unreadable_path_exits_2(capsys, tmp_path):
+    code, out, err = run_check(capsys, str(tmp_path / "missing"))
+    assert code == 2 and out == "" and "cannot read" in err
+    code, _, err = run_check(capsys, "builtin:nope")
+    assert code == 2 and "available:" in err
+
+
+def test_module_entry_point_subprocess():
+    proc = subprocess.run(
+        [sys.executable, "-m", "apf_gunicorn", "check", "config/kubernetes", "--concurrency-limit", "600", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {pl["name"]: pl for pl in json.loads(proc.stdout)["priorityLevels"]}
+    assert (rows["node-high"]["nominal"], rows["node-high"]["lendable"]) == (98, 25)
+    assert (rows["global-default"]["nominal"], rows["global-default"]["lendable"]) == (49, 25)
