@@ -292,7 +292,7 @@ class UniformHarness:
         for client in self.clients:
             spec = client.spec
             for j in range(spec.threads):
-                start, calls = 90 * j + 20 * client.index, spec.calls
+                start, calls = spec.start_ns + 90 * j + 20 * client.index, spec.calls
                 if spec.split and j >= spec.threads // 2:
                     start, calls = start + half, calls // 2
                 if calls > 0:

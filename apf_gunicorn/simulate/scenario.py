@@ -15,9 +15,10 @@ error names the offending field::
     >>> scenario.queue_set.concurrency_limit, scenario.evaluate
     (1, (20000000000,))
 
-A client may carry ``count: N`` (an extension): it stands for N clients named ``name-0`` …
-``name-(N-1)``, each its own flow (hash ``flow_hash(name, str(k))``, or in the configuration
-form user ``user-k``). That is how a 10,000-flow run stays a ten-line file.
+Extensions beyond Kubernetes' harness: ``start`` delays all of a client's threads;
+``count: N`` makes a client stand for N clients named ``name-0`` … ``name-(N-1)``, each its
+own flow (hash ``flow_hash(name, str(k))``, or in the configuration form user ``user-k``),
+copy ``k`` starting ``k * stagger`` later. That is how a 10,000-flow run stays a short file.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class ClientSpec:
     split: bool = False
     hash: int | None = None  # queueSet form
     attributes: RequestAttributes | None = None  # configuration form
+    start_ns: int = 0  # extension: the client's threads start this much later
 
     @property
     def max_seats(self) -> int:
@@ -98,7 +100,7 @@ class Scenario:
 _QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit"}
 _CLIENT_KEYS = {
     "name", "hash", "threads", "calls", "exec", "think", "seats", "finalSeats",
-    "additionalLatency", "split", "count",
+    "additionalLatency", "split", "count", "start", "stagger",
 }
 _ATTRIBUTE_KEYS = {
     "user", "groups", "verb", "path", "apiGroup", "apiVersion", "resource", "subresource",
@@ -185,6 +187,10 @@ def _parse_clients(raw: Any, config_form: bool) -> tuple[ClientSpec, ...]:
         if not isinstance(name, str) or not name:
             raise ScenarioError(f"{where}.name", "must be a non-empty string")
         count = _int(item, "count", where, default=0, minimum=1) if "count" in item else 0
+        start = _duration(item, "start", where, default=0, minimum=0)
+        stagger = _duration(item, "stagger", where, default=0, minimum=0)
+        if stagger and not count:
+            raise ScenarioError(f"{where}.stagger", "only meaningful with count")
         common = dict(
             threads=_int(item, "threads", where, default=1, minimum=1),
             calls=_int(item, "calls", where, required=True, minimum=0),
@@ -201,16 +207,18 @@ def _parse_clients(raw: Any, config_form: bool) -> tuple[ClientSpec, ...]:
             attrs = _attributes(item, where)
             expanded = [(name, attrs)] if not count else [
                 (f"{name}-{k}", _with_user(attrs, f"{attrs.user}-{k}")) for k in range(count)]
-            new = [ClientSpec(n, attributes=a, **common) for n, a in expanded]
+            new = [ClientSpec(n, attributes=a, start_ns=start + k * stagger, **common)
+                   for k, (n, a) in enumerate(expanded)]
         else:
             if count:
                 if "hash" in item:
                     raise ScenarioError(f"{where}.hash", "not allowed with count (each copy is its own flow)")
-                new = [ClientSpec(f"{name}-{k}", hash=flow_hash(name, str(k)), **common)
+                new = [ClientSpec(f"{name}-{k}", hash=flow_hash(name, str(k)),
+                                  start_ns=start + k * stagger, **common)
                        for k in range(count)]
             else:
                 new = [ClientSpec(name, hash=_int(item, "hash", where, required=True, minimum=0,
-                                                  maximum=_U64_MAX), **common)]
+                                                  maximum=_U64_MAX), start_ns=start, **common)]
         for client in new:
             if client.name in names:
                 raise ScenarioError(f"{where}.name", f"duplicate client name {client.name!r}")
