@@ -1,0 +1,140 @@
+"""The ledger's fixed binary layout: capacities, record fields and where every table lives.
+
+Everything is a table of 8-byte words so one buffer can be read through three
+``memoryview.cast`` views (``"q"`` int64, ``"Q"`` uint64, ``"d"`` float64) with plain word
+indices; name and detail areas are raw bytes. A field address is
+``table_base + record * stride + FIELD``.
+
+    >>> lay = Layout(Capacity())
+    >>> lay.size < 16 * 1024 * 1024
+    True
+
+Word stores through a memoryview are single 8-byte writes, so a reader without the lock never
+sees a half-zeroed field (unlike ``struct.pack_into``, see gunicorn-ipc.md 3.5). Multi-field
+reads still need the lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
+VERSION = 1
+WORD = 8
+NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
+
+# -- header (word indices) ------------------------------------------------------------------
+(
+    H_MAGIC, H_VERSION, H_CAP_LEVELS, H_CAP_QUEUES, H_CAP_SLOTS, H_CAP_WORKERS, H_CAP_FS,
+    H_CAP_DETAIL, H_SIZE, H_OWNER_PID, H_GENERATION, H_SERVICE_NS, H_FREE_HEAD, H_FREE_COUNT,
+    H_FS_COUNT, H_HOLDER_PID, H_DIRTY, H_REPAIRS, H_LEVELS_USED,
+) = range(19)
+H_MUTEX = 24  # 64 bytes (8 words) for a pthread_mutex_t (40 bytes on x86_64 glibc)
+MUTEX_BYTES = 64
+HEADER_WORDS = 32
+
+# -- level record -----------------------------------------------------------------------------
+(
+    L_USED, L_QUIESCING, L_NAME_LEN, L_DESIRED, L_HAND, L_QLL, L_C,
+    L_QBASE, L_QCAP, L_NQ, L_TBASE, L_TP,
+    L_R, L_LAST_NS, L_ROBIN, L_ENQUEUES,
+    L_WAITING, L_EXECUTING, L_SEATS_IN_USE, L_SEATS_WAITING,
+    L_DISPATCHED, L_REJECTED, L_TIMEDOUT, L_CANCELLED,
+    L_ACTIVE_QUEUES, L_QSEATS, L_EPOCH_OK, L_EPOCH_FAIL,
+    L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
+) = range(35)
+LEVEL_WORDS = 40
+# float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
+LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
+
+MODE_EXEMPT, MODE_REJECT, MODE_QUEUE = "exempt", "reject", "queue"
+
+# -- queue record -----------------------------------------------------------------------------
+(
+    Q_NDR, Q_HEAD, Q_TAIL, Q_WAITING, Q_INIT_SUM, Q_MAX_SUM, Q_WORK_SUM, Q_EXECUTING, Q_SEATS,
+) = range(9)
+QUEUE_WORDS = 9  # Q_NDR and Q_WORK_SUM are uint64
+
+# -- slot record ------------------------------------------------------------------------------
+(
+    S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT,
+    S_INITIAL, S_FINAL, S_AL, S_MAX_SEATS, S_HELD,
+    S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
+    S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN,
+) = range(22)
+SLOT_WORDS = 22  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
+# S_MAX_SEATS = max(initial, final) as requested (what waiting sums count);
+# S_HELD = the seats actually held once dispatched (after the final-seat cap)
+
+FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
+STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}
+
+# -- worker record ----------------------------------------------------------------------------
+W_PID, W_STATE, W_HEARTBEAT = range(3)
+WORKER_WORDS = 4
+WORKER_FREE, WORKER_ALIVE, WORKER_GONE = 0, 1, 2
+
+NIL = -1  # "no slot" / "no queue" in link and index fields
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Fixed table sizes; all are settings. Running out of slots rejects with ``no-slot``."""
+
+    levels: int = 64
+    queues: int = 8192  # total over all levels
+    slots: int = 8192  # requests waiting, executing or lingering at once, server-wide
+    workers: int = 256
+    flow_schemas: int = 1024
+    detail_bytes: int = 256  # per-slot opaque request description for dumps
+
+    def __post_init__(self) -> None:
+        for name in ("levels", "queues", "slots", "workers", "flow_schemas"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Capacity.{name} must be at least 1")
+        if self.detail_bytes < 0:
+            raise ValueError("Capacity.detail_bytes must not be negative")
+
+
+class Layout:
+    """Word offsets (and byte offsets for the raw areas) of every table for a capacity."""
+
+    __slots__ = (
+        "cap", "level_base", "queue_base", "tree_base", "tree_words", "slot_base",
+        "worker_base", "level_names", "fs_names", "details", "detail_stride", "size",
+    )
+
+    def __init__(self, cap: Capacity) -> None:
+        self.cap = cap
+        pos = HEADER_WORDS
+        self.level_base = pos
+        pos += cap.levels * LEVEL_WORDS
+        self.queue_base = pos
+        pos += cap.queues * QUEUE_WORDS
+        # per level a min-segment tree of 2*P words, P = next power of two >= its queue region;
+        # sum(2P) <= 4 * queues
+        self.tree_base = pos
+        self.tree_words = 4 * cap.queues
+        pos += self.tree_words
+        self.slot_base = pos
+        pos += cap.slots * SLOT_WORDS
+        self.worker_base = pos
+        pos += cap.workers * WORKER_WORDS
+        byte = pos * WORD
+        self.level_names = byte
+        byte += cap.levels * NAME_BYTES
+        self.fs_names = byte
+        byte += cap.flow_schemas * NAME_BYTES
+        self.details = byte
+        self.detail_stride = (cap.detail_bytes + WORD - 1) // WORD * WORD
+        byte += cap.slots * self.detail_stride
+        self.size = byte
+
+    def level(self, index: int) -> int:
+        return self.level_base + index * LEVEL_WORDS
+
+    def slot(self, index: int) -> int:
+        return self.slot_base + index * SLOT_WORDS
+
+    def worker(self, index: int) -> int:
+        return self.worker_base + index * WORKER_WORDS

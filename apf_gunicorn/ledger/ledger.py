@@ -1,0 +1,1383 @@
+"""The seat ledger: Kubernetes' queueset (fair queuing, shuffle sharding, seats) on a buffer.
+
+One ``Ledger`` wraps one writable buffer (an mmap of POSIX shared memory in production, a
+``bytearray`` in tests and the simulator). Every public operation takes the lock, syncs the
+virtual clock of the level it touches exactly as ``queueset.go`` does, mutates, and returns
+what the caller must do (run now, wait on a slot, wake the owners of granted slots)::
+
+    buf = bytearray(Ledger.size(Capacity()))
+    led = Ledger.create(buf, Capacity(), lock=NullLock())
+    levels, schemas = led.configure([LevelSpec("global-default", 128, 6, 50, 20)], ["fs"], now)
+    res = led.admit(levels["global-default"], flow_hash, 1, 0, 0, owner=0, now=now)
+    if res.outcome == EXECUTE: ...run...; granted, linger_until = led.finish(res.slot, res.gen, t)
+    # granted: [(slot, gen, owner)] dispatched by the call: wake those owners
+
+Time is always the caller's integer nanoseconds. Differences from Kubernetes (all documented in
+docs/ledger.md): the ``totSeatsWaiting`` drift is not kept, time never runs backwards for a
+level (a stale ``now`` from another process counts as no time passing), a quiescing level is
+dropped only once its lingering seats are released too, and per-request cost does not grow with
+the number of queues (incremental rate inputs and a min-segment tree of head virtual finishes).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import NamedTuple
+
+from apf_gunicorn.flowcontrol.gomath import duration_seconds
+from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, deal
+from apf_gunicorn.ledger import layout as L
+from apf_gunicorn.ledger.layout import (
+    EXECUTING,
+    FREE,
+    H_DIRTY,
+    H_FREE_COUNT,
+    H_FREE_HEAD,
+    H_SERVICE_NS,
+    L_ACTIVE_QUEUES,
+    L_C,
+    L_CANCELLED,
+    L_DESIRED,
+    L_DISPATCHED,
+    L_ENQUEUES,
+    L_EXECUTING,
+    L_HAND,
+    L_I_CUR,
+    L_I_LAST,
+    L_I_MAX,
+    L_I_MIN,
+    L_I_T,
+    L_I_X,
+    L_I_XX,
+    L_LAST_NS,
+    L_NQ,
+    L_QBASE,
+    L_QLL,
+    L_QSEATS,
+    L_QUIESCING,
+    L_R,
+    L_REJECTED,
+    L_ROBIN,
+    L_SEATS_IN_USE,
+    L_SEATS_WAITING,
+    L_TBASE,
+    L_TIMEDOUT,
+    L_TP,
+    L_USED,
+    L_WAITING,
+    LEVEL_WORDS,
+    LINGERING,
+    NIL,
+    Q_EXECUTING,
+    Q_HEAD,
+    Q_INIT_SUM,
+    Q_MAX_SUM,
+    Q_NDR,
+    Q_SEATS,
+    Q_TAIL,
+    Q_WAITING,
+    Q_WORK_SUM,
+    QUEUE_WORDS,
+    S_AL,
+    S_ARRIVAL_NS,
+    S_ARRIVAL_R,
+    S_DETAIL_LEN,
+    S_FINAL,
+    S_FINAL_WORK,
+    S_FS,
+    S_GEN,
+    S_HASH,
+    S_HELD,
+    S_INIT_WORK,
+    S_INITIAL,
+    S_LEVEL,
+    S_MAX_SEATS,
+    S_NEXT,
+    S_OWNER,
+    S_PREV,
+    S_QUEUE,
+    S_SEQ,
+    S_START_NS,
+    S_STATE,
+    S_TOTAL_WORK,
+    SLOT_WORDS,
+    WAITING,
+    Capacity,
+    Layout,
+)
+from apf_gunicorn.ledger.lock import NullLock
+from apf_gunicorn.ledger.seatseconds import HIGH_R, R_DECREMENT, U64, duration_per_seat
+from apf_gunicorn.ledger.seatseconds import seats_times_duration as _std
+
+EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
+DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
+
+
+class LevelSpec(NamedTuple):
+    """One priority level's queue set configuration. ``desired_queues``: > 0 queuing, 0 reject
+    (no queues, ``concurrency-limit``), < 0 exempt."""
+
+    name: str
+    desired_queues: int
+    hand_size: int
+    queue_length_limit: int
+    concurrency_limit: int
+
+
+class AdmitResult(NamedTuple):
+    outcome: str  # EXECUTE | QUEUED | REJECTED
+    slot: int  # -1 when rejected
+    gen: int
+    reason: str  # "queue-full" | "concurrency-limit" | "no-slot" | ""
+    granted: list  # [(slot, gen, owner)] other requests dispatched by this call
+
+
+class DemandStats(NamedTuple):
+    """Kubernetes ``IntegratorResults`` of the seat-demand integrator since the last take."""
+
+    duration_s: float
+    average: float
+    deviation: float
+    min: float
+    max: float
+
+    @property
+    def high_watermark(self) -> float:
+        return self.max
+
+
+class QueueSnapshot(NamedTuple):
+    index: int
+    waiting: int
+    executing: int
+    seats_in_use: int
+    next_dispatch_r: int
+    initial_seats_sum: int
+    max_seats_sum: int
+    total_work_sum: int
+
+
+class RequestSnapshot(NamedTuple):
+    slot: int
+    queue: int
+    index_in_queue: int
+    flow_hash: int
+    fs_index: int
+    owner: int
+    arrive_ns: int
+    start_ns: int
+    initial_seats: int
+    final_seats: int
+    additional_latency_ns: int
+    state: str
+    detail: bytes
+
+
+class LevelSnapshot(NamedTuple):
+    index: int
+    name: str
+    desired_queues: int
+    concurrency_limit: int
+    quiescing: bool
+    seats_in_use: int
+    seats_waiting: int
+    requests_waiting: int
+    requests_executing: int
+    current_r: int
+    dispatched: int
+    rejected: int
+    timedout: int
+    cancelled: int
+    queues: list
+    requests: list
+    hand_size: int = 0
+    queue_length_limit: int = 0
+    epoch_advances: int = 0
+    epoch_advance_failures: int = 0
+
+
+class Snapshot(NamedTuple):
+    now: int
+    levels: list
+    flow_schema_names: list
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+class Ledger:
+    """Fair-queuing seat ledger over a buffer. Create with :meth:`create` or :meth:`attach`."""
+
+    def __init__(self, buf, lock, lay: Layout) -> None:
+        self._lay = lay
+        mv = memoryview(buf).cast("B")[: lay.size]
+        self._mv = mv
+        self._w = mv.cast("q")
+        self._u = mv.cast("Q")
+        self._f = mv.cast("d")
+        self._lock = lock if lock is not None else NullLock()
+        self._qb = lay.queue_base
+        self._sb = lay.slot_base
+        self._lvb = lay.level_base
+        self._names: dict[str, int] = {}
+        self._names_gen = -1
+        self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
+
+    # -- construction -------------------------------------------------------------------------
+
+    @staticmethod
+    def size(cap: Capacity | None = None) -> int:
+        """Bytes needed for a ledger of these capacities."""
+        return Layout(cap or Capacity()).size
+
+    @classmethod
+    def create(cls, buf, cap: Capacity | None = None, lock=None,
+               service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS,
+               owner_pid: int = 0) -> Ledger:
+        """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part."""
+        cap = cap or Capacity()
+        lay = Layout(cap)
+        if len(memoryview(buf).cast("B")) < lay.size:
+            raise ValueError(f"buffer of {len(buf)} bytes is smaller than the {lay.size} bytes "
+                             f"this capacity needs")
+        raw = memoryview(buf).cast("B")
+        raw[: lay.size] = bytes(lay.size)
+        led = cls(buf, lock, lay)
+        w = led._w
+        w[L.H_VERSION] = L.VERSION
+        for field, value in ((L.H_CAP_LEVELS, cap.levels), (L.H_CAP_QUEUES, cap.queues),
+                             (L.H_CAP_SLOTS, cap.slots), (L.H_CAP_WORKERS, cap.workers),
+                             (L.H_CAP_FS, cap.flow_schemas), (L.H_CAP_DETAIL, cap.detail_bytes),
+                             (L.H_SIZE, lay.size), (L.H_OWNER_PID, owner_pid),
+                             (H_SERVICE_NS, service_estimate_ns)):
+            w[field] = value
+        sb = lay.slot_base
+        for s in range(cap.slots):
+            w[sb + s * SLOT_WORDS + S_NEXT] = s + 1 if s + 1 < cap.slots else NIL
+            w[sb + s * SLOT_WORDS + S_PREV] = NIL
+            w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
+        w[H_FREE_HEAD] = 0
+        w[H_FREE_COUNT] = cap.slots
+        led._lock.bind(led._mv, w, True)
+        w[L.H_MAGIC] = L.MAGIC  # last: a reader never sees a half-formatted ledger as valid
+        return led
+
+    @classmethod
+    def attach(cls, buf, lock=None) -> Ledger:
+        """Wrap a buffer some other process (or object) formatted with :meth:`create`."""
+        head = memoryview(buf).cast("B")[: L.HEADER_WORDS * L.WORD].cast("q")
+        if head[L.H_MAGIC] != L.MAGIC or head[L.H_VERSION] != L.VERSION:
+            raise ValueError("buffer does not hold an apf_gunicorn ledger of this version")
+        cap = Capacity(levels=head[L.H_CAP_LEVELS], queues=head[L.H_CAP_QUEUES],
+                       slots=head[L.H_CAP_SLOTS], workers=head[L.H_CAP_WORKERS],
+                       flow_schemas=head[L.H_CAP_FS], detail_bytes=head[L.H_CAP_DETAIL])
+        head.release()
+        led = cls(buf, lock, Layout(cap))
+        led._lock.bind(led._mv, led._w, False)
+        return led
+
+    def close(self) -> None:
+        """Release the views so the underlying mmap can be closed."""
+        unbind = getattr(self._lock, "unbind", None)
+        if unbind:
+            unbind()
+        for view in (self._w, self._u, self._f, self._mv):
+            view.release()
+
+    @property
+    def capacity(self) -> Capacity:
+        return self._lay.cap
+
+    @property
+    def service_estimate_ns(self) -> int:
+        return self._w[H_SERVICE_NS]
+
+    # -- lock protocol ------------------------------------------------------------------------
+
+    def _enter(self, now: int | None) -> list:
+        dead = self._lock.acquire()
+        w = self._w
+        granted: list = []
+        if dead is not None or w[H_DIRTY]:
+            from apf_gunicorn.ledger.repair import repair_locked
+
+            try:
+                granted = repair_locked(self, now, dead_pid=dead or 0)
+                if dead is not None:
+                    self._lock.consistent()
+            except BaseException:
+                self._lock.release()
+                raise
+        w[H_DIRTY] = 1  # cleared only when the operation completes
+        return granted
+
+    def _leave_ok(self) -> None:
+        self._w[H_DIRTY] = 0
+        self._lock.release()
+
+    # -- addressing ---------------------------------------------------------------------------
+
+    def _lb(self, level: int) -> int:
+        if not 0 <= level < self._lay.cap.levels:
+            raise ValueError(f"level index {level} out of range")
+        lb = self._lvb + level * LEVEL_WORDS
+        if not self._w[lb + L_USED]:
+            raise ValueError(f"level index {level} is not configured")
+        return lb
+
+    def _qa(self, lb: int, q: int) -> int:
+        return self._qb + (self._w[lb + L_QBASE] + q) * QUEUE_WORDS
+
+    def _sa(self, s: int) -> int:
+        return self._sb + s * SLOT_WORDS
+
+    # -- virtual time ---------------------------------------------------------------------------
+
+    def _sync(self, lb: int, now: int) -> None:
+        """``syncTimeLocked``: advance R by round(ratio * dt) with the rate of the last span."""
+        w = self._w
+        last = w[lb + L_LAST_NS]
+        if now <= last:
+            return
+        w[lb + L_LAST_NS] = now
+        active = w[lb + L_ACTIVE_QUEUES]
+        if active == 0:
+            return
+        c = w[lb + L_C]
+        seats = w[lb + L_QSEATS]
+        incr = _std((seats if seats < c else c) / active, now - last)
+        u = self._u
+        prev = u[lb + L_R]
+        r = (prev + incr) & U64
+        u[lb + L_R] = r
+        if r >= HIGH_R and r >= prev:
+            self._advance_epoch(lb)
+
+    def _advance_epoch(self, lb: int) -> None:
+        w, u = self._w, self._u
+        u[lb + L_R] = (u[lb + L_R] - R_DECREMENT) & U64
+        ok = True
+        for q in range(w[lb + L_NQ]):
+            qa = self._qa(lb, q)
+            if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
+                u[qa + Q_NDR] = 0  # the next arrival overwrites it with R
+                continue
+            old = u[qa + Q_NDR]
+            new = (old - R_DECREMENT) & U64
+            ok = ok and new <= old
+            u[qa + Q_NDR] = new
+            s = w[qa + Q_HEAD]
+            while s != NIL:
+                sa = self._sa(s)
+                old = u[sa + S_ARRIVAL_R]
+                new = (old - R_DECREMENT) & U64
+                ok = ok and new <= old
+                u[sa + S_ARRIVAL_R] = new
+                s = w[sa + S_NEXT]
+        w[lb + (L.L_EPOCH_OK if ok else L.L_EPOCH_FAIL)] += 1
+        self._rebuild_tree(lb)
+
+    # -- seat-demand integrator ---------------------------------------------------------------
+
+    def _demand(self, lb: int, now: int) -> None:
+        """``seatDemandIntegrator.Set(totSeatsInUse + totSeatsWaiting)``."""
+        w, f = self._w, self._f
+        x = float(w[lb + L_SEATS_IN_USE] + w[lb + L_SEATS_WAITING])
+        last = w[lb + L_I_LAST]
+        if now > last:
+            dt = duration_seconds(now - last)
+            cur = f[lb + L_I_CUR]
+            f[lb + L_I_T] += dt
+            f[lb + L_I_X] += cur * dt
+            f[lb + L_I_XX] += cur * cur * dt
+            w[lb + L_I_LAST] = now
+        f[lb + L_I_CUR] = x
+        if x < f[lb + L_I_MIN]:
+            f[lb + L_I_MIN] = x
+        if x > f[lb + L_I_MAX]:
+            f[lb + L_I_MAX] = x
+
+    def _demand_x(self, lb: int, now: int, x: float) -> None:
+        f, w = self._f, self._w
+        last = w[lb + L_I_LAST]
+        if now > last:
+            dt = duration_seconds(now - last)
+            cur = f[lb + L_I_CUR]
+            f[lb + L_I_T] += dt
+            f[lb + L_I_X] += cur * dt
+            f[lb + L_I_XX] += cur * cur * dt
+            w[lb + L_I_LAST] = now
+        f[lb + L_I_CUR] = x
+        if x < f[lb + L_I_MIN]:
+            f[lb + L_I_MIN] = x
+        if x > f[lb + L_I_MAX]:
+            f[lb + L_I_MAX] = x
+
+    # -- min-segment tree of head virtual finishes ----------------------------------------------
+
+    def _set_leaf(self, lb: int, q: int, value: int) -> None:
+        u = self._u
+        w = self._w
+        tb = w[lb + L_TBASE]
+        i = w[lb + L_TP] + q
+        if u[tb + i] == value:
+            return
+        u[tb + i] = value
+        i >>= 1
+        while i:
+            a = u[tb + 2 * i]
+            b = u[tb + 2 * i + 1]
+            m = a if a <= b else b
+            if u[tb + i] == m:
+                break
+            u[tb + i] = m
+            i >>= 1
+
+    def _first_le(self, tb: int, p: int, lo: int, target: int) -> int:
+        """First leaf index >= lo whose value is <= target, or -1."""
+        u = self._u
+        i = lo + p
+        while u[tb + i] > target:
+            while i & 1:
+                i >>= 1
+            if i == 0:
+                return -1
+            i += 1
+        while i < p:
+            i <<= 1
+            if u[tb + i] > target:
+                i += 1
+        return i - p
+
+    def _leaf_value(self, lb: int, q: int) -> int:
+        w = self._w
+        qa = self._qa(lb, q)
+        if w[qa + Q_WAITING] == 0:
+            return U64
+        head = w[qa + Q_HEAD]
+        return (self._u[qa + Q_NDR] + self._u[self._sa(head) + S_TOTAL_WORK]) & U64
+
+    def _rebuild_tree(self, lb: int) -> None:
+        w, u = self._w, self._u
+        tb = w[lb + L_TBASE]
+        p = w[lb + L_TP]
+        if p == 0:  # a level that never had queues has no tree
+            return
+        nq = w[lb + L_NQ]
+        for i in range(p):
+            u[tb + p + i] = self._leaf_value(lb, i) if i < nq else U64
+        for i in range(p - 1, 0, -1):
+            a = u[tb + 2 * i]
+            b = u[tb + 2 * i + 1]
+            u[tb + i] = a if a <= b else b
+        u[tb] = U64
+
+    def _touch(self, lb: int, q: int) -> None:
+        """``boundNextDispatchLocked`` (anti-windup floor) plus the queue's tree leaf."""
+        w, u = self._w, self._u
+        qa = self._qa(lb, q)
+        if w[qa + Q_WAITING]:
+            sa = self._sb + w[qa + Q_HEAD] * SLOT_WORDS
+            ndr = u[qa + Q_NDR]
+            ar = u[sa + S_ARRIVAL_R]
+            if ndr < ar:
+                u[qa + Q_NDR] = ndr = ar
+            self._set_leaf(lb, q, (ndr + u[sa + S_TOTAL_WORK]) & U64)
+        else:
+            self._set_leaf(lb, q, U64)
+
+    # -- FIFO -----------------------------------------------------------------------------------
+
+    def _link_tail(self, lb: int, qa: int, s: int, sa: int) -> None:
+        w, u = self._w, self._u
+        tail = w[qa + Q_TAIL]
+        w[sa + S_PREV] = tail
+        w[sa + S_NEXT] = NIL
+        if tail == NIL:
+            w[qa + Q_HEAD] = s
+        else:
+            w[self._sb + tail * SLOT_WORDS + S_NEXT] = s
+        w[qa + Q_TAIL] = s
+        n = w[qa + Q_WAITING]
+        w[qa + Q_WAITING] = n + 1
+        if n == 0 and w[qa + Q_EXECUTING] == 0:
+            w[lb + L_ACTIVE_QUEUES] += 1
+        ms = w[sa + S_MAX_SEATS]
+        w[qa + Q_INIT_SUM] += w[sa + S_INITIAL]
+        w[qa + Q_MAX_SUM] += ms
+        u[qa + Q_WORK_SUM] = (u[qa + Q_WORK_SUM] + u[sa + S_TOTAL_WORK]) & U64
+        w[lb + L_QSEATS] += ms
+
+    def _unlink(self, lb: int, qa: int, sa: int) -> None:
+        w, u = self._w, self._u
+        prev = w[sa + S_PREV]
+        nxt = w[sa + S_NEXT]
+        if prev == NIL:
+            w[qa + Q_HEAD] = nxt
+        else:
+            w[self._sb + prev * SLOT_WORDS + S_NEXT] = nxt
+        if nxt == NIL:
+            w[qa + Q_TAIL] = prev
+        else:
+            w[self._sb + nxt * SLOT_WORDS + S_PREV] = prev
+        w[sa + S_PREV] = NIL
+        w[sa + S_NEXT] = NIL
+        n = w[qa + Q_WAITING] - 1
+        w[qa + Q_WAITING] = n
+        if n == 0 and w[qa + Q_EXECUTING] == 0:
+            w[lb + L_ACTIVE_QUEUES] -= 1
+        ms = w[sa + S_MAX_SEATS]
+        w[qa + Q_INIT_SUM] -= w[sa + S_INITIAL]
+        w[qa + Q_MAX_SUM] -= ms
+        u[qa + Q_WORK_SUM] = (u[qa + Q_WORK_SUM] - u[sa + S_TOTAL_WORK]) & U64
+        w[lb + L_QSEATS] -= ms
+
+    # -- slots ----------------------------------------------------------------------------------
+
+    def _alloc(self, level: int, owner: int, flow_hash: int, fs_index: int, initial: int,
+               final: int, al: int, now: int, detail: bytes) -> tuple[int, int, int]:
+        w, u = self._w, self._u
+        s = w[H_FREE_HEAD]
+        sa = self._sb + s * SLOT_WORDS
+        w[H_FREE_HEAD] = w[sa + S_NEXT]
+        w[H_FREE_COUNT] -= 1
+        gen = w[sa + S_GEN] + 1
+        w[sa + S_GEN] = gen
+        w[sa + S_OWNER] = owner
+        w[sa + S_LEVEL] = level
+        w[sa + S_QUEUE] = NIL
+        w[sa + S_PREV] = NIL
+        w[sa + S_NEXT] = NIL
+        w[sa + S_INITIAL] = initial
+        w[sa + S_FINAL] = final
+        w[sa + S_AL] = al
+        ms = initial if initial >= final else final
+        w[sa + S_MAX_SEATS] = ms
+        w[sa + S_HELD] = ms
+        g = w[H_SERVICE_NS]
+        iw = _std(float(initial), g)
+        fw = _std(float(final), al)
+        u[sa + S_INIT_WORK] = iw
+        u[sa + S_FINAL_WORK] = fw
+        u[sa + S_TOTAL_WORK] = (iw + fw) & U64
+        w[sa + S_ARRIVAL_NS] = now
+        w[sa + S_START_NS] = 0
+        u[sa + S_HASH] = flow_hash & U64
+        w[sa + S_FS] = fs_index
+        if detail:
+            cap = self._lay.cap.detail_bytes
+            d = detail[:cap]
+            off = self._lay.details + s * self._lay.detail_stride
+            self._mv[off:off + len(d)] = d
+            w[sa + S_DETAIL_LEN] = len(d)
+        else:
+            w[sa + S_DETAIL_LEN] = 0
+        return s, sa, gen
+
+    def _slot_columns(self, *fields: int) -> list[list[int]]:
+        """One list per field over the whole slot table (fast strided reads)."""
+        w = self._w
+        sb = self._sb
+        end = sb + self._lay.cap.slots * SLOT_WORDS
+        return [w[sb + f: end: SLOT_WORDS].tolist() for f in fields]
+
+    def _free(self, s: int, sa: int) -> None:
+        w = self._w
+        w[sa + S_STATE] = FREE
+        w[sa + S_QUEUE] = NIL
+        w[sa + S_PREV] = NIL
+        w[sa + S_NEXT] = w[H_FREE_HEAD]
+        w[H_FREE_HEAD] = s
+        w[H_FREE_COUNT] += 1
+
+    def _slot_if(self, s: int, gen: int, state: int) -> int:
+        """The slot's address if it still has this generation and state, else -1."""
+        if not 0 <= s < self._lay.cap.slots:
+            return -1
+        sa = self._sb + s * SLOT_WORDS
+        w = self._w
+        if w[sa + S_GEN] != gen or w[sa + S_STATE] != state:
+            return -1
+        return sa
+
+    # -- queueset rules -------------------------------------------------------------------------
+
+    def _can_accommodate(self, lb: int, seats: int) -> bool:
+        w = self._w
+        if w[lb + L_DESIRED] < 0:
+            return True
+        c = w[lb + L_C]
+        if seats > c:
+            return w[lb + L_EXECUTING] == 0  # the too-wide rule
+        return w[lb + L_SEATS_IN_USE] + seats <= c
+
+    def _dispatch_all(self, lb: int, now: int, granted: list) -> None:
+        w = self._w
+        while (w[lb + L_WAITING] != 0 and w[lb + L_SEATS_IN_USE] < w[lb + L_C]
+               and self._dispatch_one(lb, now, granted)):
+            pass
+
+    def _dispatch_one(self, lb: int, now: int, granted: list) -> bool:
+        """``findDispatchQueueToBoundLocked`` + ``dispatchLocked``."""
+        w, u = self._w, self._u
+        nq = w[lb + L_NQ]
+        if nq == 0:
+            return False
+        tb = w[lb + L_TBASE]
+        robin = w[lb + L_ROBIN]
+        best = u[tb + 1]
+        if best == U64:  # no waiting head (or all at MaxSeatSeconds): a fruitless full scan
+            w[lb + L_ROBIN] = robin % nq
+            return False
+        p = w[lb + L_TP]
+        q = self._first_le(tb, p, (robin + 1) % nq, best)
+        if q < 0:
+            q = self._first_le(tb, p, 0, best)
+        qa = self._qb + (w[lb + L_QBASE] + q) * QUEUE_WORDS
+        s = w[qa + Q_HEAD]
+        sa = self._sb + s * SLOT_WORDS
+        ms = w[sa + S_MAX_SEATS]
+        if not self._can_accommodate(lb, ms):
+            w[lb + L_ROBIN] = robin % nq  # head-of-line blocking: nothing else is tried
+            return False
+        self._unlink(lb, qa, sa)
+        c = w[lb + L_C]
+        initial = w[sa + S_INITIAL]
+        held = ms
+        if w[sa + S_FINAL] > c:  # final-seat cap, preserving the tail's area
+            w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
+            w[sa + S_FINAL] = c
+            held = initial if initial >= c else c
+        w[lb + L_ROBIN] = q
+        w[lb + L_WAITING] -= 1
+        w[lb + L_SEATS_WAITING] -= ms
+        w[sa + S_STATE] = EXECUTING
+        w[sa + S_START_NS] = now
+        w[sa + S_HELD] = held
+        w[lb + L_EXECUTING] += 1
+        w[lb + L_SEATS_IN_USE] += held
+        w[lb + L_DISPATCHED] += 1
+        ex = w[qa + Q_EXECUTING]
+        w[qa + Q_EXECUTING] = ex + 1
+        if ex == 0 and w[qa + Q_WAITING] == 0:
+            w[lb + L_ACTIVE_QUEUES] += 1
+        w[qa + Q_SEATS] += held
+        w[lb + L_QSEATS] += held
+        self._demand(lb, now)
+        u[qa + Q_NDR] = (u[qa + Q_NDR] + u[sa + S_TOTAL_WORK]) & U64
+        self._touch(lb, q)
+        granted.append((s, w[sa + S_GEN], w[sa + S_OWNER]))
+        return True
+
+    def _release_seats(self, lb: int, level: int, s: int, sa: int, now: int) -> None:
+        """``releaseSeatsLocked`` + ``removeQueueIfEmptyLocked``; frees the slot."""
+        w = self._w
+        held = w[sa + S_HELD]
+        w[lb + L_SEATS_IN_USE] -= held
+        self._demand(lb, now)
+        q = w[sa + S_QUEUE]
+        self._free(s, sa)
+        if q != NIL:
+            qa = self._qa(lb, q)
+            w[qa + Q_SEATS] -= held
+            w[lb + L_QSEATS] -= held
+            if (w[lb + L_NQ] > w[lb + L_DESIRED] and w[qa + Q_WAITING] == 0
+                    and w[qa + Q_EXECUTING] == 0):
+                self._remove_queue(lb, level, q)
+
+    def _remove_queue(self, lb: int, level: int, q: int) -> None:
+        """Attrition: drop queue ``q``, shift later queues down, renumber their slots."""
+        w = self._w
+        nq = w[lb + L_NQ]
+        base = self._qa(lb, 0)
+        w[lb + L_QSEATS] -= w[base + q * QUEUE_WORDS + Q_SEATS]  # lingering seats leave R's rate
+        if q + 1 < nq:
+            moved = w[base + (q + 1) * QUEUE_WORDS: base + nq * QUEUE_WORDS].tolist()
+            w[base + q * QUEUE_WORDS: base + (nq - 1) * QUEUE_WORDS] = array("q", moved)
+        last = base + (nq - 1) * QUEUE_WORDS
+        w[last: last + QUEUE_WORDS] = array("q", [0] * QUEUE_WORDS)
+        w[last + Q_HEAD] = NIL
+        w[last + Q_TAIL] = NIL
+        w[lb + L_NQ] = nq - 1
+        sb = self._sb
+        levels, states, queues = self._slot_columns(S_LEVEL, S_STATE, S_QUEUE)
+        for s in range(len(states)):
+            if states[s] != FREE and levels[s] == level and queues[s] >= q:
+                # lingering slots of the removed queue keep their seats but lose the queue
+                w[sb + s * SLOT_WORDS + S_QUEUE] = NIL if queues[s] == q else queues[s] - 1
+        if w[lb + L_ROBIN] >= q:
+            w[lb + L_ROBIN] -= 1
+        self._rebuild_tree(lb)
+
+    def _maybe_drop(self, lb: int) -> None:
+        """A quiescing level goes away once nothing waits, executes or lingers in it."""
+        w = self._w
+        if (w[lb + L_QUIESCING] and w[lb + L_WAITING] == 0 and w[lb + L_EXECUTING] == 0
+                and w[lb + L_SEATS_IN_USE] == 0):
+            w[lb: lb + LEVEL_WORDS] = array("q", [0] * LEVEL_WORDS)
+            w[L.H_GENERATION] += 1
+
+    # -- request path ---------------------------------------------------------------------------
+
+    def admit(self, level: int, flow_hash: int, initial_seats: int, final_seats: int,
+              additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
+              detail: bytes = b"") -> AdmitResult:
+        """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED."""
+        granted = self._enter(now)
+        try:
+            res = self._admit(level, flow_hash, initial_seats, final_seats,
+                              additional_latency_ns, owner, now, fs_index, detail, granted)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return res
+
+    def _admit(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
+               granted) -> AdmitResult:
+        w, u = self._w, self._u
+        lb = self._lb(level)
+        self._sync(lb, now)
+        ms = initial if initial >= final else final
+        if w[H_FREE_HEAD] == NIL:
+            w[lb + L_REJECTED] += 1
+            return AdmitResult(REJECTED, -1, 0, "no-slot", granted)
+        desired = w[lb + L_DESIRED]
+        if desired < 1:
+            # queueless: exempt (always) or reject-type (concurrency-limit)
+            if not self._can_accommodate(lb, ms):
+                w[lb + L_REJECTED] += 1
+                return AdmitResult(REJECTED, -1, 0, "concurrency-limit", granted)
+            s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
+                                     now, detail)
+            u[sa + S_ARRIVAL_R] = u[lb + L_R]
+            w[sa + S_SEQ] = w[lb + L_ENQUEUES]
+            w[sa + S_STATE] = EXECUTING
+            w[sa + S_START_NS] = now
+            w[lb + L_EXECUTING] += 1
+            w[lb + L_SEATS_IN_USE] += ms
+            w[lb + L_DISPATCHED] += 1
+            self._demand(lb, now)
+            return AdmitResult(EXECUTE, s, gen, "", granted)
+
+        hs = w[lb + L_HAND]
+        hand = deal(flow_hash & U64, desired, hs)
+        enq = w[lb + L_ENQUEUES]
+        w[lb + L_ENQUEUES] = enq + 1
+        off = enq % hs
+        c = w[lb + L_C]
+        in_use = w[lb + L_SEATS_IN_USE]
+        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
+        r = u[lb + L_R]
+
+        if w[lb + L_WAITING] == 0 and in_use < c and self._can_accommodate(lb, ms):
+            # Fast path: nothing waits anywhere in the level, so every queue's waiting work is
+            # 0 and the first card visited wins; the enqueue+dispatch below leaves exactly the
+            # state Kubernetes' enqueue-then-dispatch leaves, without touching the tree.
+            q = hand[off]
+            qa = qbase + q * QUEUE_WORDS
+            s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
+                                     now, detail)
+            u[sa + S_ARRIVAL_R] = r
+            w[sa + S_SEQ] = enq
+            w[sa + S_QUEUE] = q
+            ex = w[qa + Q_EXECUTING]
+            ndr = r if ex == 0 else u[qa + Q_NDR]
+            if ndr < r:  # the anti-windup floor with this request as head
+                ndr = r
+            sw = w[lb + L_SEATS_WAITING]
+            self._demand_x(lb, now, float(in_use + sw + ms))  # Set() after the enqueue
+            held = ms
+            if final > c:
+                w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
+                w[sa + S_FINAL] = c
+                held = initial if initial >= c else c
+            w[sa + S_HELD] = held
+            w[sa + S_STATE] = EXECUTING
+            w[sa + S_START_NS] = now
+            w[lb + L_ROBIN] = q
+            w[lb + L_EXECUTING] += 1
+            w[lb + L_SEATS_IN_USE] = in_use + held
+            w[lb + L_DISPATCHED] += 1
+            w[qa + Q_EXECUTING] = ex + 1
+            if ex == 0:
+                w[lb + L_ACTIVE_QUEUES] += 1
+            w[qa + Q_SEATS] += held
+            w[lb + L_QSEATS] += held
+            if held != ms:
+                self._demand_x(lb, now, float(in_use + held + sw))
+            u[qa + Q_NDR] = (ndr + u[sa + S_TOTAL_WORK]) & U64
+            return AdmitResult(EXECUTE, s, gen, "", granted)
+
+        # shuffle sharding: least waiting work in the hand, visiting from the rotating offset
+        best_q = hand[off]
+        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
+        for i in range(1, hs):
+            q = hand[(off + i) % hs]
+            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
+            if ws < best:
+                best, best_q = ws, q
+        q = best_q
+        qa = qbase + q * QUEUE_WORDS
+        if in_use >= c and w[qa + Q_WAITING] >= w[lb + L_QLL]:
+            w[lb + L_REJECTED] += 1
+            return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
+        s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al, now,
+                                 detail)
+        u[sa + S_ARRIVAL_R] = r
+        w[sa + S_SEQ] = enq
+        w[sa + S_QUEUE] = q
+        w[sa + S_STATE] = WAITING
+        if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
+            u[qa + Q_NDR] = r
+        self._link_tail(lb, qa, s, sa)
+        w[lb + L_WAITING] += 1
+        w[lb + L_SEATS_WAITING] += ms
+        self._demand(lb, now)
+        self._touch(lb, q)
+        self._dispatch_all(lb, now, granted)
+        if w[sa + S_STATE] == EXECUTING:
+            mine = (s, gen, owner)
+            granted[:] = [g for g in granted if g != mine]
+            return AdmitResult(EXECUTE, s, gen, "", granted)
+        return AdmitResult(QUEUED, s, gen, "", granted)
+
+    def finish(self, slot: int, gen: int, now: int) -> tuple[list, int]:
+        """The main phase is over. Returns (granted, linger_until_ns); call :meth:`release`
+        at ``linger_until_ns`` when it is not 0. A stale or unknown slot is a no-op."""
+        granted = self._enter(now)
+        try:
+            linger = self._finish(slot, gen, now, granted)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return granted, linger
+
+    def _finish(self, s: int, gen: int, now: int, granted: list) -> int:
+        sa = self._slot_if(s, gen, EXECUTING)
+        if sa < 0:
+            return 0
+        w, u = self._w, self._u
+        level = w[sa + S_LEVEL]
+        lb = self._lvb + level * LEVEL_WORDS
+        self._sync(lb, now)
+        w[lb + L_EXECUTING] -= 1
+        q = w[sa + S_QUEUE]
+        if q != NIL:
+            qa = self._qa(lb, q)
+            ex = w[qa + Q_EXECUTING] - 1
+            w[qa + Q_EXECUTING] = ex
+            if ex == 0 and w[qa + Q_WAITING] == 0:
+                w[lb + L_ACTIVE_QUEUES] -= 1
+            # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
+            corr = _std(float(w[sa + S_INITIAL]), w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+            self._touch(lb, q)
+        al = w[sa + S_AL]
+        if al <= 0:
+            self._release_seats(lb, level, s, sa, now)
+            linger = 0
+        else:
+            w[sa + S_STATE] = LINGERING
+            linger = now + al
+        self._dispatch_all(lb, now, granted)
+        self._maybe_drop(lb)
+        return linger
+
+    def release(self, slot: int, gen: int, now: int) -> list:
+        """The additional latency is over: free the lingering seats and dispatch."""
+        granted = self._enter(now)
+        try:
+            sa = self._slot_if(slot, gen, LINGERING)
+            if sa >= 0:
+                level = self._w[sa + S_LEVEL]
+                lb = self._lvb + level * LEVEL_WORDS
+                self._sync(lb, now)
+                self._release_seats(lb, level, slot, sa, now)
+                self._dispatch_all(lb, now, granted)
+                self._maybe_drop(lb)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return granted
+
+    def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
+        """Remove a waiting request (``time-out`` or ``cancelled``). No dispatch follows, as
+        in Kubernetes. False: it is no longer waiting (already granted: run and finish it)."""
+        self.pending_grants.extend(self._enter(now))
+        try:
+            removed = self._cancel(slot, gen, now, reason)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return removed
+
+    def _cancel(self, s: int, gen: int, now: int, reason: str) -> bool:
+        sa = self._slot_if(s, gen, WAITING)
+        if sa < 0:
+            return False
+        w = self._w
+        lb = self._lvb + w[sa + S_LEVEL] * LEVEL_WORDS
+        self._sync(lb, now)
+        self._drop_waiting(lb, s, sa, now)
+        w[lb + L_REJECTED] += 1
+        w[lb + L_CANCELLED] += 1
+        if reason == "time-out":
+            w[lb + L_TIMEDOUT] += 1
+        self._maybe_drop(lb)
+        return True
+
+    def _drop_waiting(self, lb: int, s: int, sa: int, now: int) -> None:
+        w = self._w
+        q = w[sa + S_QUEUE]
+        self._unlink(lb, self._qa(lb, q), sa)
+        w[lb + L_WAITING] -= 1
+        w[lb + L_SEATS_WAITING] -= w[sa + S_MAX_SEATS]
+        self._demand(lb, now)
+        self._touch(lb, q)
+        self._free(s, sa)
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def register_worker(self, owner: int, pid: int, now: int) -> None:
+        """Record that worker index ``owner`` is process ``pid`` (used to repair after a
+        holder dies)."""
+        wa = self._lay.worker(owner)
+        w = self._w
+        w[wa + L.W_PID] = pid
+        w[wa + L.W_STATE] = L.WORKER_ALIVE
+        w[wa + L.W_HEARTBEAT] = now
+
+    def heartbeat(self, owner: int, now: int) -> None:
+        self._w[self._lay.worker(owner) + L.W_HEARTBEAT] = now
+
+    def workers(self) -> list[tuple[int, int, int, int]]:
+        """[(owner, pid, state, heartbeat)] of registered workers."""
+        w = self._w
+        out = []
+        for i in range(self._lay.cap.workers):
+            wa = self._lay.worker(i)
+            if w[wa + L.W_STATE] != L.WORKER_FREE:
+                out.append((i, w[wa + L.W_PID], w[wa + L.W_STATE], w[wa + L.W_HEARTBEAT]))
+        return out
+
+    def owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
+        """[(slot, gen, state)] held by ``owner`` (the dispatcher's 100 ms backstop scan)."""
+        self.pending_grants.extend(self._enter(None))
+        try:
+            states, owners, gens = self._slot_columns(S_STATE, S_OWNER, S_GEN)
+            out = [(s, gens[s], L.STATE_NAMES[st]) for s, st in enumerate(states)
+                   if st != FREE and owners[s] == owner]
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return out
+
+    def reap_worker(self, owner: int, now: int) -> list:
+        """Drop everything worker ``owner`` had (waits, executions, lingering seats) and
+        dispatch what that frees. Idempotent."""
+        granted = self._enter(now)
+        try:
+            self._reap(owner, now)
+            self._dispatch_every_level(now, granted)
+            wa = self._lay.worker(owner)
+            if self._w[wa + L.W_STATE] != L.WORKER_FREE:
+                self._w[wa + L.W_STATE] = L.WORKER_GONE
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return granted
+
+    def _reap(self, owner: int, now: int) -> None:
+        w, u = self._w, self._u
+        synced = set()
+        states, owners = self._slot_columns(S_STATE, S_OWNER)
+        for s in range(len(states)):
+            if states[s] == FREE or owners[s] != owner:
+                continue
+            sa = self._sb + s * SLOT_WORDS
+            state = w[sa + S_STATE]
+            level = w[sa + S_LEVEL]
+            lb = self._lvb + level * LEVEL_WORDS
+            if level not in synced:
+                self._sync(lb, now)
+                synced.add(level)
+            if state == WAITING:
+                self._drop_waiting(lb, s, sa, now)
+                w[lb + L_REJECTED] += 1
+                w[lb + L_CANCELLED] += 1
+                continue
+            if state == EXECUTING:
+                w[lb + L_EXECUTING] -= 1
+                q = w[sa + S_QUEUE]
+                if q != NIL:
+                    qa = self._qa(lb, q)
+                    ex = w[qa + Q_EXECUTING] - 1
+                    w[qa + Q_EXECUTING] = ex
+                    if ex == 0 and w[qa + Q_WAITING] == 0:
+                        w[lb + L_ACTIVE_QUEUES] -= 1
+                    corr = _std(float(w[sa + S_INITIAL]),
+                                w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+                    u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+                    self._touch(lb, q)
+            self._release_seats(lb, level, s, sa, now)
+
+    def _dispatch_every_level(self, now: int, granted: list) -> None:
+        w = self._w
+        for level in range(self._lay.cap.levels):
+            lb = self._lvb + level * LEVEL_WORDS
+            if w[lb + L_USED]:
+                if w[lb + L_WAITING]:
+                    self._sync(lb, now)
+                    self._dispatch_all(lb, now, granted)
+                self._maybe_drop(lb)
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def configure(self, specs, flow_schema_names, now: int,
+                  granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]:
+        """Apply the whole set of levels (levels not named start quiescing) and intern the
+        FlowSchema names. Returns ({level name: index}, {flow schema name: index}); requests
+        a limit increase dispatches are appended to ``granted`` when given."""
+        specs = list(specs)
+        seen = set()
+        for spec in specs:
+            raw = spec.name.encode("utf-8")
+            if not raw or len(raw) > L.NAME_BYTES - 3:
+                raise ValueError(f"level name {spec.name!r} must be 1..253 bytes of UTF-8")
+            if spec.name in seen:
+                raise ValueError(f"level {spec.name!r} is configured twice")
+            seen.add(spec.name)
+            if spec.desired_queues > 0:
+                try:
+                    check_dealer(spec.desired_queues, spec.hand_size)
+                except DealerError as e:
+                    raise ValueError(
+                        "the QueueSetConfig implies an invalid shuffle sharding config "
+                        f"(DesiredNumQueues is deckSize): {e}") from e
+            if spec.concurrency_limit < 0:
+                raise ValueError(f"level {spec.name!r}: negative concurrency limit")
+        fs_list = list(flow_schema_names)
+        for name in fs_list:
+            if len(name.encode("utf-8")) > L.NAME_BYTES - 3:
+                raise ValueError(f"flow schema name {name!r} is longer than 253 bytes")
+        got = self._enter(now)
+        try:
+            result = self._configure(specs, fs_list, now, got)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        if granted is not None:
+            granted.extend(got)
+        else:
+            self.pending_grants.extend(got)
+        return result
+
+    def _level_names_locked(self) -> dict[str, int]:
+        w = self._w
+        out = {}
+        for i in range(self._lay.cap.levels):
+            lb = self._lvb + i * LEVEL_WORDS
+            if w[lb + L_USED]:
+                out[self._read_name(self._lay.level_names, i, w[lb + L.L_NAME_LEN])] = i
+        return out
+
+    def _read_name(self, area: int, i: int, n: int) -> str:
+        off = area + i * L.NAME_BYTES
+        return bytes(self._mv[off: off + n]).decode("utf-8")
+
+    def _configure(self, specs, fs_list, now, granted):
+        w = self._w
+        cap = self._lay.cap
+        existing = self._level_names_locked()
+        new_specs = [sp for sp in specs if sp.name not in existing]
+        free_levels = [i for i in range(cap.levels)
+                       if not w[self._lvb + i * LEVEL_WORDS + L_USED]]
+        if len(new_specs) > len(free_levels):
+            raise ValueError(f"more than {cap.levels} priority levels (Capacity.levels)")
+        # FlowSchema names: append-only intern table
+        fs_known = self._fs_names_locked()
+        fs_index = {name: i for i, name in enumerate(fs_known)}
+        fresh = [n for n in dict.fromkeys(fs_list) if n not in fs_index]
+        if len(fs_known) + len(fresh) > cap.flow_schemas:
+            raise ValueError(f"more than {cap.flow_schemas} FlowSchema names "
+                             f"(Capacity.flow_schemas)")
+        # queue regions: every level needs room for max(current queues, desired queues)
+        index_of = dict(existing)
+        for sp, i in zip(new_specs, free_levels, strict=False):
+            index_of[sp.name] = i
+        by_index = {index_of[sp.name]: sp for sp in specs}
+        needs = {}
+        for name, i in index_of.items():
+            lb = self._lvb + i * LEVEL_WORDS
+            nq = w[lb + L_NQ] if name in existing else 0
+            sp = by_index.get(i)
+            want = sp.desired_queues if sp is not None and sp.desired_queues > 0 else 0
+            needs[i] = max(nq, want)
+        if sum(needs.values()) > cap.queues:
+            raise ValueError(f"the levels need {sum(needs.values())} queues, more than "
+                             f"Capacity.queues = {cap.queues}")
+        # ---- no more failures past this point ----
+        for name in fresh:
+            i = len(fs_known)
+            raw = name.encode("utf-8")
+            off = self._lay.fs_names + i * L.NAME_BYTES
+            self._mv[off] = len(raw)
+            self._mv[off + 1: off + 1 + len(raw)] = raw
+            fs_known.append(name)
+            fs_index[name] = i
+        w[L.H_FS_COUNT] = len(fs_known)
+        for sp, i in zip(new_specs, free_levels, strict=False):
+            self._init_level(i, sp, now)
+        relayout = any(needs[i] > w[self._lvb + i * LEVEL_WORDS + L.L_QCAP] for i in needs)
+        if relayout:
+            self._relayout(needs)
+        for sp in specs:
+            i = index_of[sp.name]
+            lb = self._lvb + i * LEVEL_WORDS
+            self._sync(lb, now)
+            self._set_configuration(lb, sp)
+            w[lb + L_QUIESCING] = 0
+            self._dispatch_all(lb, now, granted)
+        named = set(index_of[sp.name] for sp in specs)
+        for i in existing.values():
+            if i not in named:
+                lb = self._lvb + i * LEVEL_WORDS
+                w[lb + L_QUIESCING] = 1
+                self._maybe_drop(lb)
+        w[L.H_GENERATION] += 1
+        return ({sp.name: index_of[sp.name] for sp in specs},
+                {name: fs_index[name] for name in fs_list})
+
+    def _init_level(self, i: int, sp: LevelSpec, now: int) -> None:
+        w = self._w
+        lb = self._lvb + i * LEVEL_WORDS
+        w[lb: lb + LEVEL_WORDS] = array("q", [0] * LEVEL_WORDS)
+        raw = sp.name.encode("utf-8")
+        off = self._lay.level_names + i * L.NAME_BYTES
+        self._mv[off: off + len(raw)] = raw
+        w[lb + L.L_NAME_LEN] = len(raw)
+        w[lb + L_LAST_NS] = now
+        w[lb + L_I_LAST] = now
+        w[lb + L_DESIRED] = 0
+        w[lb + L_USED] = 1
+        # float zeros are all-zero bits already; region assigned by _relayout
+        w[lb + L.L_QCAP] = 0
+        w[lb + L_TP] = 0
+
+    def _set_configuration(self, lb: int, sp: LevelSpec) -> None:
+        """``setConfiguration``: add queues at once, shrink by attrition; desired <= 0 keeps
+        the old queue length limit and hand size so remaining queues drain as before."""
+        w = self._w
+        desired = sp.desired_queues
+        if desired > 0:
+            nq = w[lb + L_NQ]
+            if desired > nq:
+                for q in range(nq, desired):
+                    qa = self._qa(lb, q)
+                    w[qa: qa + QUEUE_WORDS] = array("q", [0] * QUEUE_WORDS)
+                    w[qa + Q_HEAD] = NIL
+                    w[qa + Q_TAIL] = NIL
+                w[lb + L_NQ] = desired
+                # new leaves are empty (MaxSeatSeconds), as are the tree's unused leaves
+            w[lb + L_QLL] = sp.queue_length_limit
+            w[lb + L_HAND] = sp.hand_size
+        w[lb + L_DESIRED] = desired
+        w[lb + L_C] = sp.concurrency_limit
+
+    def _relayout(self, needs: dict[int, int]) -> None:
+        """Re-pack every level's queue region (capacity ``needs[level]``) and tree."""
+        w = self._w
+        lay = self._lay
+        saved = {}
+        for i in needs:
+            lb = self._lvb + i * LEVEL_WORDS
+            nq = w[lb + L_NQ]
+            if nq:
+                a = self._qa(lb, 0)
+                saved[i] = w[a: a + nq * QUEUE_WORDS].tolist()
+        qend = self._qb + lay.cap.queues * QUEUE_WORDS
+        w[self._qb: qend] = array("q", [0] * (lay.cap.queues * QUEUE_WORDS))
+        u = self._u
+        u[lay.tree_base: lay.tree_base + lay.tree_words] = array(
+            "Q", [U64] * lay.tree_words)
+        pos = 0
+        tpos = lay.tree_base
+        for i in sorted(needs):
+            lb = self._lvb + i * LEVEL_WORDS
+            qcap = needs[i]
+            w[lb + L_QBASE] = pos
+            w[lb + L.L_QCAP] = qcap
+            p = _next_pow2(max(qcap, 1))
+            w[lb + L_TBASE] = tpos
+            w[lb + L_TP] = p
+            tpos += 2 * p
+            if i in saved:
+                a = self._qb + pos * QUEUE_WORDS
+                w[a: a + len(saved[i])] = array("q", saved[i])
+            pos += qcap
+        for i in sorted(needs):
+            self._rebuild_tree(self._lvb + i * LEVEL_WORDS)
+
+    def set_limits(self, limits: dict[int, int], now: int) -> list:
+        """Change concurrency limits (borrowing); dispatches what a higher limit allows."""
+        granted = self._enter(now)
+        try:
+            w = self._w
+            for level, c in limits.items():
+                lb = self._lb(level)
+                self._sync(lb, now)
+                w[lb + L_C] = int(c)
+                self._dispatch_all(lb, now, granted)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return granted
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _fs_names_locked(self) -> list[str]:
+        n = self._w[L.H_FS_COUNT]
+        out = []
+        for i in range(n):
+            off = self._lay.fs_names + i * L.NAME_BYTES
+            ln = self._mv[off]
+            out.append(bytes(self._mv[off + 1: off + 1 + ln]).decode("utf-8"))
+        return out
+
+    def flow_schema_names(self) -> list[str]:
+        """Interned FlowSchema names; a slot's ``fs_index`` indexes this list."""
+        self.pending_grants.extend(self._enter(None))
+        try:
+            out = self._fs_names_locked()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return out
+
+    def level_indices(self) -> dict[str, int]:
+        """{level name: index} of the levels in the ledger (cached per config generation)."""
+        if self._w[L.H_GENERATION] != self._names_gen:
+            self.pending_grants.extend(self._enter(None))
+            try:
+                self._names = self._level_names_locked()
+                self._names_gen = self._w[L.H_GENERATION]
+            except BaseException:
+                self._lock.release()
+                raise
+            self._leave_ok()
+        return dict(self._names)
+
+    def take_demand_stats(self, level: int, now: int) -> DemandStats:
+        """Kubernetes ``Integrator.Reset()``: results since the last take, then restart
+        (min and max restart at the current value). Does not sync R."""
+        self.pending_grants.extend(self._enter(now))
+        try:
+            lb = self._lb(level)
+            f = self._f
+            self._demand_x(lb, now, f[lb + L_I_CUR])
+            t, x, xx = f[lb + L_I_T], f[lb + L_I_X], f[lb + L_I_XX]
+            stats = _results(t, x, xx, f[lb + L_I_MIN], f[lb + L_I_MAX])
+            f[lb + L_I_T] = 0.0
+            f[lb + L_I_X] = 0.0
+            f[lb + L_I_XX] = 0.0
+            f[lb + L_I_MIN] = f[lb + L_I_CUR]
+            f[lb + L_I_MAX] = f[lb + L_I_CUR]
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return stats
+
+    def demand_stats(self, level: int, now: int) -> DemandStats:
+        """Kubernetes ``Integrator.GetResults()``: cumulative since the last take, no reset."""
+        self.pending_grants.extend(self._enter(now))
+        try:
+            lb = self._lb(level)
+            f = self._f
+            self._demand_x(lb, now, f[lb + L_I_CUR])
+            stats = _results(f[lb + L_I_T], f[lb + L_I_X], f[lb + L_I_XX], f[lb + L_I_MIN],
+                             f[lb + L_I_MAX])
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return stats
+
+    def snapshot(self, now: int) -> Snapshot:
+        """A consistent view of every level, queue and request (for dumps and metrics)."""
+        self.pending_grants.extend(self._enter(now))
+        try:
+            snap = self._snapshot(now)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return snap
+
+    def _snapshot(self, now: int) -> Snapshot:
+        w, u = self._w, self._u
+        levels = []
+        per_level: dict[int, list] = {}
+        states, slot_levels = self._slot_columns(S_STATE, S_LEVEL)
+        for s, st in enumerate(states):
+            if st != FREE:
+                per_level.setdefault(slot_levels[s], []).append(s)
+        for i in range(self._lay.cap.levels):
+            lb = self._lvb + i * LEVEL_WORDS
+            if not w[lb + L_USED]:
+                continue
+            queues = []
+            position = {}
+            for q in range(w[lb + L_NQ]):
+                qa = self._qa(lb, q)
+                queues.append(QueueSnapshot(
+                    q, w[qa + Q_WAITING], w[qa + Q_EXECUTING], w[qa + Q_SEATS],
+                    u[qa + Q_NDR], w[qa + Q_INIT_SUM], w[qa + Q_MAX_SUM], u[qa + Q_WORK_SUM]))
+                s = w[qa + Q_HEAD]
+                k = 0
+                while s != NIL:
+                    position[s] = k
+                    k += 1
+                    s = w[self._sb + s * SLOT_WORDS + S_NEXT]
+            requests = []
+            for s in per_level.get(i, ()):
+                sa = self._sb + s * SLOT_WORDS
+                off = self._lay.details + s * self._lay.detail_stride
+                requests.append(RequestSnapshot(
+                    s, w[sa + S_QUEUE], position.get(s, -1), u[sa + S_HASH], w[sa + S_FS],
+                    w[sa + S_OWNER], w[sa + S_ARRIVAL_NS], w[sa + S_START_NS],
+                    w[sa + S_INITIAL], w[sa + S_FINAL], w[sa + S_AL],
+                    L.STATE_NAMES[w[sa + S_STATE]],
+                    bytes(self._mv[off: off + w[sa + S_DETAIL_LEN]])))
+            levels.append(LevelSnapshot(
+                i, self._read_name(self._lay.level_names, i, w[lb + L.L_NAME_LEN]),
+                w[lb + L_DESIRED], w[lb + L_C], bool(w[lb + L_QUIESCING]),
+                w[lb + L_SEATS_IN_USE], w[lb + L_SEATS_WAITING], w[lb + L_WAITING],
+                w[lb + L_EXECUTING], u[lb + L_R], w[lb + L_DISPATCHED], w[lb + L_REJECTED],
+                w[lb + L_TIMEDOUT], w[lb + L_CANCELLED], queues, requests,
+                w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL]))
+        return Snapshot(now, levels, self._fs_names_locked())
+
+
+def _results(t: float, x: float, xx: float, mn: float, mx: float) -> DemandStats:
+    """``Moments.ToResults`` plus min and max."""
+    nan = float("nan")
+    if t <= 0:
+        return DemandStats(t, nan, nan, mn, mx)
+    avg = x / t
+    var = xx / t - avg * avg
+    return DemandStats(t, avg, math.sqrt(var) if var >= 0 else nan, mn, mx)
