@@ -1,0 +1,159 @@
+"""The admin endpoint, in-process over real HTTP on 127.0.0.1 against a ledger on a bytearray."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import time
+
+import pytest
+
+from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
+from apf_gunicorn.server.admin import AdminServer
+from apf_gunicorn.server.dumps import encode_detail_fields
+from apf_gunicorn.server.metrics import MasterView
+
+ledger_mod = pytest.importorskip("apf_gunicorn.ledger.ledger")
+Ledger, LevelSpec, Capacity = ledger_mod.Ledger, ledger_mod.LevelSpec, ledger_mod.Capacity
+
+T0 = 1_000_000_000_000
+
+
+class EmptySource:
+    """Stands in for the multiprocess files (covered by test_metrics)."""
+
+    def collect(self):
+        return []
+
+
+@pytest.fixture
+def served():
+    cap = Capacity()
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, schemas = led.configure(
+        [LevelSpec("exempt", -1, 0, 0, 0), LevelSpec("catch-all", 0, 0, 0, 13),
+         LevelSpec("workload-low", 8, 2, 5, 1)],
+        ["exempt", "catch-all", "service-accounts"], T0)
+    wl, fs = levels["workload-low"], schemas["service-accounts"]
+    detail = encode_detail_fields(d="alice", u="alice", v="list", p="/api/v1/pods", r="pods",
+                                  ver="v1")
+    first = led.admit(wl, 12345, 1, 0, 0, 0, T0, fs_index=fs, detail=detail)
+    second = led.admit(wl, 12345, 1, 0, 0, 0, T0 + 1000, fs_index=fs, detail=detail)
+    assert (first.outcome, second.outcome) == ("execute", "queued")
+    limits = {"exempt": _Lim(0, 0, 0, 13), "catch-all": _Lim(13, 0, 13, 26),
+              "workload-low": _Lim(1, 0, 1, 14)}
+    states = BorrowingStates()
+    run_borrowing(led, limits, states, T0 + 2000, server_limit=13,
+                  levels=[(n, i, n == "exempt") for n, i in levels.items()])
+    view = MasterView(ledger=led, level_limits=limits, borrowing=states, workers=0,
+                      clock=lambda: T0 + 5000)
+    admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=1.0)
+    assert admin.start()
+    try:
+        yield admin, view
+    finally:
+        admin.stop()
+
+
+class _Lim:
+    def __init__(self, nominal, lendable, lower, upper):
+        self.nominal, self.lendable, self.lower, self.upper = nominal, lendable, lower, upper
+
+
+def get(admin: AdminServer, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", admin.port, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def test_endpoints(served) -> None:
+    admin, view = served
+    assert get(admin, "/healthz") == (200, "ok\n")
+    assert get(admin, "/readyz") == (503, "not ready: no worker registered yet\n")
+    view.workers = 2
+    assert get(admin, "/readyz") == (200, "ok\n")
+    assert get(admin, "/nope")[0] == 404
+    assert get(admin, "/debug/api_priority_and_fairness/dump_nothing")[0] == 404
+
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_priority_levels")
+    assert status == 200
+    rows = [r.replace(" ", "").split(",") for r in text.splitlines()]
+    assert [r[0] for r in rows] == ["PriorityLevelName", "catch-all", "exempt", "workload-low"]
+    assert rows[3][1:6] == ["1", "false", "false", "1", "1"]  # 1 active queue, 1 waiting, 1 exec
+
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_queues")
+    assert status == 200 and len(text.splitlines()) == 1 + 8
+
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_requests")
+    lines = text.splitlines()
+    assert status == 200 and len(lines) == 3 and "UserName" not in lines[0]
+    assert all(",service-accounts," in ln.replace(" ", "") for ln in lines[1:])
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_requests"
+                              "?includeRequestDetails=1")
+    assert "UserName" in text.splitlines()[0]
+    assert text.splitlines()[1].replace(" ", "").endswith("alice,list,/api/v1/pods,,,v1,pods,")
+
+    status, text = get(admin, "/metrics")
+    assert status == 200
+    assert 'apf_current_executing_requests{flow_schema="service-accounts",priority_level="workload-low"} 1.0' in text
+    assert 'apf_current_inqueue_requests{flow_schema="service-accounts",priority_level="workload-low"} 1.0' in text
+    assert 'apf_nominal_limit_seats{priority_level="catch-all"} 13.0' in text
+    assert "apf_seat_fair_frac" in text and "apf_current_limit_seats" in text
+
+
+def test_malformed_and_slow_clients_do_not_kill_it(served) -> None:
+    admin, _ = served
+    slow = socket.create_connection(("127.0.0.1", admin.port))  # sends nothing
+    try:
+        for junk in (b"\x00\xff garbage\r\n\r\n", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
+                     b"GET /healthz HTTP/9.9\r\n\r\n", b"BREW /healthz HTTP/1.1\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", admin.port), timeout=5) as s:
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                reply = s.recv(200)
+                # an error status (HTTP/0.9-style body for a garbled request line) or a close
+                assert reply == b"" or reply.startswith(b"HTTP/") or b"Error code: " in reply
+        start = time.monotonic()
+        assert get(admin, "/healthz") == (200, "ok\n")  # served while the slow one idles
+        assert time.monotonic() - start < 1.0
+    finally:
+        slow.close()
+
+
+def test_port_in_use_is_reported_not_raised(served, caplog) -> None:
+    admin, view = served
+    second = AdminServer(("127.0.0.1", admin.port), lambda: view)
+    with caplog.at_level(logging.ERROR, logger="apf_gunicorn.admin"):
+        assert second.start() is False
+    assert "already in use" in caplog.text
+    assert get(admin, "/healthz")[0] == 200
+
+
+def test_listening_socket_not_inherited_and_closed_in_child(served) -> None:
+    import os
+
+    admin, _ = served
+    fd = admin._server.fileno()
+    assert os.get_inheritable(fd) is False  # close-on-exec: a USR2 exec does not keep it
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            admin.close_in_child()
+            try:
+                os.fstat(fd)
+                os.write(w, b"open")
+            except OSError:
+                os.write(w, b"closed")
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 10) == b"closed"
+    os.close(r)
+    assert get(admin, "/healthz")[0] == 200  # the parent still serves
