@@ -157,3 +157,19 @@ def test_listening_socket_not_inherited_and_closed_in_child(served) -> None:
     assert os.read(r, 10) == b"closed"
     os.close(r)
     assert get(admin, "/healthz")[0] == 200  # the parent still serves
+
+
+def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
+    from apf_gunicorn.cli import main
+
+    admin, _ = served
+    assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PriorityLevelName,") and "workload-low" in out
+    assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "requests", "--details"]) == 0
+    assert "UserName" in capsys.readouterr().out
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert main(["dump", "--admin", f"127.0.0.1:{free}", "queues", "--timeout", "2"]) == 1
+    assert "cannot reach the admin endpoint" in capsys.readouterr().err
