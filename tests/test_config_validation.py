@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from apf_gunicorn.flowcontrol.bootstrap import mandatory_manifests
-from apf_gunicorn.flowcontrol.loader import V1BETA3_PRESERVE_ZERO, parse_object
+from apf_gunicorn.flowcontrol.loader import V1BETA3_PRESERVE_ZERO, load_text, parse_object
 from apf_gunicorn.flowcontrol.validation import (
     ConfigError,
     ConfigErrors,
@@ -413,3 +416,82 @@ def test_exempt_without_exempt_struct_is_valid_but_broken():
     obj, errs = parse_object(pl({"type": "Exempt"}, name="exempt"), "f")
     assert errs == []
     assert obj.broken == "broken union structure at the top, for Exempt"
+
+
+# --------------------------------------------------------------------------------------------
+# Robustness: any YAML-shaped input yields errors, never an exception.
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+)
+_JSONISH = st.recursive(
+    _SCALARS,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=10,
+)  # fmt: skip
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, (*prefix, i))
+
+
+def _replace(value, path, new):
+    if not path:
+        return new
+    value = copy.deepcopy(value)
+    target = value
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = new
+    return value
+
+
+_VALID = [
+    fs(),
+    mandatory_manifests()[3],
+    pl(queue(128, 6, 50)),
+    pl(
+        {
+            "type": "Limited",
+            "limited": {
+                "borrowingLimitPercent": 5,
+                "lendablePercent": 3,
+                "limitResponse": {"type": "Reject"},
+            },
+        }
+    ),  # fmt: skip
+    mandatory_manifests()[0],
+]
+_MUTATIONS = [(i, p) for i, doc in enumerate(_VALID) for p in _paths(doc)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_MUTATIONS), _JSONISH)
+def test_mutated_manifests_never_crash(mutation, new_value):
+    index, path = mutation
+    doc = _replace(_VALID[index], path, new_value)
+    if not isinstance(doc, dict):
+        return
+    obj, errs = parse_object(doc, "h.yaml")
+    assert (obj is None) == bool(errs)
+    for e in errs:
+        assert isinstance(str(e), str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSONISH)
+def test_arbitrary_documents_never_crash(value):
+    for doc in (value, {"kind": "List", "items": value}, {"kind": value, "metadata": value}):
+        objs, errs = load_text(yaml.safe_dump(doc), "h.yaml")
+        assert all(isinstance(str(e), str) for e in errs)

@@ -170,7 +170,7 @@ def _expand(
         yield None, [ConfigError(source, "", "", "", f"{where} is not a map but {_type_name(doc)}")]
         return
     kind = doc.get("kind")
-    if kind not in LIST_KINDS:
+    if not isinstance(kind, str) or kind not in LIST_KINDS:
         yield doc, []
         return
     items = doc.get("items")
