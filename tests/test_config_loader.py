@@ -271,3 +271,10 @@ def test_mandatory_manifests_match_typed_bootstrap_objects():
             else MANDATORY_PRIORITY_LEVELS
         )
         assert parsed.obj == table[parsed.name]
+
+
+def test_empty_directory_is_an_error(tmp_path):
+    (tmp_path / "README.txt").write_text("no yaml here")
+    with pytest.raises(ConfigErrors) as info:
+        load_configuration(tmp_path)
+    assert str(info.value) == f"{tmp_path}: no *.yaml or *.yml files in directory"

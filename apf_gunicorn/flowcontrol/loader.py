@@ -7,7 +7,7 @@
 What is read:
 
 * a YAML file, or every ``*.yaml`` / ``*.yml`` file directly inside a directory (sorted by name,
-  not recursive, hidden files skipped);
+  not recursive, hidden files skipped; a directory without any is an error);
 * several documents per file, and ``List`` / ``FlowSchemaList`` /
   ``PriorityLevelConfigurationList`` wrappers (``kubectl get flowschemas,prioritylevelconfigurations
   -o yaml`` output loads as is: metadata other than name and uid, and status other than
@@ -90,6 +90,9 @@ def load_configuration(path: str | Path | None) -> Configuration:
     files = config_files(path)
     parsed: list[ParsedObject] = []
     errors: list[ConfigError] = []
+    if not files:
+        # Almost always a wrong path or an empty mount; use builtin:mandatory to mean "nothing".
+        errors.append(ConfigError(str(path), "", "", "", "no *.yaml or *.yml files in directory"))
     for file in files:
         objs, errs = load_file(file)
         parsed.extend(objs)
