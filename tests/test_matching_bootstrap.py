@@ -206,3 +206,27 @@ def test_no_catch_all_is_an_error():
     cfg = SimpleNamespace(flow_schemas=(), priority_levels=suggested_priority_levels())
     with pytest.raises(LookupError):
         Classifier(cfg).classify(_nonres("alice", AUTH, "get", "/x"))
+
+
+@pytest.fixture(scope="module")
+def loaded_classifier() -> Classifier:
+    from apf_gunicorn.flowcontrol.loader import load_configuration
+    return Classifier(load_configuration("builtin:kubernetes"))
+
+
+@pytest.mark.parametrize("desc, attrs, fs, pl, distinguisher", CASES, ids=[c[0] for c in CASES])
+def test_shipped_kubernetes_configuration(loaded_classifier, desc, attrs, fs, pl, distinguisher):
+    """The same cases against config/kubernetes as the loader reads it."""
+    c = loaded_classifier.classify(attrs)
+    assert (c.flow_schema.name, c.priority_level.name, c.distinguisher) == (fs, pl, distinguisher)
+
+
+def test_object_built_configuration_matches_shipped_one(loaded_classifier):
+    ours = suggested_configuration()
+    assert [fs.name for fs in loaded_classifier.flow_schemas] == [fs.name for fs in ours.flow_schemas]
+    shipped = {fs.name: fs for fs in loaded_classifier.flow_schemas}
+    for fs in ours.flow_schemas:
+        other = shipped[fs.name]
+        assert (fs.priority_level, fs.matching_precedence, fs.distinguisher) == (
+            other.priority_level, other.matching_precedence, other.distinguisher)
+        assert fs.rules == other.rules, fs.name
