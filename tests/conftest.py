@@ -85,15 +85,34 @@ class Server:
 
         import posix_ipc
 
-        from apf_gunicorn.ledger import Ledger, ProcessLock
+        from apf_gunicorn.ledger.ledger import Ledger
+        from apf_gunicorn.ledger.lock import ProcessLock
         from apf_gunicorn.server import shm
 
         name = shm.segment_name(self.instance, self.pid)
         mem = posix_ipc.SharedMemory("/" + name)
         mm = mmap.mmap(mem.fd, mem.size)
         mem.close_fd()
-        led = Ledger.attach(memoryview(mm)[shm.HEADER_SIZE:], lock=ProcessLock())
-        return led.snapshot(time.monotonic_ns())
+        view = memoryview(mm)[shm.HEADER_SIZE:]
+        led = Ledger.attach(view, lock=ProcessLock())
+        try:
+            return led.snapshot(time.monotonic_ns())
+        finally:
+            led.close()
+            view.release()
+            mm.close()
+
+    def level(self, name: str):
+        return next(lv for lv in self.ledger_snapshot().levels if lv.name == name)
+
+    def idle(self, timeout: float = 10.0):
+        """Wait until no level has seats in use or requests waiting; returns the snapshot."""
+        def check():
+            snap = self.ledger_snapshot()
+            busy = [lv for lv in snap.levels if lv.seats_in_use or lv.requests_waiting
+                    or lv.requests_executing]
+            return None if busy else snap
+        return self.wait_for(check, timeout)
 
     def wait_for(self, predicate, timeout: float = 10.0, step: float = 0.05):
         deadline = time.monotonic() + timeout
@@ -107,7 +126,7 @@ class Server:
 
 @contextlib.contextmanager
 def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = None,
-          args: tuple = (), config: str | None = None, ready_path: str = "/hello",
+          args: tuple = (), config: str | None = None, ready_path: str = "/healthz",
           boot_timeout: float = 30.0, expect_fail: bool = False,
           conf: tuple = ("-c", "python:apf_gunicorn.conf")):
     """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF."""

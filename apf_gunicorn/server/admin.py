@@ -6,7 +6,9 @@
     admin.stop()           # on_exit
 
 ``state_provider()`` returns a :class:`~apf_gunicorn.server.metrics.MasterView` (ledger,
-level limits, borrowing states, number of registered workers). Paths:
+level limits, borrowing states, number of registered workers); a ``server.state.MasterState``
+may be passed instead and is read through ``view_of_master_state`` (its settings also give the
+metrics prefix). Paths:
 
 * ``/metrics``: Prometheus text: every worker's per-request series (multiprocess files) plus
   the master's exact gauges from the ledger;
@@ -35,6 +37,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from apf_gunicorn.server import dumps
+from apf_gunicorn.server.metrics import view_of_master_state
 
 log = logging.getLogger("apf_gunicorn.admin")
 
@@ -101,11 +104,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 class AdminServer:
     def __init__(self, bind: str | tuple[str, int], state_provider: Any,
-                 prefix: str = "apf", metrics_source: Any = None,
+                 prefix: str | None = None, metrics_source: Any = None,
                  timeout: float = 10.0) -> None:
+        if not isinstance(bind, str | tuple) and isinstance(state_provider, str | tuple):
+            bind, state_provider = state_provider, bind  # tolerate (state, bind)
         self.address = parse_bind(bind)
+        if not callable(state_provider):
+            # a MasterState itself: read it afresh on every request
+            master = state_provider
+            if prefix is None:
+                prefix = getattr(getattr(master, "settings", None), "metrics_prefix", None)
+            state_provider = lambda: view_of_master_state(master)  # noqa: E731
         self.state_provider = state_provider
-        self.prefix = prefix
+        self.prefix = prefix or "apf"
         self.timeout = timeout
         self._metrics_source = metrics_source
         self._registry: Any = None

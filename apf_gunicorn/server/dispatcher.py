@@ -164,9 +164,9 @@ class Parking:
 
 def granted_slots(ledger, owner: int, now_ns: int) -> dict[int, int]:
     """{slot: gen} of this owner's slots the ledger has dispatched (the backstop scan)."""
-    fn = getattr(ledger, "granted_slots", None)
+    fn = getattr(ledger, "owned_slots", None)
     if fn is not None:
-        return dict(fn(owner, now_ns))
+        return {slot: gen for slot, gen, st in fn(owner) if st != "waiting"}
     out = {}
     for level in ledger.snapshot(now_ns).levels:
         for r in level.requests:
@@ -275,6 +275,11 @@ class Dispatcher(threading.Thread):
         now = self.clock()
         if not self.alive():
             self.parking.stop_all()
+        # Grants a lock repair found inside a call that could not return them.
+        pending = getattr(self.ledger, "pending_grants", None)
+        if pending:
+            self.ledger.pending_grants = []
+            self.deliver(pending)
         self.parking.prune_early(now)
         stuck = self.parking.waiting(now - int(TICK_S * 1e9))
         if not stuck:

@@ -66,7 +66,7 @@ def load_generation(settings, number: int = 1, ledger=None):
 
 
 def level_specs(gen) -> list:
-    from apf_gunicorn.ledger import LevelSpec
+    from apf_gunicorn.ledger.ledger import LevelSpec
 
     specs = []
     for name, pl in sorted(gen.configuration.priority_levels.items()):
@@ -134,41 +134,26 @@ def on_starting(server) -> None:
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
         server.log.warning("apf: %s", msg)
 
-    from apf_gunicorn.ledger import Capacity, Ledger, ProcessLock
+    from apf_gunicorn.ledger.layout import Capacity
+    from apf_gunicorn.ledger.ledger import Ledger
+    from apf_gunicorn.ledger.lock import ProcessLock
     from apf_gunicorn.server import shm
     from apf_gunicorn.server.channel import GrantSender
 
     removed = shm.clean_stale_segments()
     if removed:
         server.log.info("apf: removed stale shared memory of dead servers: %s", ", ".join(removed))
-    capacity = _capacity(Capacity, server)
+    capacity = Capacity()
     pid = os.getpid()
     segment = shm.Segment.create(settings.instance, Ledger.size(capacity), pid)
     token = f"{settings.instance or 'g'}{pid}"
-    ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock())
+    ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock(), owner_pid=pid)
     configure_ledger(ledger, gen, time.monotonic_ns())
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
     server.log.info("apf: ledger %s ready: limit %d seats, %d priority levels",
                     segment.name, settings.concurrency_limit, len(gen.level_index))
-
-
-def _capacity(Capacity, server):
-    """Slots for every request the threads can hold, plus headroom for HUP overlap."""
-    try:
-        fields = Capacity.__dataclass_fields__  # type: ignore[attr-defined]
-    except AttributeError:
-        return Capacity()
-    kw = {}
-    threads = server.cfg.workers * server.cfg.threads
-    if "slots" in fields:
-        kw["slots"] = max(fields["slots"].default, 3 * threads + 64) \
-            if isinstance(fields["slots"].default, int) else 3 * threads + 64
-    if "workers" in fields:
-        d = fields["workers"].default
-        kw["workers"] = max(d if isinstance(d, int) else 0, 2 * server.cfg.workers + 8)
-    return Capacity(**kw)
 
 
 def _build_resolver(server, settings):
@@ -320,7 +305,7 @@ def post_worker_init(worker) -> None:
     if m is None:
         raise SystemExit("apf: the master did not set up the ledger (on_starting hook missing?)")
 
-    from apf_gunicorn.ledger import Ledger
+    from apf_gunicorn.ledger.ledger import Ledger
     from apf_gunicorn.server.channel import GrantInbox, GrantSender
     from apf_gunicorn.server.dispatcher import Dispatcher, Parking
     from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
@@ -329,6 +314,7 @@ def post_worker_init(worker) -> None:
     gen = m.generation
     lock = _worker_lock(_die_after(m.settings, worker))
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=lock)
+    ledger.register_worker(index, os.getpid(), time.monotonic_ns())
     inbox = GrantInbox(m.token, index)
     sender = GrantSender(m.token)
     parking = Parking()
@@ -350,7 +336,7 @@ def post_worker_init(worker) -> None:
         level_index=gen.level_index, fs_index=gen.fs_index, owner=index, parking=parking,
         deliver=deliver, add_linger=dispatcher.add_linger,
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
-        max_seats={name: int(lim.max_seats) for name, lim in gen.limits.items()},
+        max_seats={name: int(lim.max_seats or 1 << 30) for name, lim in gen.limits.items()},
         **_optional_pieces(m, gen))
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
@@ -413,7 +399,7 @@ def worker_abort(worker) -> None:
 
 
 def _worker_lock(die_after: int):
-    from apf_gunicorn.ledger import ProcessLock
+    from apf_gunicorn.ledger.lock import ProcessLock
 
     if not die_after:
         return ProcessLock()

@@ -245,10 +245,27 @@ class MasterView:
     workers: int = 0  # registered (booted) workers
     clock: Callable[[], int] = field(default=time.monotonic_ns)
     server_limit: int | None = None
+    reload_errors: int = 0  # rejected configuration reloads so far
 
     @property
     def ready(self) -> bool:
         return self.ledger is not None and self.workers > 0
+
+
+def view_of_master_state(m: Any) -> MasterView:
+    """A :class:`MasterView` of ``server.state.MasterState`` (or None before it exists)."""
+    if m is None:
+        return MasterView()
+    gen = getattr(m, "generation", None)
+    settings = getattr(m, "settings", None)
+    return MasterView(
+        ledger=getattr(m, "ledger", None),
+        level_limits=getattr(gen, "limits", None),
+        borrowing=getattr(m, "borrowing_states", None),
+        workers=sum(1 for pid in (getattr(m, "workers", None) or {}).values() if pid),
+        server_limit=getattr(settings, "concurrency_limit", None),
+        reload_errors=int(getattr(m, "reload_errors", 0) or 0),
+    )
 
 
 class LedgerCollector:
@@ -362,6 +379,13 @@ class LedgerCollector:
                      "to each priority level that can use it")
             frac.add_metric([], float(getattr(states, "fair_frac", 0.0)))
             yield frac
+
+        from prometheus_client.core import CounterMetricFamily
+
+        reloads = CounterMetricFamily(f"{p}_config_reload_errors", "Configuration reloads "
+                                      "rejected because the new configuration was invalid")
+        reloads.add_metric([], float(view.reload_errors))
+        yield reloads
 
 
 def _state(st: Any) -> str:

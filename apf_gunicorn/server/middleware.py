@@ -98,7 +98,7 @@ class APFMiddleware:
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0}
         try:  # the ledger's own outcome constants, if it defines them
-            from apf_gunicorn import ledger as _ledger
+            from apf_gunicorn.ledger import ledger as _ledger
             global EXECUTE, QUEUED, REJECTED
             EXECUTE = getattr(_ledger, "EXECUTE", EXECUTE)
             QUEUED = getattr(_ledger, "QUEUED", QUEUED)
@@ -211,6 +211,7 @@ class APFMiddleware:
             self.stats["stopping"] += 1
             start_response("503 Service Unavailable", [
                 ("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1"),
+                ("Content-Length", str(len(STOPPING_BODY))),
                 ("Connection", "close"), *route.headers])
             return [STOPPING_BODY]
         if outcome == CANCELLED:
@@ -234,6 +235,7 @@ class APFMiddleware:
             ("Content-Type", "text/plain; charset=utf-8"),
             ("X-Content-Type-Options", "nosniff"),
             ("Retry-After", str(retry)),
+            ("Content-Length", str(len(TOO_MANY))),
             *route.headers,
         ])
         return [TOO_MANY]

@@ -1,0 +1,165 @@
+"""APF end to end on a real gunicorn with several workers: the server-wide limit, fairness,
+isolation, exempt requests, rejections, disconnects, errors in the app.
+
+The test config (tests/apps/apf.yaml, APF_CONCURRENCY_LIMIT=16) gives levels "work" and
+"other" 8 seats each; the app counts executing requests across processes.
+"""
+
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+
+from tests.apps.loadgen import Client, run_clients
+
+pytestmark = pytest.mark.server
+
+
+def test_limit_holds_across_processes(server_factory):
+    with server_factory(workers=4, threads=24) as srv:
+        clients = [Client(srv.port, "/work?ms=100", user=f"u{i % 8}", count=5)
+                   for i in range(64)]
+        run_clients(clients, timeout=60)
+        statuses = [s for c in clients for s in c.statuses]
+        errors = [e for c in clients for e in c.errors]
+        cur, top = srv.counters()["work"]
+        print(f"max executing {top}, {len(statuses)} responses, errors {errors[:3]}")
+        assert not errors
+        assert statuses.count(200) == 64 * 5
+        assert top == 8, f"at most 8 seats, and all 8 used while demand lasts (saw {top})"
+        assert cur == 0
+        snap = srv.idle()
+        assert snap is not None, "seats or waiting requests left in the ledger"
+        work = next(lv for lv in snap.levels if lv.name == "work")
+        assert work.dispatched == 64 * 5
+
+
+def test_fairness_light_client_keeps_its_share(server_factory):
+    with server_factory(workers=4, threads=24) as srv:
+        def light_run(duration, flood):
+            stop = threading.Event()
+            light = [Client(srv.port, "/work?ms=50", user="light", pause=0.1, stop=stop)
+                     for _ in range(2)]
+            heavy = [Client(srv.port, "/work?ms=50", user="heavy", stop=stop)
+                     for _ in range(48 if flood else 0)]
+            run_clients(light + heavy, duration=duration)
+            return light, heavy
+
+        solo, _ = light_run(3.0, flood=False)
+        mixed, heavy = light_run(3.0, flood=True)
+        solo_n = sum(s == 200 for c in solo for s in c.statuses)
+        mixed_n = sum(s == 200 for c in mixed for s in c.statuses)
+        mixed_bad = [s for c in mixed for s in c.statuses if s != 200]
+        heavy_n = sum(len(c.statuses) for c in heavy)
+        print(f"light solo {solo_n}, light under flood {mixed_n} ({mixed_n / solo_n:.0%}), "
+              f"heavy {heavy_n}, light p50 {statistics.median(c.latencies[0] for c in mixed):.3f}s")
+        assert heavy_n > 2 * mixed_n  # the flood really flooded
+        assert not mixed_bad, "no light request rejected"
+        assert mixed_n >= 0.9 * solo_n
+        assert srv.idle() is not None
+
+
+def test_isolation_and_exempt(server_factory):
+    with server_factory(workers=2, threads=40) as srv:
+        stop = threading.Event()
+        flood = [Client(srv.port, "/work?ms=200", user=f"f{i}", stop=stop) for i in range(40)]
+        for c in flood:
+            c.start()
+        time.sleep(1.0)
+        try:
+            t0 = time.monotonic()
+            status, headers, _ = srv.request("/other?ms=10", headers={"X-Remote-User": "o"})
+            other_latency = time.monotonic() - t0
+            t0 = time.monotonic()
+            ex = [srv.request("/healthz")[0] for _ in range(10)]
+            exempt_latency = (time.monotonic() - t0) / 10
+            work = srv.level("work")
+        finally:
+            stop.set()
+            run_clients([], timeout=0)
+            for c in flood:
+                c.join(30)
+        print(f"other {other_latency * 1000:.1f} ms, exempt {exempt_latency * 1000:.1f} ms, "
+              f"work waiting {work.requests_waiting}")
+        assert work.requests_waiting > 0  # the flood is really queued
+        assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-other"
+        assert other_latency < 0.5
+        assert ex == [200] * 10 and exempt_latency < 0.2
+        assert srv.idle() is not None
+
+
+def test_rejection_429_headers_and_body(server_factory):
+    # "work" gets 1 seat; ?timeout=1s gives each request a 250 ms wait limit: of 20
+    # concurrent 300 ms requests most time out in the queue.
+    env = {"APF_CONCURRENCY_LIMIT": "2"}
+    with server_factory(workers=2, threads=16, env=env) as srv:
+        clients = [Client(srv.port, "/work?ms=300&timeout=1s", user=f"x{i}", count=1)
+                   for i in range(20)]
+        t0 = time.monotonic()
+        run_clients(clients, timeout=60)
+        elapsed = time.monotonic() - t0
+        statuses = [s for c in clients for s in c.statuses]
+        rejected = [c.headers[0] for c in clients if c.statuses == [429]]
+        print(f"statuses {sorted(statuses)} in {elapsed:.2f}s")
+        assert statuses.count(200) >= 1 and len(rejected) >= 10
+        assert elapsed < 3  # nobody waited longer than a quarter of the 1 s deadline + run
+        hdrs = rejected[0]
+        assert int(hdrs["Retry-After"]) >= 1
+        assert hdrs["Content-Type"] == "text/plain; charset=utf-8"
+        assert hdrs["X-Kubernetes-PF-FlowSchema-UID"] == "uid-fs-work"
+        assert hdrs["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
+        status, _, body = srv.request("/work?ms=300&timeout=1s")
+        assert status == 200
+        conn = socket.create_connection(("127.0.0.1", srv.port))
+        conn.sendall(b"GET /work?ms=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.close()
+        assert srv.level("work").timedout >= 10
+        assert srv.idle() is not None
+
+        # the body, on a raw socket
+        clients = [Client(srv.port, "/work?ms=400", user=f"y{i}", count=1) for i in range(3)]
+        for c in clients:
+            c.start()
+        time.sleep(0.1)
+        status, _, body = srv.request("/work?ms=1&timeout=100ms")
+        for c in clients:
+            c.join(10)
+        assert status == 429 and body == b"Too many requests, please try again later.\n"
+
+
+def test_app_exception_releases_seats(server_factory):
+    with server_factory(workers=2, threads=8) as srv:
+        for _ in range(20):
+            assert srv.request("/boom")[0] == 500
+        assert srv.idle(timeout=5) is not None
+        assert srv.request("/work?ms=1")[0] == 200
+
+
+def test_disconnect_while_queued_frees_slot(server_factory):
+    with server_factory(workers=2, threads=24) as srv:
+        stop = threading.Event()
+        hold = [Client(srv.port, "/work?ms=3000", user=f"h{i}", stop=stop, count=1)
+                for i in range(8)]
+        for c in hold:
+            c.start()
+        srv.wait_for(lambda: srv.level("work").seats_in_use == 8, timeout=5)
+        socks = []
+        for i in range(4):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(f"GET /work?ms=1 HTTP/1.1\r\nHost: x\r\nX-Remote-User: q{i}\r\n\r\n"
+                      .encode())
+            socks.append(s)
+        assert srv.wait_for(lambda: srv.level("work").requests_waiting == 4, timeout=5)
+        t0 = time.monotonic()
+        for s in socks:
+            s.close()
+        freed = srv.wait_for(lambda: srv.level("work").requests_waiting == 0, timeout=3)
+        elapsed = time.monotonic() - t0
+        print(f"4 queued requests whose clients left were removed in {elapsed:.3f}s")
+        assert freed and elapsed < 1.0
+        assert srv.level("work").cancelled == 4
+        for c in hold:
+            c.join(10)
+        assert srv.idle() is not None
