@@ -173,3 +173,23 @@ def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
         free = s.getsockname()[1]
     assert main(["dump", "--admin", f"127.0.0.1:{free}", "queues", "--timeout", "2"]) == 1
     assert "cannot reach the admin endpoint" in capsys.readouterr().err
+
+
+def test_accepts_a_master_state(served) -> None:
+    from types import SimpleNamespace as NS
+
+    _, view = served
+    m = NS(ledger=view.ledger, generation=NS(limits=view.level_limits),
+           borrowing_states=view.borrowing, workers={0: 0}, reload_errors=2,
+           settings=NS(metrics_prefix="myapp", concurrency_limit=13))
+    admin = AdminServer(m, ("127.0.0.1", 0), metrics_source=EmptySource())  # either order
+    assert admin.start()
+    try:
+        assert get(admin, "/readyz")[0] == 503  # worker 0 still booting
+        m.workers[0] = 1234
+        assert get(admin, "/readyz")[0] == 200
+        text = get(admin, "/metrics")[1]
+        assert "myapp_config_reload_errors_total 2.0" in text
+        assert 'myapp_current_limit_seats{priority_level="workload-low"}' in text
+    finally:
+        admin.stop()
