@@ -1,0 +1,304 @@
+"""Overhead of APF on gunicorn: bare gthread vs gthread + apf_gunicorn, same workers and threads,
+load below the concurrency limit (every request takes the fast path), paired runs in one go.
+
+    .venv/bin/python benchmarks/bench_server.py [--duration 4] [--rounds 2] [--workers 2]
+                                                [--threads 64] [--connections 16]
+
+Uses ``wrk`` when installed (``apt-get install -y wrk``), else a Python load generator (which
+is itself CPU-bound on 2 cores, so its ratios are less sharp). Prints, per round and as the
+median: throughput ratio (APF / bare), p50 and p99 latency added, and each worker's RSS with
+and without APF after all its threads were started. Everything binds 127.0.0.1; every server is
+stopped and its /dev/shm segment checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+
+# One queuing level that every request lands in; with the limit set high enough no request
+# ever waits, so the run measures the fast path.
+BENCH_CONFIG = """\
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {name: bench}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 100
+    limitResponse:
+      type: Queue
+      queuing: {queues: 64, handSize: 6, queueLengthLimit: 50}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: bench}
+spec:
+  matchingPrecedence: 500
+  priorityLevelConfiguration: {name: bench}
+  distinguisherMethod: {type: ByUser}
+  rules:
+  - subjects:
+    - {kind: Group, group: {name: system:unauthenticated}}
+    - {kind: Group, group: {name: system:authenticated}}
+    nonResourceRules:
+    - {verbs: ["*"], nonResourceURLs: ["*"]}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Server:
+    def __init__(self, apf: bool, workers: int, threads: int, config_path: str):
+        self.port = free_port()
+        self.instance = "bench" + uuid.uuid4().hex[:8]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), APF_INSTANCE=self.instance,
+                   APF_ADMIN_BIND="off", APF_CONFIG=config_path,
+                   APF_CONCURRENCY_LIMIT=str(workers * threads))
+        conf = (["-c", "python:apf_gunicorn.conf"] if apf
+                else ["-k", "gthread", "--no-control-socket"])
+        cmd = [GUNICORN, *conf, "-w", str(workers), "--threads", str(threads),
+               "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
+               "tests.apps.app:app"]
+        self.proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()}")
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                c.request("GET", "/hello")
+                if c.getresponse().status == 200:
+                    c.close()
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(5)
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"apf_{self.instance}_")]
+        if left:
+            print(f"WARNING: /dev/shm entries left behind: {left}", file=sys.stderr)
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+
+
+def wrk(port: int, duration: float, connections: int) -> dict:
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+         f"http://127.0.0.1:{port}/hello"], capture_output=True, text=True, timeout=duration + 30
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
+    return {"rps": rps, "p50": _seconds(lat.get("50", "nan")), "p99": _seconds(lat.get("99", "nan"))}
+
+
+def pyload(port: int, duration: float, connections: int) -> dict:
+    lats: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + duration
+
+    def run():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        mine = []
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            conn.request("GET", "/hello")
+            conn.getresponse().read()
+            mine.append(time.monotonic() - t0)
+        conn.close()
+        with lock:
+            lats.extend(mine)
+
+    threads = [threading.Thread(target=run) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lats.sort()
+    return {"rps": len(lats) / duration, "p50": lats[len(lats) // 2],
+            "p99": lats[int(len(lats) * 0.99)]}
+
+
+def measure(apf: bool, args, config_path: str, load) -> dict:
+    srv = Server(apf, args.workers, args.threads, config_path)
+    try:
+        load(srv.port, 1.0, args.connections)  # warm-up
+        result = load(srv.port, args.duration, args.connections)
+        # start every thread of every worker, then read the workers' RSS
+        load(srv.port, 1.0, args.workers * args.threads)
+        result["rss_kib"] = sorted(rss_kib(p) for p in children(srv.proc.pid))
+        return result
+    finally:
+        srv.stop()
+
+
+def micro(config_path: str, n: int = 50_000) -> tuple[float, float]:
+    """CPU per request (µs) of a trivial WSGI app called directly, and through the
+    middleware with a real shm ledger and ProcessLock (fast path: admit, run, finish)."""
+    sys.path.insert(0, str(ROOT))
+    from apf_gunicorn.flowcontrol.limits import compute_limits
+    from apf_gunicorn.flowcontrol.loader import load_configuration
+    from apf_gunicorn.flowcontrol.matching import Classifier
+    from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+    from apf_gunicorn.ledger.layout import Capacity
+    from apf_gunicorn.ledger.ledger import Ledger
+    from apf_gunicorn.ledger.lock import ProcessLock
+    from apf_gunicorn.server import shm
+    from apf_gunicorn.server.dispatcher import Parking
+    from apf_gunicorn.server.dumps import encode_detail
+    from apf_gunicorn.server.hooks import level_specs
+    from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
+    from apf_gunicorn.server.state import Generation
+
+    cfg = load_configuration(config_path)
+    gen = Generation(cfg, compute_limits(cfg.priority_levels.values(), 64), Classifier(cfg),
+                     {}, {})
+    seg = shm.Segment.create("micro" + uuid.uuid4().hex[:6], Ledger.size(Capacity()))
+    try:
+        led = Ledger.create(seg.ledger_buffer, Capacity(), lock=ProcessLock())
+        levels, schemas = led.configure(level_specs(gen), [f.name for f in cfg.flow_schemas],
+                                        time.monotonic_ns())
+        ctx = WorkerContext(ledger=led, resolver=RequestInfoResolver(), classifier=gen.classifier,
+                            level_index=levels, fs_index=schemas, owner=0, parking=Parking(),
+                            deliver=lambda g: None, add_linger=lambda *a: None,
+                            queue_wait_limit_ns=15 * 10**9, alive=lambda: True,
+                            encode_detail=encode_detail)
+
+        def app(environ, start_response):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"hello"]
+
+        mw = APFMiddleware(app, ctx)
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/hello", "QUERY_STRING": "",
+                   "REMOTE_ADDR": "127.0.0.1", "SERVER_PROTOCOL": "HTTP/1.1"}
+
+        def sr(status, headers, exc_info=None):
+            return None
+
+        def run(wsgi):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                body = wsgi(environ, sr)
+                for _chunk in body:
+                    pass
+                close = getattr(body, "close", None)
+                if close:
+                    close()
+            return (time.perf_counter() - t0) / n * 1e6
+
+        bare = min(run(app) for _ in range(3))
+        apf = min(run(mw) for _ in range(3))
+        led.close()
+        return bare, apf
+    finally:
+        seg.unlink()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--micro-only", action="store_true",
+                    help="only the in-process CPU cost per request")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = os.path.join(tmp, "bench.yaml")
+        Path(config_path).write_text(BENCH_CONFIG)
+        bare_us, apf_us = micro(config_path)
+        print(f"in-process CPU per request: app alone {bare_us:.2f} µs, through APF "
+              f"{apf_us:.2f} µs, added {apf_us - bare_us:.2f} µs (fast path, real shm ledger)")
+    if args.micro_only:
+        return 0
+    load = wrk if shutil.which("wrk") else pyload
+    print(f"load generator: {'wrk' if load is wrk else 'python (install wrk for sharper numbers)'}; "
+          f"{args.workers} workers x {args.threads} threads, {args.connections} connections, "
+          f"{args.duration:g} s per run, {args.rounds} paired rounds")
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = os.path.join(tmp, "bench.yaml")
+        Path(config_path).write_text(BENCH_CONFIG)
+        ratios, d50, d99, rss_bare, rss_apf = [], [], [], [], []
+        for i in range(args.rounds):
+            bare = measure(False, args, config_path, load)
+            apf = measure(True, args, config_path, load)
+            ratios.append(apf["rps"] / bare["rps"])
+            d50.append(apf["p50"] - bare["p50"])
+            d99.append(apf["p99"] - bare["p99"])
+            rss_bare += bare["rss_kib"]
+            rss_apf += apf["rss_kib"]
+            print(f"round {i + 1}: bare {bare['rps']:.0f} req/s (p50 {bare['p50'] * 1e3:.2f} ms, "
+                  f"p99 {bare['p99'] * 1e3:.2f} ms) | apf {apf['rps']:.0f} req/s "
+                  f"(p50 {apf['p50'] * 1e3:.2f} ms, p99 {apf['p99'] * 1e3:.2f} ms) | "
+                  f"ratio {ratios[-1]:.3f}")
+        rb, ra = statistics.median(rss_bare) / 1024, statistics.median(rss_apf) / 1024
+        print(f"\nthroughput ratio (median): {statistics.median(ratios):.3f}  (target >= 0.90)")
+        print(f"p50 added: {statistics.median(d50) * 1e3:+.2f} ms   "
+              f"p99 added: {statistics.median(d99) * 1e3:+.2f} ms")
+        print(f"worker RSS at {args.threads} threads: bare {rb:.1f} MiB, apf {ra:.1f} MiB, "
+              f"added {ra - rb:+.1f} MiB  (target <= 15 MiB)")
+        print(f"  per worker, bare: {[round(k / 1024, 1) for k in rss_bare]}")
+        print(f"  per worker, apf:  {[round(k / 1024, 1) for k in rss_apf]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
