@@ -16,7 +16,9 @@ and 0.
 
 Speed: subjects are indexed (user names, groups, ServiceAccount namespaces, wildcards) and the
 candidate rules for one (user, groups) pair are memoized in a bounded LRU, so a request only
-looks at the few schemas that can apply to its user, however many schemas there are.
+looks at the few schemas that can apply to its user, however many schemas there are. The
+first match itself is memoized per distinct request shape (identity, verb, and the resource
+fields or the path: the object name never matters), so repeated traffic costs one lookup.
 :func:`flow_schema_matches` is the plain, unindexed definition, kept for tests and tools.
 """
 
@@ -50,6 +52,9 @@ from .shufflesharding import deal, flow_hash
 
 #: Distinct (user, groups) pairs whose candidate rules are remembered.
 CANDIDATE_CACHE_SIZE = 4096
+#: Distinct requests (as far as matching can tell them apart: identity, verb, and the resource
+#: fields or the path) whose first matching schema is remembered.
+MATCH_CACHE_SIZE = 8192
 #: Distinct (FlowSchema, distinguisher) pairs whose flow hash is remembered.
 HASH_CACHE_SIZE = 16384
 
@@ -134,16 +139,17 @@ class _CompiledResourceRule:
         self.cluster_scope = rule.cluster_scope
         self.namespaces = _compile_list(rule.namespaces)
 
-    def matches(self, attrs: RequestAttributes) -> bool:
-        if self.verbs is not None and attrs.verb not in self.verbs:
+    def matches(self, verb: str, api_group: str, resource: str, namespace: str) -> bool:
+        """``resource`` includes the subresource (``pods/status``)."""
+        if self.verbs is not None and verb not in self.verbs:
             return False
-        if self.resources is not None and attrs.resource_with_subresource not in self.resources:
+        if self.resources is not None and resource not in self.resources:
             return False
-        if self.api_groups is not None and attrs.api_group not in self.api_groups:
+        if self.api_groups is not None and api_group not in self.api_groups:
             return False
-        if attrs.namespace == "":
+        if namespace == "":
             return self.cluster_scope
-        return self.namespaces is None or attrs.namespace in self.namespaces
+        return self.namespaces is None or namespace in self.namespaces
 
 
 class _CompiledNonResourceRule:
@@ -159,10 +165,9 @@ class _CompiledNonResourceRule:
             prefixes.append(prefix if prefix.endswith("/") else prefix + "/")
         self.prefixes = tuple(dict.fromkeys(prefixes))
 
-    def matches(self, attrs: RequestAttributes) -> bool:
-        if self.verbs is not None and attrs.verb not in self.verbs:
+    def matches(self, verb: str, path: str) -> bool:
+        if self.verbs is not None and verb not in self.verbs:
             return False
-        path = attrs.path
         return self.all_urls or path in self.exact or path.startswith(self.prefixes)
 
 
@@ -173,11 +178,16 @@ class _CompiledPolicyRule:
         self.resource_rules = tuple(_CompiledResourceRule(r) for r in rule.resource_rules)
         self.non_resource_rules = tuple(_CompiledNonResourceRule(r) for r in rule.non_resource_rules)
 
-    def matches(self, attrs: RequestAttributes) -> bool:
-        """The request part of the rule (the subjects were checked by the index)."""
-        rules = self.resource_rules if attrs.is_resource else self.non_resource_rules
-        for rule in rules:
-            if rule.matches(attrs):
+    def matches(self, is_resource: bool, verb: str, a: str, b: str, c: str) -> bool:
+        """The request part of the rule (the subjects were checked by the index): (api group,
+        resource/subresource, namespace) for resource requests, (path, "", "") otherwise."""
+        if is_resource:
+            for rule in self.resource_rules:
+                if rule.matches(verb, a, b, c):
+                    return True
+            return False
+        for rule in self.non_resource_rules:
+            if rule.matches(verb, a):
                 return True
         return False
 
@@ -234,6 +244,7 @@ class Classifier:
                 for subject in rule.subjects:
                     self._index_subject(subject, (si, ri))
         self._candidates = lru_cache(maxsize=CANDIDATE_CACHE_SIZE)(self._find_candidates)
+        self._first_cached = lru_cache(maxsize=MATCH_CACHE_SIZE)(self._find_first)
         self._hash = lru_cache(maxsize=HASH_CACHE_SIZE)(flow_hash)
 
     def _index_subject(self, subject: Subject, key: tuple[int, int]) -> None:
@@ -267,22 +278,32 @@ class Classifier:
             by_schema.setdefault(si, []).append(self._compiled[(si, ri)])
         return tuple((si, tuple(rules)) for si, rules in by_schema.items())
 
+    def _find_first(self, user: str, groups: tuple[str, ...], is_resource: bool, verb: str,
+                    a: str, b: str, c: str) -> int:
+        """Index of the first matching schema, -1 for none (arguments as in ``matches``)."""
+        for si, rules in self._candidates(user, groups):
+            for rule in rules:
+                if rule.matches(is_resource, verb, a, b, c):
+                    return si
+        return -1
+
+    def _first(self, attrs: RequestAttributes) -> int:
+        groups = attrs.groups if isinstance(attrs.groups, tuple) else tuple(attrs.groups)
+        if attrs.is_resource:
+            return self._first_cached(attrs.user, groups, True, attrs.verb, attrs.api_group,
+                                      attrs.resource_with_subresource, attrs.namespace)
+        return self._first_cached(attrs.user, groups, False, attrs.verb, attrs.path, "", "")
+
     def match(self, attrs: RequestAttributes) -> FlowSchema | None:
         """The first matching FlowSchema, or None (the caller then uses catch-all)."""
-        groups = attrs.groups if isinstance(attrs.groups, tuple) else tuple(attrs.groups)
-        for si, rules in self._candidates(attrs.user, groups):
-            for rule in rules:
-                if rule.matches(attrs):
-                    return self.flow_schemas[si]
-        return None
+        si = self._first(attrs)
+        return None if si < 0 else self.flow_schemas[si]
 
     def classify(self, attrs: RequestAttributes) -> Classification:
-        groups = attrs.groups if isinstance(attrs.groups, tuple) else tuple(attrs.groups)
-        for si, rules in self._candidates(attrs.user, groups):
-            for rule in rules:
-                if rule.matches(attrs):
-                    fs, level, flows = self._entries[si]
-                    return self._classification(fs, level, flows, attrs)
+        si = self._first(attrs)
+        if si >= 0:
+            fs, level, flows = self._entries[si]
+            return self._classification(fs, level, flows, attrs)
         fs = self._catch_all
         if fs is None:
             raise LookupError("no FlowSchema matched and the configuration has no catch-all")

@@ -76,6 +76,7 @@ _METHOD_VERBS = {
 }
 _ANONYMOUS_GROUPS = (UNAUTHENTICATED_GROUP,)
 _TRUST_CACHE_SIZE = 4096
+_IDENTITY_CACHE_SIZE = 4096
 
 
 def wsgi_str(value: Any, limit: int) -> str:
@@ -85,6 +86,8 @@ def wsgi_str(value: Any, limit: int) -> str:
     """
     if not isinstance(value, str):
         return ""
+    if value.isascii():  # the common case: nothing to re-decode
+        return value[:limit]
     if len(value) > limit * 4:  # at most 4 UTF-8 bytes per character: cut before decoding
         value = value[: limit * 4]
     try:
@@ -256,6 +259,8 @@ class RequestInfoResolver:
         self.group_key = _header_key(group_header)
         self.routes = routes
         self._trust_cache: dict[str, bool] = {}
+        # (raw user header, raw group header) -> (user, groups): clients repeat themselves
+        self._identity_cache: dict[tuple[Any, Any], tuple[str, tuple[str, ...]]] = {}
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
@@ -280,10 +285,21 @@ class RequestInfoResolver:
     def identity(self, environ: Environ) -> tuple[str, tuple[str, ...]]:
         """(user, groups) of a request."""
         if self.trusted_networks and self.is_trusted(environ.get("REMOTE_ADDR")):
-            user = wsgi_str(environ.get(self.user_key), MAX_HEADER_LENGTH).strip()[:MAX_NAME_LENGTH]
-            if user:
-                groups = _split_groups(wsgi_str(environ.get(self.group_key), MAX_HEADER_LENGTH))
-                return user, identity_groups(user, groups)
+            raw_user = environ.get(self.user_key)
+            if raw_user:
+                raw_groups = environ.get(self.group_key)
+                key = (raw_user, raw_groups)
+                cached = self._identity_cache.get(key)
+                if cached is not None:
+                    return cached
+                user = wsgi_str(raw_user, MAX_HEADER_LENGTH).strip()[:MAX_NAME_LENGTH]
+                if user:
+                    groups = _split_groups(wsgi_str(raw_groups, MAX_HEADER_LENGTH))
+                    identity = (user, identity_groups(user, groups))
+                    if len(self._identity_cache) >= _IDENTITY_CACHE_SIZE:
+                        self._identity_cache.clear()
+                    self._identity_cache[key] = identity
+                    return identity
         user = wsgi_str(environ.get("REMOTE_USER"), MAX_NAME_LENGTH).strip()
         if user:
             return user, identity_groups(user, ())
