@@ -175,6 +175,15 @@ def test_untrusted_peers_headers_ignored(addr):
     assert (a.user, a.groups) == ("system:anonymous", ("system:unauthenticated",))
 
 
+def test_unix_socket_peer():
+    env = environ(REMOTE_ADDR="", HTTP_X_REMOTE_USER="uma")
+    assert TRUSTING(env).user == "system:anonymous"
+    assert RequestInfoResolver(["unix"])(env).user == "uma"
+    assert RequestInfoResolver(["UNIX", "10.0.0.0/8"])(env).user == "uma"
+    assert RequestInfoResolver(["unix"])(environ(REMOTE_ADDR="10.0.0.1",
+                                                 HTTP_X_REMOTE_USER="uma")).user == "system:anonymous"
+
+
 def test_no_trusted_proxies_means_headers_ignored():
     a = RESOLVER(environ(REMOTE_ADDR="127.0.0.1", HTTP_X_REMOTE_USER="admin"))
     assert a.user == "system:anonymous"

@@ -76,6 +76,8 @@ _METHOD_VERBS = {
 }
 _ANONYMOUS_GROUPS = (UNAUTHENTICATED_GROUP,)
 _TRUST_CACHE_SIZE = 4096
+#: The trusted-proxy entry that trusts peers connected over a Unix socket.
+UNIX_PEER = "unix"
 _IDENTITY_CACHE_SIZE = 4096
 
 
@@ -242,13 +244,18 @@ class RequestInfoResolver:
         group_header: str = "X-Remote-Group",
         routes: Any = None,
     ) -> None:
-        """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured;
-        a bad entry raises ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
+        """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
+        and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
+        ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
         None."""
         networks = []
+        self.trust_unix = False
         for cidr in trusted_proxies:
             cidr = cidr.strip()
             if not cidr:
+                continue
+            if cidr.lower() == UNIX_PEER:
+                self.trust_unix = True
                 continue
             try:
                 networks.append(ipaddress.ip_network(cidr, strict=False))
@@ -264,8 +271,10 @@ class RequestInfoResolver:
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
-        if not self.trusted_networks or not isinstance(remote_addr, str):
+        if not isinstance(remote_addr, str):
             return False
+        if remote_addr == "":  # gunicorn's REMOTE_ADDR for a Unix-socket peer
+            return self.trust_unix
         cached = self._trust_cache.get(remote_addr)
         if cached is not None:
             return cached
@@ -284,7 +293,7 @@ class RequestInfoResolver:
 
     def identity(self, environ: Environ) -> tuple[str, tuple[str, ...]]:
         """(user, groups) of a request."""
-        if self.trusted_networks and self.is_trusted(environ.get("REMOTE_ADDR")):
+        if (self.trusted_networks or self.trust_unix) and self.is_trusted(environ.get("REMOTE_ADDR")):
             raw_user = environ.get(self.user_key)
             if raw_user:
                 raw_groups = environ.get(self.group_key)
