@@ -267,7 +267,7 @@ class RequestInfoResolver:
         self.routes = routes
         self._trust_cache: dict[str, bool] = {}
         # (raw user header, raw group header) -> (user, groups): clients repeat themselves
-        self._identity_cache: dict[tuple[Any, Any], tuple[str, tuple[str, ...]]] = {}
+        self._identity_cache: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
@@ -295,8 +295,10 @@ class RequestInfoResolver:
         """(user, groups) of a request."""
         if (self.trusted_networks or self.trust_unix) and self.is_trusted(environ.get("REMOTE_ADDR")):
             raw_user = environ.get(self.user_key)
-            if raw_user:
+            if raw_user and isinstance(raw_user, str):
                 raw_groups = environ.get(self.group_key)
+                if not isinstance(raw_groups, str):
+                    raw_groups = ""
                 key = (raw_user, raw_groups)
                 cached = self._identity_cache.get(key)
                 if cached is not None:
