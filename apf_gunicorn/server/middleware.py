@@ -35,6 +35,7 @@ log = logging.getLogger("apf_gunicorn.middleware")
 EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 MAX_WAIT_NS = 60_000_000_000
+_CACHE_SIZE = 4096
 FS_UID_HEADER = "X-Kubernetes-PF-FlowSchema-UID"
 PL_UID_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
 TOO_MANY = b"Too many requests, please try again later.\n"
@@ -87,7 +88,16 @@ class APFMiddleware:
         self.app = app
         self.ctx = ctx
         self._routes: dict[str, _Route] = {}
-        self._details: dict[tuple, bytes] = {}
+        from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+
+        # Only the built-in resolver's inputs are known; a custom APF_REQUEST_INFO hook may
+        # read anything, so its requests are classified every time.
+        builtin = type(ctx.resolver) is RequestInfoResolver
+        self._cache: dict[tuple, tuple] | None = {} if builtin else None
+        self._user_key = getattr(ctx.resolver, "user_key", "HTTP_X_REMOTE_USER")
+        self._group_key = getattr(ctx.resolver, "group_key", "HTTP_X_REMOTE_GROUP")
+        self._trust = bool(getattr(ctx.resolver, "trusted_networks", ())
+                           or getattr(ctx.resolver, "trust_unix", False))
         self._admit = ctx.ledger.admit
         self._finish_ledger = ctx.ledger.finish
         self._clock = ctx.clock
@@ -110,18 +120,27 @@ class APFMiddleware:
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
-            attrs = self._resolve(environ)
-            c = self._classify(attrs)
-            route = self._routes.get(c.flow_schema.name)
-            if route is None:
-                route = self._route(c)
+            get = environ.get
+            key = None
+            hit = None
+            if self._cache is not None:
+                # Everything the built-in resolver reads: the classification is a pure
+                # function of it, and most requests repeat a few shapes.
+                key = (get("REQUEST_METHOD"), get("PATH_INFO"), get("QUERY_STRING"),
+                       get("REMOTE_USER"), get(self._user_key), get(self._group_key),
+                       get("REMOTE_ADDR") if self._trust else None)
+                hit = self._cache.get(key)
+            if hit is None:
+                hit = self._classify_request(environ)
+                if key is not None:
+                    if len(self._cache) >= _CACHE_SIZE:
+                        self._cache.clear()
+                    self._cache[key] = hit
+            attrs, c, route, detail = hit
             est = self._estimate(attrs, c)
             if est.initial_seats != 1 or est.final_seats:
                 est = clamp(est, route.max_seats)
             now = self._clock()
-            detail = b""
-            if self.ctx.encode_detail is not None:
-                detail = self._detail(attrs, c)
             res = self._admit(route.level, c.flow_hash, est.initial_seats, est.final_seats,
                               est.additional_latency_ns, self._owner, now,
                               fs_index=route.fs_index, detail=detail)
@@ -139,6 +158,20 @@ class APFMiddleware:
             return self._wait(environ, start_response, res.slot, res.gen, route, attrs, now)
         return self._reject(start_response, route, res.reason)
 
+    def _classify_request(self, environ) -> tuple:
+        attrs = self._resolve(environ)
+        c = self._classify(attrs)
+        route = self._routes.get(c.flow_schema.name)
+        if route is None:
+            route = self._route(c)
+        detail = b""
+        if self.ctx.encode_detail is not None:
+            try:
+                detail = self.ctx.encode_detail(attrs, c)
+            except Exception:
+                detail = b""
+        return attrs, c, route, detail
+
     def _route(self, c) -> _Route:
         fs, pl = c.flow_schema, c.priority_level
         headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
@@ -146,21 +179,6 @@ class APFMiddleware:
                        headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30))
         self._routes[fs.name] = route
         return route
-
-    def _detail(self, attrs, c) -> bytes:
-        # Encoding costs microseconds; most requests repeat a few (user, verb, path) shapes.
-        key = (c.distinguisher, attrs.user, attrs.verb, attrs.path, attrs.namespace,
-               attrs.resource, attrs.name)
-        blob = self._details.get(key)
-        if blob is None:
-            try:
-                blob = self.ctx.encode_detail(attrs, c)
-            except Exception:
-                blob = b""
-            if len(self._details) >= 4096:
-                self._details.clear()
-            self._details[key] = blob
-        return blob
 
     def _wait(self, environ, start_response, slot, gen, route, attrs, admitted_ns):
         ctx = self.ctx
