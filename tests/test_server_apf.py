@@ -163,3 +163,34 @@ def test_disconnect_while_queued_frees_slot(server_factory):
         for c in hold:
             c.join(10)
         assert srv.idle() is not None
+
+
+def test_admin_endpoint_metrics_and_dumps(server_factory):
+    from tests.conftest import free_port
+
+    port = free_port()
+    with server_factory(workers=2, threads=16,
+                        env={"APF_ADMIN_BIND": f"127.0.0.1:{port}"}) as srv:
+        for i in range(5):
+            assert srv.request("/work?ms=1", headers={"X-Remote-User": f"m{i}"})[0] == 200
+        import http.client
+
+        def get(path):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                c.request("GET", path)
+                r = c.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                c.close()
+
+        assert srv.wait_for(lambda: get("/readyz")[0] == 200, timeout=5)
+        status, text = get("/metrics")
+        assert status == 200
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith("apf_dispatched_requests_total")
+                    and 'priority_level="work"' in ln)
+        assert float(line.split()[-1]) == 5.0
+        assert "apf_current_executing_seats" in text
+        status, text = get("/debug/api_priority_and_fairness/dump_priority_levels")
+        assert status == 200 and "work" in text

@@ -122,6 +122,10 @@ def on_starting(server) -> None:
         settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
     except SettingsError as e:
         _fail(server, [str(e)])
+    # Before anything imports prometheus_client: per-request series go to multiprocess files.
+    from apf_gunicorn.server import metrics
+
+    metrics.setup_multiprocess_dir(f"{settings.instance or 'g'}{os.getpid()}")
     resolver = _build_resolver(server, settings)
     try:
         gen = load_generation(settings)
@@ -184,6 +188,7 @@ def when_ready(server) -> None:
     if m is None or m.services is not None:
         return
     m.services = MasterServices(m, server.log)
+    m.services.start_admin()
     m.services.start()
 
 
@@ -252,26 +257,12 @@ def on_reload(server) -> None:
                          "(%d error(s)):", len(lines))
         for line in lines:
             server.log.error("apf:   %s", line)
-        _metrics_reload_error()
         return
     server.log.info("apf: configuration generation %d applied: %d priority levels",
                     gen.number, len(gen.level_index))
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)
-
-
-def _metrics_reload_error() -> None:
-    try:
-        from apf_gunicorn.server import metrics
-    except ImportError:
-        return
-    fn = getattr(metrics, "record_reload_error", None)
-    if fn is not None:
-        try:
-            fn()
-        except Exception:
-            pass
 
 
 def on_exit(server) -> None:
@@ -281,6 +272,9 @@ def on_exit(server) -> None:
     if m.services is not None:
         m.services.stop()
     m.segment.unlink()
+    from apf_gunicorn.server import metrics
+
+    metrics.remove_multiprocess_dir()
 
 
 # -- worker hooks -----------------------------------------------------------------------------
@@ -360,6 +354,11 @@ def _optional_pieces(m, gen) -> dict:
     try:
         from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
         out["retry_after"] = RetryAfterTracker()
+    except ImportError:
+        pass
+    try:
+        from apf_gunicorn.server.metrics import RequestMetrics
+        out["metrics"] = RequestMetrics(m.settings.metrics_prefix)
     except ImportError:
         pass
     try:

@@ -24,6 +24,7 @@ import time
 log = logging.getLogger("apf_gunicorn.master")
 
 BORROWING_PERIOD_S = 10.0
+TICK_S = 1.0
 
 # Held by master threads around every ledger operation they make; acquired by the forking
 # thread before fork, so no child inherits it (or the ledger's own lock) held.
@@ -57,9 +58,26 @@ class MasterServices(threading.Thread):
         self.rounds = 0
 
     def run(self) -> None:
-        self._start_admin()
-        while not self._stop_event.wait(BORROWING_PERIOD_S):
-            self.borrow_once()
+        ticks = 0
+        while not self._stop_event.wait(TICK_S):
+            ticks += 1
+            self.refresh_workers()
+            if ticks % int(BORROWING_PERIOD_S / TICK_S) == 0:
+                self.borrow_once()
+
+    def refresh_workers(self) -> None:
+        """Record the pid of every worker that registered itself in the ledger (the master
+        learns a child's pid only after fork, where no hook runs)."""
+        m = self.state
+        try:
+            with SERVICE_LOCK:
+                registered = {owner: pid for owner, pid, _st, _hb in m.ledger.workers()}
+        except Exception:
+            self.glog.exception("apf: reading the worker table failed")
+            return
+        for index, pid in list(m.workers.items()):
+            if not pid and registered.get(index):
+                m.workers[index] = registered[index]
 
     def borrow_once(self) -> None:
         m = self.state
@@ -85,17 +103,23 @@ class MasterServices(threading.Thread):
         except Exception:
             self.glog.exception("apf: borrowing round failed")
 
-    def _start_admin(self) -> None:
+    def start_admin(self) -> None:
+        """Bind the admin endpoint (main thread, before the first fork)."""
         bind = self.state.settings.admin_bind
         if bind is None:
             return
         try:
             from apf_gunicorn.server.admin import AdminServer
+            from apf_gunicorn.server.metrics import view_of_master_state
         except ImportError:
             return
         try:
-            self.admin = AdminServer(self.state, bind)
-            self.admin.start()
+            from apf_gunicorn.server import state
+
+            self.admin = AdminServer(bind, lambda: view_of_master_state(state.MASTER),
+                                     prefix=self.state.settings.metrics_prefix)
+            if not self.admin.start():
+                self.admin = None
         except OSError as e:
             self.glog.warning("apf: admin endpoint not started on %s:%s: %s", *bind, e)
         except Exception:
@@ -103,17 +127,8 @@ class MasterServices(threading.Thread):
 
     def close_in_child(self) -> None:
         """In a freshly forked worker: close the admin listener the child inherited."""
-        admin = self.admin
-        for attr in ("socket", "sock"):
-            sock = getattr(admin, attr, None)
-            if sock is not None:
-                try:
-                    sock.close()
-                except OSError:
-                    pass
-        close = getattr(admin, "close_in_child", None)
-        if close is not None:
-            close()
+        if self.admin is not None:
+            self.admin.close_in_child()
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -72,15 +72,16 @@ class WorkerContext:
 class _Route:
     """What the middleware needs per FlowSchema, computed once."""
 
-    __slots__ = ("level", "fs_index", "headers", "level_name", "fs_name", "max_seats")
+    __slots__ = ("level", "fs_index", "headers", "level_name", "fs_name", "max_seats", "exempt")
 
-    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats):
+    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats, exempt):
         self.level = level
         self.fs_index = fs_index
         self.headers = headers
         self.level_name = level_name
         self.fs_name = fs_name
         self.max_seats = max_seats
+        self.exempt = exempt
 
 
 class APFMiddleware:
@@ -105,6 +106,7 @@ class APFMiddleware:
         self._resolve = ctx.resolver
         self._classify = ctx.classifier.classify
         self._estimate = ctx.estimator
+        self._metrics = ctx.metrics
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0}
         try:  # the ledger's own outcome constants, if it defines them
@@ -151,12 +153,21 @@ class APFMiddleware:
 
         if res.granted:
             self.ctx.deliver(res.granted)
+        if self._metrics is not None:
+            self._observe(self._metrics.observe_work, route, est.max_seats)
         outcome = res.outcome
         if outcome == EXECUTE:
-            return self._run(environ, start_response, res.slot, res.gen, route, attrs, now)
+            return self._run(environ, start_response, res.slot, res.gen, route, attrs, now, now)
         if outcome == QUEUED:
             return self._wait(environ, start_response, res.slot, res.gen, route, attrs, now)
-        return self._reject(start_response, route, res.reason)
+        return self._reject(start_response, route, res.reason, 0)
+
+    @staticmethod
+    def _observe(fn, route, *args) -> None:
+        try:
+            fn(route.level_name, route.fs_name, *args)
+        except Exception:
+            log.exception("apf: metrics update failed")
 
     def _classify_request(self, environ) -> tuple:
         attrs = self._resolve(environ)
@@ -176,7 +187,8 @@ class APFMiddleware:
         fs, pl = c.flow_schema, c.priority_level
         headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
         route = _Route(self.ctx.level_index[pl.name], self.ctx.fs_index.get(fs.name, 0),
-                       headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30))
+                       headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
+                       pl.is_exempt)
         self._routes[fs.name] = route
         return route
 
@@ -210,7 +222,8 @@ class APFMiddleware:
             parking.unpark(w)
         outcome = w.outcome
         if outcome == GRANTED:
-            return self._run(environ, start_response, slot, gen, route, attrs, self._clock())
+            return self._run(environ, start_response, slot, gen, route, attrs, admitted_ns,
+                             self._clock())
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
         try:
             removed = ctx.ledger.cancel(slot, gen, self._clock(), reason)
@@ -223,8 +236,12 @@ class APFMiddleware:
             if outcome == CANCELLED:
                 self._finish(slot, gen)
                 self.stats["cancelled"] += 1
-                return []
-            return self._run(environ, start_response, slot, gen, route, attrs, self._clock())
+                return self._reject(start_response, route, "cancelled", None)
+            return self._run(environ, start_response, slot, gen, route, attrs, admitted_ns,
+                             self._clock())
+        waited = self._clock() - admitted_ns
+        if self._metrics is not None:
+            self._observe(self._metrics.observe_rejected, route, reason, waited / 1e9)
         if outcome == STOPPING:
             self.stats["stopping"] += 1
             start_response("503 Service Unavailable", [
@@ -233,13 +250,17 @@ class APFMiddleware:
                 ("Connection", "close"), *route.headers])
             return [STOPPING_BODY]
         if outcome == CANCELLED:
+            # The client is gone; answer anyway so the server's bookkeeping stays normal.
             self.stats["cancelled"] += 1
-            return []
+            return self._reject(start_response, route, "cancelled", None)
         self.stats["timeout"] += 1
-        return self._reject(start_response, route, "time-out")
+        return self._reject(start_response, route, "time-out", None)
 
-    def _reject(self, start_response, route, reason):
+    def _reject(self, start_response, route, reason, wait_ns):
+        """429. ``wait_ns``: time spent queued, or None when already counted."""
         self.stats["rejected"] += 1
+        if self._metrics is not None and wait_ns is not None:
+            self._observe(self._metrics.observe_rejected, route, reason, wait_ns / 1e9)
         retry = 1
         tracker = self.ctx.retry_after
         if tracker is not None:
@@ -258,9 +279,12 @@ class APFMiddleware:
         ])
         return [TOO_MANY]
 
-    def _run(self, environ, start_response, slot, gen, route, attrs, start_ns):
+    def _run(self, environ, start_response, slot, gen, route, attrs, arrival_ns, start_ns):
         headers = route.headers
         self.stats["served"] += 1
+        if self._metrics is not None:
+            self._observe(self._metrics.observe_dispatched, route,
+                          None if route.exempt else (start_ns - arrival_ns) / 1e9)
 
         def sr(status, response_headers, exc_info=None):
             return start_response(status, [*response_headers, *headers], exc_info)
@@ -268,11 +292,11 @@ class APFMiddleware:
         try:
             result = self.app(environ, sr)
         except BaseException:
-            self._finish(slot, gen)
+            self._finish(slot, gen, route, start_ns)
             raise
         if attrs.verb == "watch":
             # Kubernetes: a watch holds its seats only for its initialization.
-            self._finish(slot, gen)
+            self._finish(slot, gen, route, start_ns, True)
             return result
         file_wrapper = environ.get("wsgi.file_wrapper")
         if file_wrapper is not None and isinstance(result, file_wrapper):
@@ -284,16 +308,20 @@ class APFMiddleware:
                     if orig_close is not None:
                         orig_close()
                 finally:
-                    self._finish(slot, gen)
+                    self._finish(slot, gen, route, start_ns)
 
             try:
                 result.close = close
                 return result
             except AttributeError:
                 pass
-        return _Body(result, self, slot, gen)
+        return _Body(result, self, slot, gen, route, start_ns)
 
-    def _finish(self, slot: int, gen: int) -> None:
+    def _finish(self, slot: int, gen: int, route=None, start_ns: int = 0,
+                watch: bool = False) -> None:
+        if route is not None and self._metrics is not None:
+            self._observe(self._metrics.observe_execution, route,
+                          (self._clock() - start_ns) / 1e9, watch)
         try:
             granted, linger_until = self._finish_ledger(slot, gen, self._clock())
         except Exception:
@@ -308,14 +336,16 @@ class APFMiddleware:
 class _Body:
     """Wraps the app's response iterable; gives the seats back on close (exactly once)."""
 
-    __slots__ = ("_result", "_mw", "_slot", "_gen", "_done")
+    __slots__ = ("_result", "_mw", "_slot", "_gen", "_done", "_route", "_start")
 
-    def __init__(self, result, mw, slot, gen):
+    def __init__(self, result, mw, slot, gen, route, start_ns):
         self._result = result
         self._mw = mw
         self._slot = slot
         self._gen = gen
         self._done = False
+        self._route = route
+        self._start = start_ns
 
     def __iter__(self):
         return iter(self._result)
@@ -328,7 +358,7 @@ class _Body:
         finally:
             if not self._done:
                 self._done = True
-                self._mw._finish(self._slot, self._gen)
+                self._mw._finish(self._slot, self._gen, self._route, self._start)
 
     def __del__(self):
         # A server that never calls close() must not leak seats.
