@@ -48,3 +48,10 @@ def test_invalid_configuration_lists_every_error(server_factory, tmp_path):
         assert "nominalConcurrencyShares" in log
         assert "handSize" in log
         assert "matchingPrecedence" in log
+
+
+def test_path_form_config_serves_with_apf(server_factory):
+    with server_factory(workers=2, threads=8, conf=("-c", "apf_gunicorn/conf.py")) as srv:
+        status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
+        assert status == 200
+        assert headers["X-Kubernetes-PF-FlowSchema-UID"] == "uid-fs-work"
