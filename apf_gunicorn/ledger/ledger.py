@@ -25,7 +25,6 @@ import math
 from array import array
 from typing import NamedTuple
 
-from apf_gunicorn.flowcontrol.gomath import duration_seconds
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, deal
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.layout import (
@@ -227,6 +226,7 @@ class Ledger:
         self._names: dict[str, int] = {}
         self._names_gen = -1
         self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
+        self._g_work: dict[int, int] = {}  # initial seats -> SeatsTimesDuration(seats, G)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -390,7 +390,8 @@ class Ledger:
         x = float(w[lb + L_SEATS_IN_USE] + w[lb + L_SEATS_WAITING])
         last = w[lb + L_I_LAST]
         if now > last:
-            dt = duration_seconds(now - last)
+            sec, nsec = divmod(now - last, 1_000_000_000)
+            dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
             cur = f[lb + L_I_CUR]
             f[lb + L_I_T] += dt
             f[lb + L_I_X] += cur * dt
@@ -406,7 +407,8 @@ class Ledger:
         f, w = self._f, self._w
         last = w[lb + L_I_LAST]
         if now > last:
-            dt = duration_seconds(now - last)
+            sec, nsec = divmod(now - last, 1_000_000_000)
+            dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
             cur = f[lb + L_I_CUR]
             f[lb + L_I_T] += dt
             f[lb + L_I_X] += cur * dt
@@ -551,17 +553,17 @@ class Ledger:
         w[sa + S_OWNER] = owner
         w[sa + S_LEVEL] = level
         w[sa + S_QUEUE] = NIL
-        w[sa + S_PREV] = NIL
-        w[sa + S_NEXT] = NIL
+        w[sa + S_NEXT] = NIL  # was the free-list link
         w[sa + S_INITIAL] = initial
         w[sa + S_FINAL] = final
         w[sa + S_AL] = al
         ms = initial if initial >= final else final
         w[sa + S_MAX_SEATS] = ms
         w[sa + S_HELD] = ms
-        g = w[H_SERVICE_NS]
-        iw = _std(float(initial), g)
-        fw = _std(float(final), al)
+        iw = self._g_work.get(initial)
+        if iw is None:
+            iw = self._g_work[initial] = _std(float(initial), w[H_SERVICE_NS])
+        fw = _std(float(final), al) if final and al else 0
         u[sa + S_INIT_WORK] = iw
         u[sa + S_FINAL_WORK] = fw
         u[sa + S_TOTAL_WORK] = (iw + fw) & U64
@@ -775,7 +777,8 @@ class Ledger:
         qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
         r = u[lb + L_R]
 
-        if w[lb + L_WAITING] == 0 and in_use < c and self._can_accommodate(lb, ms):
+        if (w[lb + L_WAITING] == 0 and in_use < c
+                and (in_use + ms <= c or (ms > c and w[lb + L_EXECUTING] == 0))):
             # Fast path: nothing waits anywhere in the level, so every queue's waiting work is
             # 0 and the first card visited wins; the enqueue+dispatch below leaves exactly the
             # state Kubernetes' enqueue-then-dispatch leaves, without touching the tree.

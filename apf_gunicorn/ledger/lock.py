@@ -131,11 +131,17 @@ class ProcessLock:
 
     def acquire(self) -> int | None:
         self._tlock.acquire()
+        rc = self._trylock(self._addr)
+        if rc == 0:
+            self._words[H_HOLDER_PID] = self._pid
+            return None
+        return self._acquire_slow(rc)
+
+    def _acquire_slow(self, rc: int) -> int | None:
         addr = self._addr
         trylock = self._trylock
         spins = 0
         while True:
-            rc = trylock(addr)
             if rc == 0:
                 self._words[H_HOLDER_PID] = self._pid
                 return None
@@ -144,6 +150,7 @@ class ProcessLock:
                 # sleep(0) yields the GIL; after a while back off for real so a descheduled
                 # holder in another process gets the CPU
                 time.sleep(0 if spins < _SPINS_BEFORE_SLEEP else self._spin_sleep_s)
+                rc = trylock(addr)
                 continue
             if rc == errno.EOWNERDEAD:
                 dead = int(self._words[H_HOLDER_PID])

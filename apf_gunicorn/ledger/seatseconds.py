@@ -12,8 +12,6 @@ wraparound, and the epoch advance is triggered at exact uint64 thresholds).
 
 from __future__ import annotations
 
-from apf_gunicorn.flowcontrol.gomath import go_round
-
 SS_SCALE = 100_000_000
 MAX_SEAT_SECONDS = (1 << 64) - 1
 MIN_SEAT_SECONDS = 0
@@ -23,22 +21,32 @@ R_DECREMENT = MAX_SEAT_SECONDS // 2
 HIGH_R = R_DECREMENT + R_DECREMENT // 2
 
 _I64_MIN = -(1 << 63)
-_INF = float("inf")
+_TWO63 = float(1 << 63)
 
 
 def _go_int64(x: float) -> int:
     """Go's float64 -> int64 conversion on amd64 (truncation; out of range gives MinInt64)."""
-    if x != x or x >= 9.223372036854775807e18 or x < -9.223372036854775808e18:
-        return _I64_MIN
-    return int(x)
+    if -_TWO63 <= x < _TWO63:
+        return int(x)
+    return _I64_MIN
 
 
 def seats_times_duration(seats: float, duration_ns: int) -> int:
-    """``SeatsTimesDuration``: ``round(seats * ns / 10)`` as int64, then as uint64 (wraps)."""
+    """``SeatsTimesDuration``: ``math.Round(seats * ns / 10)`` as int64, then as uint64 (wraps).
+
+    Rounds exactly as Go's ``math.Round`` (half away from zero, no ``x + 0.5`` double
+    rounding: 0.49999999999999994 rounds to 0)."""
     x = seats * float(duration_ns) / 10
-    if x != x or x in (_INF, -_INF):
-        return _I64_MIN & U64
-    return _go_int64(go_round(x)) & U64
+    if -_TWO63 <= x < _TWO63:  # False for NaN and infinities
+        t = int(x)  # truncates toward zero; x - t is exact
+        d = x - t
+        if d >= 0.5:
+            t += 1
+        elif d <= -0.5:
+            t -= 1
+        if t < _TWO63:
+            return t & U64
+    return _I64_MIN & U64  # Go's out-of-range float -> int64 on amd64
 
 
 def duration_per_seat(ss: int, seats: float) -> int:

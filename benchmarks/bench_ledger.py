@@ -1,0 +1,137 @@
+"""Benchmark the seat ledger: µs per admit+finish cycle, and how it grows with the queue count.
+
+    .venv/bin/python benchmarks/bench_ledger.py [--cycles N]
+
+For a bytearray with ``NullLock`` and for real POSIX shared memory with ``ProcessLock``, at 8,
+128 and 1024 queues per level, with 0 waiting requests (the fast path: free seats, nothing
+queued) and with 1000 waiting (every cycle queues one request and finishes one, which
+dispatches the head with the least virtual finish). Prints µs per cycle, the 1024/8 ratio, the
+ledger size at default capacities, and the cost of the two buffer access styles considered
+(memoryview casts, used, vs ctypes structures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import os
+import time
+import uuid
+
+import posix_ipc
+
+from apf_gunicorn.ledger import QUEUED, Capacity, Ledger, LevelSpec, NullLock, ProcessLock
+
+CAP = Capacity()
+
+
+def _hashes(n: int) -> list[int]:
+    x = 0x9E3779B97F4A7C15
+    out = []
+    for i in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407 + i) & ((1 << 64) - 1)
+        out.append(x)
+    return out
+
+
+def _cycle_cost(led: Ledger, queues: int, waiting: int, cycles: int) -> float:
+    hand = min(6, queues)
+    c = 4 if waiting else 1000
+    levels, _ = led.configure([LevelSpec("bench", queues, hand, 100_000, c)], ["fs"], 0)
+    lv = levels["bench"]
+    hashes = _hashes(4096)
+    now = 1
+    running = []
+    for i in range(waiting + (c if waiting else 0)):
+        res = led.admit(lv, hashes[i % 4096], 1, 0, 0, 0, now)
+        if res.outcome != QUEUED:
+            running.append((res.slot, res.gen))
+        now += 1000
+    best = float("inf")
+    for _rep in range(3):
+        t0 = time.perf_counter_ns()
+        for i in range(cycles):
+            now += 1000
+            res = led.admit(lv, hashes[i & 4095], 1, 0, 0, 0, now)
+            if waiting:
+                s, g = running.pop(0)
+                granted, _ = led.finish(s, g, now + 500)
+                running.extend((gs, gg) for gs, gg, _o in granted)
+            else:
+                led.finish(res.slot, res.gen, now + 500)
+        best = min(best, (time.perf_counter_ns() - t0) / cycles / 1000)
+    return best
+
+
+def _bytearray_ledger() -> tuple[Ledger, callable]:
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=NullLock())
+    return led, lambda: None
+
+
+def _shm_ledger() -> tuple[Ledger, callable]:
+    name = f"/apf_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    size = Ledger.size(CAP)
+    seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
+    mm = mmap.mmap(seg.fd, size)
+    seg.close_fd()
+    led = Ledger.create(mm, CAP, lock=ProcessLock())
+
+    def cleanup() -> None:
+        led.close()
+        mm.close()
+        posix_ipc.unlink_shared_memory(name)
+
+    return led, cleanup
+
+
+def _access_styles(n: int = 200_000) -> tuple[float, float]:
+    """ns per read+write of one field: memoryview cast vs ctypes structure array."""
+    buf = bytearray(8192 * 22 * 8)
+    w = memoryview(buf).cast("q")
+    t0 = time.perf_counter_ns()
+    base = 22 * 100
+    for _ in range(n):
+        w[base + 7] = w[base + 7] + 1
+    mv_ns = (time.perf_counter_ns() - t0) / n
+
+    class Slot(ctypes.Structure):
+        _fields_ = [(f"f{i}", ctypes.c_int64) for i in range(22)]
+
+    slots = (Slot * 8192).from_buffer(buf)
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        s = slots[100]
+        s.f7 = s.f7 + 1
+    ct_ns = (time.perf_counter_ns() - t0) / n
+    del slots, s
+    w.release()
+    return mv_ns, ct_ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=4000)
+    args = ap.parse_args(argv)
+    print(f"ledger size at default capacities {CAP}: {Ledger.size(CAP)} bytes "
+          f"({Ledger.size(CAP) / 2**20:.2f} MiB)")
+    mv_ns, ct_ns = _access_styles()
+    print(f"field read+write: memoryview.cast {mv_ns:.0f} ns, ctypes Structure {ct_ns:.0f} ns")
+    print(f"{'buffer':<22}{'waiting':>8}{'8 q':>9}{'128 q':>9}{'1024 q':>9}{'1024/8':>8}  (µs/cycle)")
+    for label, factory in (("bytearray+NullLock", _bytearray_ledger),
+                           ("posix shm+ProcessLock", _shm_ledger)):
+        for waiting in (0, 1000):
+            costs = []
+            for queues in (8, 128, 1024):
+                led, cleanup = factory()
+                try:
+                    costs.append(_cycle_cost(led, queues, waiting, args.cycles))
+                finally:
+                    cleanup()
+            print(f"{label:<22}{waiting:>8}" + "".join(f"{c:>9.2f}" for c in costs)
+                  + f"{costs[2] / costs[0]:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
