@@ -171,6 +171,7 @@ class RequestSnapshot(NamedTuple):
     additional_latency_ns: int
     state: str
     detail: bytes
+    gen: int = 0  # the slot generation, for matching grants
 
 
 class LevelSnapshot(NamedTuple):
@@ -1365,7 +1366,7 @@ class Ledger:
                     w[sa + S_OWNER], w[sa + S_ARRIVAL_NS], w[sa + S_START_NS],
                     w[sa + S_INITIAL], w[sa + S_FINAL], w[sa + S_AL],
                     L.STATE_NAMES[w[sa + S_STATE]],
-                    bytes(self._mv[off: off + w[sa + S_DETAIL_LEN]])))
+                    bytes(self._mv[off: off + w[sa + S_DETAIL_LEN]]), w[sa + S_GEN]))
             levels.append(LevelSnapshot(
                 i, self._read_name(self._lay.level_names, i, w[lb + L.L_NAME_LEN]),
                 w[lb + L_DESIRED], w[lb + L_C], bool(w[lb + L_QUIESCING]),
