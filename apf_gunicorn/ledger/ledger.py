@@ -303,18 +303,21 @@ class Ledger:
     def _enter(self, now: int | None) -> list:
         dead = self._lock.acquire()
         w = self._w
-        granted: list = []
-        if dead is not None or w[H_DIRTY]:
-            from apf_gunicorn.ledger.repair import repair_locked
-
-            try:
-                granted = repair_locked(self, now, dead_pid=dead or 0)
-                if dead is not None:
-                    self._lock.consistent()
-            except BaseException:
-                self._lock.release()
-                raise
+        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
         w[H_DIRTY] = 1  # cleared only when the operation completes
+        return granted
+
+    def _recover(self, dead: int | None, now: int | None) -> list:
+        """Repair after a dead holder (``dead`` = its pid) or an interrupted operation."""
+        from apf_gunicorn.ledger.repair import repair_locked
+
+        try:
+            granted = repair_locked(self, now, dead_pid=dead or 0)
+            if dead is not None:
+                self._lock.consistent()
+        except BaseException:
+            self._lock.release()
+            raise
         return granted
 
     def _leave_ok(self) -> None:
@@ -731,21 +734,29 @@ class Ledger:
               additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
               detail: bytes = b"") -> AdmitResult:
         """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED."""
-        granted = self._enter(now)
+        lock = self._lock
+        dead = lock.acquire()
+        w = self._w
+        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
+        w[H_DIRTY] = 1  # cleared only when the operation completes
         try:
             res = self._admit(level, flow_hash, initial_seats, final_seats,
                               additional_latency_ns, owner, now, fs_index, detail, granted)
         except BaseException:
-            self._lock.release()
+            lock.release()
             raise
-        self._leave_ok()
+        w[H_DIRTY] = 0
+        lock.release()
         return res
 
     def _admit(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
                granted) -> AdmitResult:
         w, u = self._w, self._u
-        lb = self._lb(level)
-        self._sync(lb, now)
+        lb = self._lvb + level * LEVEL_WORDS
+        if not (0 <= level < self._lay.cap.levels and w[lb + L_USED]):
+            lb = self._lb(level)  # raises the precise error
+        if now > w[lb + L_LAST_NS]:
+            self._sync(lb, now)
         ms = initial if initial >= final else final
         if w[H_FREE_HEAD] == NIL:
             w[lb + L_REJECTED] += 1
@@ -854,13 +865,18 @@ class Ledger:
     def finish(self, slot: int, gen: int, now: int) -> tuple[list, int]:
         """The main phase is over. Returns (granted, linger_until_ns); call :meth:`release`
         at ``linger_until_ns`` when it is not 0. A stale or unknown slot is a no-op."""
-        granted = self._enter(now)
+        lock = self._lock
+        dead = lock.acquire()
+        w = self._w
+        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
+        w[H_DIRTY] = 1
         try:
             linger = self._finish(slot, gen, now, granted)
         except BaseException:
-            self._lock.release()
+            lock.release()
             raise
-        self._leave_ok()
+        w[H_DIRTY] = 0
+        lock.release()
         return granted, linger
 
     def _finish(self, s: int, gen: int, now: int, granted: list) -> int:
@@ -870,7 +886,8 @@ class Ledger:
         w, u = self._w, self._u
         level = w[sa + S_LEVEL]
         lb = self._lvb + level * LEVEL_WORDS
-        self._sync(lb, now)
+        if now > w[lb + L_LAST_NS]:
+            self._sync(lb, now)
         w[lb + L_EXECUTING] -= 1
         q = w[sa + S_QUEUE]
         if q != NIL:
@@ -882,7 +899,8 @@ class Ledger:
             # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
             corr = _std(float(w[sa + S_INITIAL]), w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
             u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
-            self._touch(lb, q)
+            if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
+                self._touch(lb, q)
         al = w[sa + S_AL]
         if al <= 0:
             self._release_seats(lb, level, s, sa, now)
@@ -890,8 +908,10 @@ class Ledger:
         else:
             w[sa + S_STATE] = LINGERING
             linger = now + al
-        self._dispatch_all(lb, now, granted)
-        self._maybe_drop(lb)
+        if w[lb + L_WAITING] and w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
+            self._dispatch_all(lb, now, granted)
+        if w[lb + L_QUIESCING]:
+            self._maybe_drop(lb)
         return linger
 
     def release(self, slot: int, gen: int, now: int) -> list:
