@@ -193,3 +193,26 @@ def test_owner_dead_drops_the_dead_workers_slots() -> None:
     assert [r.owner for r in snap_grants.levels[0].requests] == [2]
     assert [wk[:3] for wk in led.workers()] == [(1, 4242, L.WORKER_GONE), (2, 4343, L.WORKER_ALIVE)]
     assert verify(led) == []
+
+
+def test_a_failing_repair_keeps_the_lock_usable_and_is_retried(monkeypatch) -> None:
+    from apf_gunicorn.ledger import repair
+
+    lock = DeadHolderLock()
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=lock)
+    levels, _ = led.configure([LevelSpec("a", 4, 1, 10, 1)], [], 0)
+    original = repair.rebuild
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("repair bug")
+
+    monkeypatch.setattr(repair, "rebuild", broken)
+    lock.dead = 4242
+    with pytest.raises(RuntimeError):
+        led.admit(levels["a"], 1, 1, 0, 0, 0, 1)
+    assert lock.consistent_calls == 1  # never left unrecoverable
+    assert led._w[L.H_DIRTY] == 1
+    monkeypatch.setattr(repair, "rebuild", original)
+    assert led.admit(levels["a"], 1, 1, 0, 0, 0, 2).outcome == EXECUTE  # repaired, then admitted
+    assert led._w[L.H_REPAIRS] == 1
+    assert verify(led) == []

@@ -313,11 +313,16 @@ class Ledger:
 
         try:
             granted = repair_locked(self, now, dead_pid=dead or 0)
+        except BaseException:
+            # keep the robust mutex usable (unlocking it without consistent() would make it
+            # unrecoverable); the dirty mark makes the next locker repair again
+            self._w[H_DIRTY] = 1
             if dead is not None:
                 self._lock.consistent()
-        except BaseException:
             self._lock.release()
             raise
+        if dead is not None:
+            self._lock.consistent()
         return granted
 
     def _leave_ok(self) -> None:
