@@ -33,10 +33,14 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def go_round(x: float) -> int:
-    """Go ``math.Round``: half away from zero, returned as an int."""
-    if x >= 0:
-        return int(math.floor(x + 0.5))
-    return -int(math.floor(-x + 0.5))
+    """Go ``math.Round``: half away from zero, returned as an int.
+
+    Not ``floor(x + 0.5)``: that addition itself rounds, so 0.49999999999999994 would become 1.
+    """
+    a = abs(x)
+    whole = math.floor(a)
+    r = int(whole) + (1 if a - whole >= 0.5 else 0)
+    return -r if x < 0 else r
 
 
 def parse_duration(value: str | int | float) -> int:
