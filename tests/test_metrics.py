@@ -1,5 +1,6 @@
-"""Metrics: multiprocess per-request series (real forked processes), the derived dispatched
-counter, merging dead workers' files, and the ledger collector."""
+"""Metrics: the per-request series read from the ledger's request stats, the courtesy export of
+the application's own multiprocess files (real forked processes, dead-worker merging), and the
+ledger collector's gauges."""
 
 from __future__ import annotations
 
@@ -14,45 +15,41 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingState, BorrowingStates
-from apf_gunicorn.server.metrics import LedgerCollector, MasterView
+from apf_gunicorn.server.metrics import (
+    LedgerCollector,
+    MasterView,
+    RequestStatsCollector,
+    build_registry,
+)
 
+# The application (not apf_gunicorn) uses multiprocess mode: two worker processes count, die,
+# and the master's /metrics registry serves the aggregate before and after the merge.
 CHILD = textwrap.dedent(r'''
-    import json, os, sys, time
-    from apf_gunicorn.server import metrics as m
-    path = m.setup_multiprocess_dir("test", base=sys.argv[1])
-    from prometheus_client import generate_latest
+    import json, os, sys
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = sys.argv[1]
+    from prometheus_client import Counter, Histogram, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
+    from apf_gunicorn.server import metrics as m
 
-    def work(n_ok, n_exempt):
-        rm = m.RequestMetrics("apf")
-        for _ in range(n_ok):
-            rm.observe_work("wl", "fs1", 2)
-            rm.observe_dispatched("wl", "fs1", 0.01)
-            rm.observe_execution("wl", "fs1", 0.2)
-        for _ in range(n_exempt):
-            rm.observe_work("exempt", "exempt", 1)
-            rm.observe_dispatched("exempt", "exempt", None)
-            rm.observe_execution("exempt", "exempt", 0.001, watch=True)
-        rm.observe_work("wl", "fs1", 1)
-        rm.observe_rejected("wl", "fs1", "queue-full", 0.0)
-        rm.observe_work("wl", "fs1", 1)
-        rm.observe_rejected("wl", "fs1", "time-out", 3.0)
+    def work(n):
+        c = Counter("app_orders", "orders", ["kind"])
+        h = Histogram("app_latency_seconds", "latency", buckets=(0.1, 1))
+        for _ in range(n):
+            c.labels("web").inc()
+            h.observe(0.5)
 
     def scrape(reg):
         out = {}
         for fam in text_string_to_metric_families(generate_latest(reg).decode()):
             for s in fam.samples:
-                if s.name.endswith("_bucket"):
-                    continue
-                key = s.name + json.dumps(dict(sorted(s.labels.items())))
-                out[key] = s.value
+                out[s.name + json.dumps(dict(sorted(s.labels.items())))] = s.value
         return out
 
     pids = []
-    for i, (n_ok, n_ex) in enumerate([(5, 1), (7, 2)]):
+    for n in (5, 7):
         pid = os.fork()
         if pid == 0:
-            work(n_ok, n_ex)
+            work(n)
             os._exit(0)
         pids.append(pid)
     for pid in pids:
@@ -72,32 +69,113 @@ def _k(name: str, **labels: str) -> str:
     return name + json.dumps(dict(sorted(labels.items())))
 
 
-def test_multiprocess_series_derived_dispatched_and_dead_workers(tmp_path) -> None:
+def test_application_multiprocess_files_are_served_and_dead_workers_merged(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     before, after = res["before"], res["after"]
-    wl = {"priority_level": "wl", "flow_schema": "fs1"}
-    ex = {"priority_level": "exempt", "flow_schema": "exempt"}
-    # 12 non-exempt dispatches derived from the wait histogram (14 execute=true observations
-    # minus the 2 timed-out ones); 3 exempt dispatches counted directly
-    assert before[_k("apf_dispatched_requests_total", **wl)] == 12
-    assert before[_k("apf_dispatched_requests_total", **ex)] == 3
-    assert before[_k("apf_rejected_requests_total", reason="time-out", **wl)] == 2
-    assert before[_k("apf_rejected_requests_total", reason="queue-full", **wl)] == 2
-    assert before[_k("apf_request_wait_duration_seconds_count", execute="false", **wl)] == 2
-    assert before[_k("apf_request_wait_duration_seconds_count", execute="true", **wl)] == 14
-    assert before[_k("apf_request_execution_seconds_count", type="watch", **ex)] == 3
-    assert before[_k("apf_work_estimated_seats_count", **wl)] == 16
-    assert before[_k("apf_work_estimated_seats_sum", **wl)] == 28
-    # after both workers died: identical numbers from the merged archive, files folded
+    assert before[_k("app_orders_total", kind="web")] == 12
+    assert before[_k("app_latency_seconds_count")] == 12
+    assert before[_k("app_latency_seconds_bucket", le="1.0")] == 12
+    assert before[_k("app_latency_seconds_bucket", le="0.1")] == 0
+    # after both workers died: the same numbers, from the merged archive
     assert after == before
     pids = res["pids"]
     assert any(str(pids[0]) in f for f in res["files_before"])
     assert not any(str(p) in f for p in pids for f in res["files_after"])
     assert set(res["files_after"]) == {"counter_archive.db", "histogram_archive.db"}
+
+
+def test_without_multiprocess_dir_nothing_of_it_is_registered(monkeypatch, tmp_path) -> None:
+    from apf_gunicorn.server import metrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    reg = build_registry("apf", lambda: MasterView())
+    assert not any(isinstance(c, metrics.UserMultiprocessCollector)
+                   for c in reg._collector_to_names)
+    metrics.mark_process_dead(12345)  # no directory: a no-op, no files created
+    assert os.listdir(tmp_path) == []
+
+
+DUR = (0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0)
+WORK = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 100.0)
+
+
+def _hist(bounds, values):
+    """A ledger-style Hist (non-cumulative counts, +Inf last) of ``values``."""
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[next((i for i, b in enumerate(bounds) if v <= b), len(bounds))] += 1
+    return NS(bounds=bounds, counts=tuple(counts), sum=float(sum(values)), count=len(values))
+
+
+def _stats(level, fs, *, work=(), dispatched=0, rejected=None, wait_x=(), wait_r=(),
+           exec_r=(), exec_w=()):
+    reasons = dict.fromkeys(("queue-full", "concurrency-limit", "time-out", "cancelled",
+                             "no-slot"), 0)
+    reasons.update(rejected or {})
+    return NS(level=level, flow_schema=fs, work=_hist(WORK, work), dispatched=dispatched,
+              rejected=reasons, wait_executed=_hist(DUR, wait_x),
+              wait_rejected=_hist(DUR, wait_r), execution_regular=_hist(DUR, exec_r),
+              execution_watch=_hist(DUR, exec_w))
+
+
+class StatsLedger:
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def request_stats(self):
+        return self.stats
+
+
+def test_request_stats_become_kubernetes_series() -> None:
+    stats = [
+        _stats("workload-low", "service-accounts", work=[1, 1, 3, 150], dispatched=3,
+               rejected={"queue-full": 1, "time-out": 2}, wait_x=[0.003, 0.5, 40.0],
+               wait_r=[0.0], exec_r=[0.01, 0.3], exec_w=[0.001]),
+        _stats("exempt", "exempt", work=[1, 1], dispatched=2, exec_r=[0.002, 0.004]),
+    ]
+    view = MasterView(ledger=StatsLedger(stats))
+    got = _scrape(RequestStatsCollector("myapf", lambda: view))
+    wl = {"priority_level": "workload-low", "flow_schema": "service-accounts"}
+    ex = {"priority_level": "exempt", "flow_schema": "exempt"}
+    assert got[_k("myapf_dispatched_requests_total", **wl)] == 3
+    assert got[_k("myapf_dispatched_requests_total", **ex)] == 2
+    assert got[_k("myapf_rejected_requests_total", reason="queue-full", **wl)] == 1
+    assert got[_k("myapf_rejected_requests_total", reason="time-out", **wl)] == 2
+    # a reason, execute value or type that never happened is not a series (as Kubernetes)
+    assert _k("myapf_rejected_requests_total", reason="no-slot", **wl) not in got
+    assert not any(k.startswith("myapf_request_wait_duration_seconds") and '"exempt"' in k
+                   for k in got)
+    assert _k("myapf_request_execution_seconds_count", type="watch", **ex) not in got
+    # cumulative buckets with Kubernetes' bounds; +Inf equals the count
+    b = "myapf_request_wait_duration_seconds_bucket"
+    assert got[_k(b, execute="true", le="0.0", **wl)] == 0
+    assert got[_k(b, execute="true", le="0.005", **wl)] == 1
+    assert got[_k(b, execute="true", le="0.2", **wl)] == 1
+    assert got[_k(b, execute="true", le="0.5", **wl)] == 2
+    assert got[_k(b, execute="true", le="30.0", **wl)] == 2
+    assert got[_k(b, execute="true", le="+Inf", **wl)] == 3
+    assert got[_k("myapf_request_wait_duration_seconds_count", execute="true", **wl)] == 3
+    assert got[_k("myapf_request_wait_duration_seconds_sum", execute="true", **wl)] == 40.503
+    assert got[_k(b, execute="false", le="0.0", **wl)] == 1
+    assert got[_k("myapf_request_execution_seconds_count", type="regular", **wl)] == 2
+    assert got[_k("myapf_request_execution_seconds_count", type="watch", **wl)] == 1
+    assert got[_k("myapf_request_execution_seconds_bucket", type="regular", le="0.02",
+                  **wl)] == 1
+    w = "myapf_work_estimated_seats_bucket"
+    assert got[_k(w, le="1.0", **wl)] == 2
+    assert got[_k(w, le="2.0", **wl)] == 2
+    assert got[_k(w, le="4.0", **wl)] == 3
+    assert got[_k(w, le="100.0", **wl)] == 3
+    assert got[_k(w, le="+Inf", **wl)] == 4
+    assert got[_k("myapf_work_estimated_seats_sum", **wl)] == 155
+
+
+def test_request_stats_collector_before_configuration_is_empty() -> None:
+    assert _scrape(RequestStatsCollector("apf", lambda: MasterView())) == {}
 
 
 def _scrape(collector) -> dict[str, float]:

@@ -122,10 +122,6 @@ def on_starting(server) -> None:
         settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
     except SettingsError as e:
         _fail(server, [str(e)])
-    # Before anything imports prometheus_client: per-request series go to multiprocess files.
-    from apf_gunicorn.server import metrics
-
-    metrics.setup_multiprocess_dir(f"{settings.instance or 'g'}{os.getpid()}")
     resolver = _build_resolver(server, settings)
     try:
         gen = load_generation(settings)
@@ -222,16 +218,13 @@ def child_exit(server, worker) -> None:
 
 
 def _metrics_process_dead(pid) -> None:
+    """The application's multiprocess metric files of a dead worker (if it uses them)."""
+    from apf_gunicorn.server.metrics import mark_process_dead
+
     try:
-        from apf_gunicorn.server import metrics
-    except ImportError:
-        return
-    fn = getattr(metrics, "mark_process_dead", None)
-    if fn is not None:
-        try:
-            fn(pid)
-        except Exception:
-            log.exception("apf: metrics cleanup for pid %s failed", pid)
+        mark_process_dead(pid)
+    except Exception:
+        log.exception("apf: metrics cleanup for pid %s failed", pid)
 
 
 def on_reload(server) -> None:
@@ -272,9 +265,6 @@ def on_exit(server) -> None:
     if m.services is not None:
         m.services.stop()
     m.segment.unlink()
-    from apf_gunicorn.server import metrics
-
-    metrics.remove_multiprocess_dir()
 
 
 # -- worker hooks -----------------------------------------------------------------------------
@@ -349,16 +339,11 @@ def _die_after(settings, worker) -> int:
 
 
 def _optional_pieces(m, gen) -> dict:
-    """Retry-After tracker, metrics and request-detail encoder, when those modules exist."""
+    """Retry-After tracker and request-detail encoder, when those modules exist."""
     out = {}
     try:
         from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
         out["retry_after"] = RetryAfterTracker()
-    except ImportError:
-        pass
-    try:
-        from apf_gunicorn.server.metrics import RequestMetrics
-        out["metrics"] = RequestMetrics(m.settings.metrics_prefix)
     except ImportError:
         pass
     try:

@@ -1,4 +1,5 @@
-"""Master services: the thread that runs borrowing every 10 s and hosts the admin endpoint.
+"""Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``) and
+hosts the admin endpoint.
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
 in the master for the life of the server and survives HUP. Every lock it takes is guarded
@@ -57,13 +58,24 @@ class MasterServices(threading.Thread):
         self.admin = None
         self.rounds = 0
 
+    @property
+    def period_s(self) -> float:
+        settings = getattr(self.state, "settings", None)
+        return float(getattr(settings, "borrowing_period_s", BORROWING_PERIOD_S))
+
     def run(self) -> None:
-        ticks = 0
-        while not self._stop_event.wait(TICK_S):
-            ticks += 1
+        period = self.period_s
+        tick = min(TICK_S, period)
+        next_borrow = time.monotonic() + period
+        while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic()))):
             self.refresh_workers()
-            if ticks % int(BORROWING_PERIOD_S / TICK_S) == 0:
+            now = time.monotonic()
+            if now >= next_borrow:
                 self.borrow_once()
+                # keep the cadence; after a stall, start over rather than run rounds back to back
+                next_borrow += period
+                if next_borrow <= now:
+                    next_borrow = now + period
 
     def refresh_workers(self) -> None:
         """Record the pid of every worker that registered itself in the ledger (the master

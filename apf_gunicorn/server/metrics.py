@@ -1,30 +1,27 @@
 """Prometheus metrics: Kubernetes' ``apiserver_flowcontrol_*`` series as ``<prefix>_*``.
 
-Two sources, each doing what it is good at:
+Everything is read at scrape time, in the master, from the shared ledger; nothing is written
+per request by this module:
 
-* **Per-request events** (rejected, dispatched, wait and execution histograms, estimated seats)
-  are written by every worker with prometheus-client's *multiprocess mode* through
-  :class:`RequestMetrics`, which binds label sets once and makes at most **3 metric operations
-  per request**: ``work_estimated_seats`` + the wait histogram (or, for exempt requests, the
-  dispatched counter) + the execution histogram; a rejection is seats + wait + rejected.
-  ``dispatched_requests_total`` of non-exempt levels is derived at scrape time from the wait
-  histogram (every dispatched non-exempt request is observed there with ``execute="true"``,
-  as is each queued request that timed out or was cancelled, Kubernetes' quirk), so it costs
-  no extra operation.
-* **Instantaneous values** (executing and waiting requests and seats, limits, demand
-  statistics, ``seat_fair_frac``) are read from the ledger and the borrowing state by
-  :class:`LedgerCollector`, which only the master registers, at scrape time: exact server-wide
-  values that never include dead workers.
+* :class:`RequestStatsCollector`: the per-request series (``rejected_requests_total``,
+  ``dispatched_requests_total``, ``request_wait_duration_seconds{execute}``,
+  ``request_execution_seconds{type}``, ``work_estimated_seats``) from ``ledger.request_stats()``:
+  counters and histograms the ledger keeps per (level, flow schema) under the lock each
+  admit/finish/cancel already holds. They are server-wide, survive worker deaths and restarts
+  (a dead worker's counts are already in shared memory) and never go backwards.
+* :class:`LedgerCollector`: instantaneous values (executing and waiting requests and seats,
+  limits, demand statistics, ``seat_fair_frac``) from ``ledger.snapshot()`` and the borrowing
+  state.
+* A courtesy for the application's own metrics: when the *user* runs prometheus-client's
+  multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts), ``/metrics``
+  also serves the aggregate of those files, and :func:`mark_process_dead` (``child_exit``)
+  folds a dead worker's counter and histogram files into ``*_archive.db`` so they do not pile
+  up with ``max_requests`` restarts. apf_gunicorn itself does not need multiprocess mode.
 
-Setup, in the master before anything imports prometheus_client (conf.py's first lines)::
+Usage (the admin endpoint does it)::
 
-    from apf_gunicorn.server.metrics import setup_multiprocess_dir
-    setup_multiprocess_dir(instance_token)        # sets PROMETHEUS_MULTIPROC_DIR, wipes it
-    ...
-    # child_exit: metrics.mark_process_dead(worker.pid)
-
-In each worker: ``RequestMetrics(prefix).observe_...`` from the middleware. In the master:
-``build_registry(prefix, state_provider)`` (the admin endpoint does it).
+    registry = build_registry(prefix, state_provider)    # state_provider() -> MasterView
+    text = prometheus_client.generate_latest(registry)
 """
 
 from __future__ import annotations
@@ -32,8 +29,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -44,13 +39,7 @@ log = logging.getLogger("apf_gunicorn.metrics")
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PREFIX = "apf"
-
-WAIT_BUCKETS = (0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30)
-EXECUTION_BUCKETS = WAIT_BUCKETS
-WORK_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 100)
-# Rejections of requests that had been queued: observed in the wait histogram with
-# execute="true", so they are subtracted when dispatched_requests_total is derived.
-QUEUED_REJECT_REASONS = ("time-out", "cancelled")
+REJECT_REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot")
 
 # Serialises merging dead workers' files against scrapes (both run in the master), so a
 # scrape never sees a dead worker's counts twice or not at all.
@@ -65,50 +54,24 @@ def _reinit_files_lock() -> None:
 os.register_at_fork(after_in_child=_reinit_files_lock)
 
 
-# -- multiprocess directory -------------------------------------------------------------------
+# -- the application's own multiprocess files (courtesy) --------------------------------------
 
-def setup_multiprocess_dir(instance: str, base: str | None = None) -> str:
-    """Create (or empty) the per-instance multiprocess directory, export it as
-    ``PROMETHEUS_MULTIPROC_DIR`` and return it. A directory already given in the environment
-    is used as is (and emptied). If prometheus_client was imported before, its value class is
-    switched to multiprocess mode for the metrics created from now on."""
+def user_multiprocess_dir() -> str | None:
+    """The user's ``PROMETHEUS_MULTIPROC_DIR``, if set and a directory."""
     path = os.environ.get(ENV)
-    if not path:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance)
-        path = os.path.join(base or tempfile.gettempdir(), f"apf-gunicorn-metrics-{safe}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    for f in glob.glob(os.path.join(path, "*.db")):
-        try:
-            os.remove(f)
-        except FileNotFoundError:
-            pass
-    os.environ[ENV] = path
-    import sys
-
-    values = sys.modules.get("prometheus_client.values")
-    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
-        log.warning("prometheus_client was imported before %s was set; switching it to "
-                    "multiprocess mode now (metrics created earlier stay per-process)", ENV)
-        values.ValueClass = values.MultiProcessValue()
-    return path
-
-
-def remove_multiprocess_dir(path: str | None = None) -> None:
-    """Delete the directory at server exit (``on_exit``)."""
-    path = path or os.environ.get(ENV)
-    if path and os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
+    return path if path and os.path.isdir(path) else None
 
 
 def mark_process_dead(pid: int, path: str | None = None) -> None:
-    """A worker died (``child_exit``): drop its live gauge files and fold its counter and
-    histogram files into ``*_archive.db`` so files do not pile up with restarts while
-    counters never go backwards."""
-    from prometheus_client import multiprocess
-
-    path = path or os.environ.get(ENV)
+    """A worker died (``child_exit``): if the application uses multiprocess mode, drop the
+    worker's live gauge files and fold its counter and histogram files into
+    ``*_archive.db``, so files do not pile up with restarts while counters never go
+    backwards. A no-op without ``PROMETHEUS_MULTIPROC_DIR``."""
+    path = path or user_multiprocess_dir()
     if not path:
         return
+    from prometheus_client import multiprocess
+
     multiprocess.mark_process_dead(pid, path)
     with _FILES_LOCK:
         for typ in ("counter", "histogram"):
@@ -119,7 +82,7 @@ def mark_process_dead(pid: int, path: str | None = None) -> None:
                 except Exception:
                     log.exception("could not merge %s; leaving it in place", dead)
         for f in glob.glob(os.path.join(path, f"gauge_*_{pid}.db")):
-            os.remove(f)  # we keep no gauges in files, but a user's app may
+            os.remove(f)
 
 
 def _fold_into_archive(path: str, typ: str, dead: str) -> None:
@@ -145,92 +108,23 @@ def _fold_into_archive(path: str, typ: str, dead: str) -> None:
     os.remove(dead)
 
 
-# -- per-request metrics (workers) ------------------------------------------------------------
+class UserMultiprocessCollector:
+    """The application's multiprocess files (live and archived), read under the lock
+    :func:`mark_process_dead` takes."""
 
-class RequestMetrics:
-    """The per-request series of one worker process, label sets bound once and cached.
+    def __init__(self, path: str | None = None, source: Any = None) -> None:
+        if source is None:
+            from prometheus_client.multiprocess import MultiProcessCollector
 
-    Call order per request (each call is one metric operation unless noted):
-    ``observe_work`` at estimate time; then ``observe_dispatched`` when it starts executing
-    (``wait_s=None`` for exempt levels) or ``observe_rejected`` (two operations); and
-    ``observe_execution`` when its main phase ends.
-    """
+            source = MultiProcessCollector(None, path=path)
+        self.source = source
 
-    def __init__(self, prefix: str = DEFAULT_PREFIX, registry: Any = None) -> None:
-        from prometheus_client import Counter, Histogram
+    def describe(self) -> list:
+        return []
 
-        self.prefix = prefix
-        pl_fs = ("priority_level", "flow_schema")
-        self._rejected = Counter(
-            f"{prefix}_rejected_requests", "Number of requests rejected by API Priority and "
-            "Fairness subsystem", [*pl_fs, "reason"], registry=registry)
-        self._dispatched = Counter(
-            f"{prefix}_dispatched_requests", "Number of requests executed by API Priority "
-            "and Fairness subsystem", list(pl_fs), registry=registry)
-        self._wait = Histogram(
-            f"{prefix}_request_wait_duration_seconds", "Length of time a request spent "
-            "waiting in its queue", [*pl_fs, "execute"], buckets=WAIT_BUCKETS,
-            registry=registry)
-        self._execution = Histogram(
-            f"{prefix}_request_execution_seconds", "Duration of initial stage (for a WATCH) "
-            "or any (for a non-WATCH) stage of request execution in the API Priority and "
-            "Fairness subsystem", [*pl_fs, "type"], buckets=EXECUTION_BUCKETS,
-            registry=registry)
-        self._work = Histogram(
-            f"{prefix}_work_estimated_seats", "Number of estimated seats (maximum of initial "
-            "and final seats) associated with requests in API Priority and Fairness",
-            list(pl_fs), buckets=WORK_BUCKETS, registry=registry)
-        self._bound: dict[tuple, Any] = {}
-
-    def _child(self, key: tuple, make: Callable[[], Any]) -> Any:
-        child = self._bound[key] = make()
-        return child
-
-    def observe_work(self, pl: str, fs: str, seats: int) -> None:
-        key = ("w", pl, fs)
-        child = self._bound.get(key)
-        if child is None:
-            child = self._child(key, lambda: self._work.labels(pl, fs))
-        child.observe(seats)
-
-    def observe_dispatched(self, pl: str, fs: str, wait_s: float | None) -> None:
-        """Execution starts; ``wait_s`` is the time since arrival, ``None`` for exempt."""
-        if wait_s is None:
-            key = ("d", pl, fs)
-            child = self._bound.get(key)
-            if child is None:
-                child = self._child(key, lambda: self._dispatched.labels(pl, fs))
-            child.inc()
-            return
-        key = ("wtrue", pl, fs)
-        child = self._bound.get(key)
-        if child is None:
-            child = self._child(key, lambda: self._wait.labels(pl, fs, "true"))
-        child.observe(wait_s)
-
-    def observe_rejected(self, pl: str, fs: str, reason: str, wait_s: float | None) -> None:
-        """``reason``: queue-full, concurrency-limit, time-out or cancelled. The rejected counter
-        is written before the wait histogram so the derived dispatched count never overshoots."""
-        key = ("r", pl, fs, reason)
-        child = self._bound.get(key)
-        if child is None:
-            child = self._child(key, lambda: self._rejected.labels(pl, fs, reason))
-        child.inc()
-        if wait_s is not None:
-            execute = "true" if reason in QUEUED_REJECT_REASONS else "false"
-            key = ("w" + execute, pl, fs)
-            child = self._bound.get(key)
-            if child is None:
-                child = self._child(key, lambda: self._wait.labels(pl, fs, execute))
-            child.observe(wait_s)
-
-    def observe_execution(self, pl: str, fs: str, seconds: float, watch: bool = False) -> None:
-        kind = "watch" if watch else "regular"
-        key = ("e", pl, fs, kind)
-        child = self._bound.get(key)
-        if child is None:
-            child = self._child(key, lambda: self._execution.labels(pl, fs, kind))
-        child.observe(seconds)
+    def collect(self) -> Iterable[Any]:
+        with _FILES_LOCK:
+            return list(self.source.collect())
 
 
 # -- scrape-time collectors (master) ----------------------------------------------------------
@@ -394,79 +288,91 @@ def _state(st: Any) -> str:
     return str(st)
 
 
-class RequestEventsCollector:
-    """The multiprocess files of all workers (live and merged dead ones), with
-    ``dispatched_requests_total`` completed for non-exempt levels from the wait histogram.
+class RequestStatsCollector:
+    """The per-request series, from ``ledger.request_stats()`` at scrape time.
 
-    A derived counter is clamped per series to never go down between scrapes (a scrape can
-    fall between a worker's rejected-counter and wait-histogram writes)."""
+    Series appear when their first event happens (as Kubernetes' lazily created children):
+    a reason, ``execute`` value or execution ``type`` with no event yet is not exported;
+    ``dispatched_requests_total`` and ``work_estimated_seats`` are exported for every
+    (level, flow schema) pair the ledger has seen.
+    """
 
-    def __init__(self, prefix: str, source: Any = None) -> None:
+    def __init__(self, prefix: str, state_provider: Callable[[], MasterView]) -> None:
         self.prefix = prefix
-        if source is None:
-            from prometheus_client.multiprocess import MultiProcessCollector
-
-            source = MultiProcessCollector(None)
-        self.source = source
-        self._last: dict[tuple, float] = {}
-        self._lock = threading.Lock()
-        os.register_at_fork(after_in_child=self._reinit)
-
-    def _reinit(self) -> None:
-        self._lock = threading.Lock()
+        self.state_provider = state_provider
 
     def describe(self) -> list:
         return []
 
     def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-        with _FILES_LOCK:
-            families = list(self.source.collect())
+        view = self.state_provider()
+        if view is None or view.ledger is None:
+            return []
+        stats = view.ledger.request_stats()
         p = self.prefix
-        dispatched: dict[tuple[str, str], float] = {}
-        wait_true: dict[tuple[str, str], float] = {}
-        queued_rejects: dict[tuple[str, str], float] = {}
-        out = []
-        for fam in families:
-            if fam.name == f"{p}_dispatched_requests":
-                for s in fam.samples:
-                    if s.name.endswith("_total"):
-                        k = (s.labels.get("priority_level", ""), s.labels.get("flow_schema", ""))
-                        dispatched[k] = dispatched.get(k, 0.0) + s.value
-                continue
-            if fam.name == f"{p}_request_wait_duration_seconds":
-                for s in fam.samples:
-                    if s.name.endswith("_count") and s.labels.get("execute") == "true":
-                        k = (s.labels.get("priority_level", ""), s.labels.get("flow_schema", ""))
-                        wait_true[k] = wait_true.get(k, 0.0) + s.value
-            elif fam.name == f"{p}_rejected_requests":
-                for s in fam.samples:
-                    if s.name.endswith("_total") and s.labels.get("reason") in QUEUED_REJECT_REASONS:
-                        k = (s.labels.get("priority_level", ""), s.labels.get("flow_schema", ""))
-                        queued_rejects[k] = queued_rejects.get(k, 0.0) + s.value
-            out.append(fam)
-        fam = CounterMetricFamily(
+        pl_fs = ["priority_level", "flow_schema"]
+        rejected = CounterMetricFamily(
+            f"{p}_rejected_requests", "Number of requests rejected by API Priority and "
+            "Fairness subsystem", labels=[*pl_fs, "reason"])
+        dispatched = CounterMetricFamily(
             f"{p}_dispatched_requests", "Number of requests executed by API Priority and "
-            "Fairness subsystem", labels=["priority_level", "flow_schema"])
-        with self._lock:
-            for k in sorted(set(dispatched) | set(wait_true)):
-                value = dispatched.get(k, 0.0) + max(
-                    0.0, wait_true.get(k, 0.0) - queued_rejects.get(k, 0.0))
-                value = max(value, self._last.get(k, 0.0))
-                self._last[k] = value
-                fam.add_metric(list(k), value)
-        out.append(fam)
-        return out
+            "Fairness subsystem", labels=pl_fs)
+        wait = HistogramMetricFamily(
+            f"{p}_request_wait_duration_seconds", "Length of time a request spent waiting in "
+            "its queue", labels=[*pl_fs, "execute"])
+        execution = HistogramMetricFamily(
+            f"{p}_request_execution_seconds", "Duration of initial stage (for a WATCH) or any "
+            "(for a non-WATCH) stage of request execution in the API Priority and Fairness "
+            "subsystem", labels=[*pl_fs, "type"])
+        work = HistogramMetricFamily(
+            f"{p}_work_estimated_seats", "Number of estimated seats (maximum of initial and "
+            "final seats) associated with requests in API Priority and Fairness",
+            labels=pl_fs)
+        for st in sorted(stats, key=lambda x: (x.level, x.flow_schema)):
+            pair = [st.level, st.flow_schema]
+            dispatched.add_metric(pair, float(st.dispatched))
+            for reason in sorted(st.rejected):
+                n = st.rejected[reason]
+                if n:
+                    rejected.add_metric([*pair, reason], float(n))
+            _add_hist(work, pair, st.work)
+            for value, h in (("true", st.wait_executed), ("false", st.wait_rejected)):
+                if h.count:
+                    _add_hist(wait, [*pair, value], h)
+            for kind, h in (("regular", st.execution_regular), ("watch", st.execution_watch)):
+                if h.count:
+                    _add_hist(execution, [*pair, kind], h)
+        return [rejected, dispatched, wait, execution, work]
+
+
+def _add_hist(family: Any, labels: list[str], h: Any) -> None:
+    """Add a ledger ``Hist`` (non-cumulative counts, the last one +Inf) as cumulative
+    buckets."""
+    from prometheus_client.utils import floatToGoString
+
+    buckets = []
+    acc = 0
+    for bound, n in zip(h.bounds, h.counts, strict=False):
+        acc += n
+        buckets.append((floatToGoString(bound), float(acc)))
+    buckets.append(("+Inf", float(acc + h.counts[len(h.bounds)])))
+    family.add_metric(labels, buckets, float(h.sum))
 
 
 def build_registry(prefix: str, state_provider: Callable[[], MasterView] | None,
                    source: Any = None) -> Any:
-    """A fresh registry with the request-event and ledger collectors (what /metrics serves)."""
+    """A fresh registry with the ledger collectors, plus the application's multiprocess
+    files when ``PROMETHEUS_MULTIPROC_DIR`` is set (or ``source`` is given): what /metrics
+    serves."""
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(RequestEventsCollector(prefix, source))
     if state_provider is not None:
+        reg.register(RequestStatsCollector(prefix, state_provider))
         reg.register(LedgerCollector(prefix, state_provider))
+    path = user_multiprocess_dir()
+    if source is not None or path:
+        reg.register(UserMultiprocessCollector(path, source))
     return reg

@@ -7,6 +7,12 @@ are given back (``ledger.finish``) when the response body has been sent or close
 the app raises; a watch holds them only until the app returns its iterable (its initial
 phase). Lingering seats (final seats, additional latency) are released by the dispatcher.
 
+Metrics cost nothing here: the ledger records every per-request event (dispatched, rejected,
+wait, execution, estimated seats) under the lock ``admit``/``finish``/``cancel`` already hold,
+and the master exports them at scrape time. 429s carry the level's server-wide Retry-After:
+the worker's tracker is fed the ledger's cumulative rejected count of the level
+(``RetryAfterTracker.observe_total``), so every worker answers the same back-off.
+
 Usage (``post_worker_init`` does this)::
 
     worker.wsgi = APFMiddleware(worker.wsgi, WorkerContext(...))
@@ -61,8 +67,7 @@ class WorkerContext:
     add_linger: Callable[[int, int, int], None]
     queue_wait_limit_ns: int
     alive: Callable[[], bool]
-    retry_after: Any = None  # flowcontrol.retryafter tracker (record/retry_after) or None
-    metrics: Any = None  # server.metrics.RequestMetrics or None
+    retry_after: Any = None  # flowcontrol.retryafter.RetryAfterTracker or None
     encode_detail: Callable[..., bytes] | None = None
     estimator: Callable[[Any, Any], Any] = default_estimator
     max_seats: dict[str, int] = field(default_factory=dict)
@@ -106,7 +111,9 @@ class APFMiddleware:
         self._resolve = ctx.resolver
         self._classify = ctx.classifier.classify
         self._estimate = ctx.estimator
-        self._metrics = ctx.metrics
+        # The default estimator always says one seat, no tail: skip the call and the clamp.
+        self._one_seat = ctx.estimator is default_estimator
+        self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0}
         try:  # the ledger's own outcome constants, if it defines them
@@ -139,13 +146,22 @@ class APFMiddleware:
                         self._cache.clear()
                     self._cache[key] = hit
             attrs, c, route, detail = hit
-            est = self._estimate(attrs, c)
-            if est.initial_seats != 1 or est.final_seats:
-                est = clamp(est, route.max_seats)
             now = self._clock()
-            res = self._admit(route.level, c.flow_hash, est.initial_seats, est.final_seats,
-                              est.additional_latency_ns, self._owner, now,
-                              fs_index=route.fs_index, detail=detail)
+            watch = attrs.verb == "watch"
+            if self._one_seat:
+                if watch:
+                    res = self._admit(route.level, c.flow_hash, 1, 0, 0, self._owner, now,
+                                      fs_index=route.fs_index, detail=detail, watch=True)
+                else:
+                    res = self._admit(route.level, c.flow_hash, 1, 0, 0, self._owner, now,
+                                      fs_index=route.fs_index, detail=detail)
+            else:
+                est = self._estimate(attrs, c)
+                if est.initial_seats != 1 or est.final_seats:
+                    est = clamp(est, route.max_seats)
+                res = self._admit(route.level, c.flow_hash, est.initial_seats, est.final_seats,
+                                  est.additional_latency_ns, self._owner, now,
+                                  fs_index=route.fs_index, detail=detail, watch=watch)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1
@@ -153,21 +169,12 @@ class APFMiddleware:
 
         if res.granted:
             self.ctx.deliver(res.granted)
-        if self._metrics is not None:
-            self._observe(self._metrics.observe_work, route, est.max_seats)
         outcome = res.outcome
         if outcome == EXECUTE:
-            return self._run(environ, start_response, res.slot, res.gen, route, attrs, now, now)
+            return self._run(environ, start_response, res.slot, res.gen, route, watch)
         if outcome == QUEUED:
-            return self._wait(environ, start_response, res.slot, res.gen, route, attrs, now)
-        return self._reject(start_response, route, res.reason, 0)
-
-    @staticmethod
-    def _observe(fn, route, *args) -> None:
-        try:
-            fn(route.level_name, route.fs_name, *args)
-        except Exception:
-            log.exception("apf: metrics update failed")
+            return self._wait(environ, start_response, res.slot, res.gen, route, watch, now)
+        return self._reject(start_response, route)
 
     def _classify_request(self, environ) -> tuple:
         attrs = self._resolve(environ)
@@ -192,7 +199,7 @@ class APFMiddleware:
         self._routes[fs.name] = route
         return route
 
-    def _wait(self, environ, start_response, slot, gen, route, attrs, admitted_ns):
+    def _wait(self, environ, start_response, slot, gen, route, watch, admitted_ns):
         ctx = self.ctx
         self.stats["queued"] += 1
         limit = ctx.queue_wait_limit_ns
@@ -222,8 +229,7 @@ class APFMiddleware:
             parking.unpark(w)
         outcome = w.outcome
         if outcome == GRANTED:
-            return self._run(environ, start_response, slot, gen, route, attrs, admitted_ns,
-                             self._clock())
+            return self._run(environ, start_response, slot, gen, route, watch)
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
         try:
             removed = ctx.ledger.cancel(slot, gen, self._clock(), reason)
@@ -236,12 +242,8 @@ class APFMiddleware:
             if outcome == CANCELLED:
                 self._finish(slot, gen)
                 self.stats["cancelled"] += 1
-                return self._reject(start_response, route, "cancelled", None)
-            return self._run(environ, start_response, slot, gen, route, attrs, admitted_ns,
-                             self._clock())
-        waited = self._clock() - admitted_ns
-        if self._metrics is not None:
-            self._observe(self._metrics.observe_rejected, route, reason, waited / 1e9)
+                return self._reject(start_response, route)
+            return self._run(environ, start_response, slot, gen, route, watch)
         if outcome == STOPPING:
             self.stats["stopping"] += 1
             start_response("503 Service Unavailable", [
@@ -252,22 +254,23 @@ class APFMiddleware:
         if outcome == CANCELLED:
             # The client is gone; answer anyway so the server's bookkeeping stays normal.
             self.stats["cancelled"] += 1
-            return self._reject(start_response, route, "cancelled", None)
+            return self._reject(start_response, route)
         self.stats["timeout"] += 1
-        return self._reject(start_response, route, "time-out", None)
+        return self._reject(start_response, route)
 
-    def _reject(self, start_response, route, reason, wait_ns):
-        """429. ``wait_ns``: time spent queued, or None when already counted."""
+    def _reject(self, start_response, route):
+        """429 with the level's server-wide Retry-After."""
         self.stats["rejected"] += 1
-        if self._metrics is not None and wait_ns is not None:
-            self._observe(self._metrics.observe_rejected, route, reason, wait_ns / 1e9)
         retry = 1
         tracker = self.ctx.retry_after
         if tracker is not None:
             try:
-                t = int(time.time())
-                tracker.record(route.level_name, t)
-                retry = tracker.retry_after(route.level_name)
+                if self._rejected_total is not None:
+                    retry = tracker.observe_total(route.level_name,
+                                                  self._rejected_total(route.level))
+                else:  # a ledger without the server-wide counter: this worker's own view
+                    tracker.record(route.level_name)
+                    retry = tracker.retry_after(route.level_name)
             except Exception:
                 log.exception("apf: retry-after tracker failed")
         start_response("429 Too Many Requests", [
@@ -279,12 +282,9 @@ class APFMiddleware:
         ])
         return [TOO_MANY]
 
-    def _run(self, environ, start_response, slot, gen, route, attrs, arrival_ns, start_ns):
+    def _run(self, environ, start_response, slot, gen, route, watch):
         headers = route.headers
         self.stats["served"] += 1
-        if self._metrics is not None:
-            self._observe(self._metrics.observe_dispatched, route,
-                          None if route.exempt else (start_ns - arrival_ns) / 1e9)
 
         def sr(status, response_headers, exc_info=None):
             return start_response(status, [*response_headers, *headers], exc_info)
@@ -292,11 +292,11 @@ class APFMiddleware:
         try:
             result = self.app(environ, sr)
         except BaseException:
-            self._finish(slot, gen, route, start_ns)
+            self._finish(slot, gen)
             raise
-        if attrs.verb == "watch":
+        if watch:
             # Kubernetes: a watch holds its seats only for its initialization.
-            self._finish(slot, gen, route, start_ns, True)
+            self._finish(slot, gen)
             return result
         file_wrapper = environ.get("wsgi.file_wrapper")
         if file_wrapper is not None and isinstance(result, file_wrapper):
@@ -308,20 +308,16 @@ class APFMiddleware:
                     if orig_close is not None:
                         orig_close()
                 finally:
-                    self._finish(slot, gen, route, start_ns)
+                    self._finish(slot, gen)
 
             try:
                 result.close = close
                 return result
             except AttributeError:
                 pass
-        return _Body(result, self, slot, gen, route, start_ns)
+        return _Body(result, self, slot, gen)
 
-    def _finish(self, slot: int, gen: int, route=None, start_ns: int = 0,
-                watch: bool = False) -> None:
-        if route is not None and self._metrics is not None:
-            self._observe(self._metrics.observe_execution, route,
-                          (self._clock() - start_ns) / 1e9, watch)
+    def _finish(self, slot: int, gen: int) -> None:
         try:
             granted, linger_until = self._finish_ledger(slot, gen, self._clock())
         except Exception:
@@ -336,16 +332,14 @@ class APFMiddleware:
 class _Body:
     """Wraps the app's response iterable; gives the seats back on close (exactly once)."""
 
-    __slots__ = ("_result", "_mw", "_slot", "_gen", "_done", "_route", "_start")
+    __slots__ = ("_result", "_mw", "_slot", "_gen", "_done")
 
-    def __init__(self, result, mw, slot, gen, route, start_ns):
+    def __init__(self, result, mw, slot, gen):
         self._result = result
         self._mw = mw
         self._slot = slot
         self._gen = gen
         self._done = False
-        self._route = route
-        self._start = start_ns
 
     def __iter__(self):
         return iter(self._result)
@@ -358,7 +352,7 @@ class _Body:
         finally:
             if not self._done:
                 self._done = True
-                self._mw._finish(self._slot, self._gen, self._route, self._start)
+                self._mw._finish(self._slot, self._gen)
 
     def __del__(self):
         # A server that never calls close() must not leak seats.

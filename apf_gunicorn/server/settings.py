@@ -25,6 +25,7 @@ DEFAULT_ADMIN_BIND = "127.0.0.1:9180"
 DEFAULT_USER_HEADER = "X-Remote-User"
 DEFAULT_GROUP_HEADER = "X-Remote-Group"
 DEFAULT_METRICS_PREFIX = "apf"
+DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -54,6 +55,8 @@ class Settings:
     metrics_prefix: str
     instance: str  # user-chosen instance id, part of the shm and socket names
     test_die_in_lock: int  # test only: a worker SIGKILLs itself in its Nth critical section
+    # seconds between borrowing rounds; Kubernetes' 10 s unless changed for tests/experiments
+    borrowing_period_s: float = DEFAULT_BORROWING_PERIOD_S
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -148,6 +151,19 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         if die < 0:
             raise SettingsError("APF_TEST_DIE_IN_LOCK", raw, "must be a non-negative integer")
 
+    raw = get("APF_BORROWING_PERIOD")
+    if raw is None:
+        period = DEFAULT_BORROWING_PERIOD_S
+    else:
+        try:
+            period = float(raw)
+        except ValueError:
+            period = -1.0
+        if not (0.1 <= period <= 3600):
+            raise SettingsError("APF_BORROWING_PERIOD", raw,
+                                "must be a number of seconds from 0.1 to 3600 (default 10, "
+                                "Kubernetes' period; other values are for tests and experiments)")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -161,6 +177,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         metrics_prefix=prefix,
         instance=instance,
         test_die_in_lock=die,
+        borrowing_period_s=period,
     )
 
 
