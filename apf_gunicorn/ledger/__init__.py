@@ -3,7 +3,7 @@
     from apf_gunicorn.ledger import Ledger, Capacity, LevelSpec, NullLock, EXECUTE
     led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
 
-See ``ledger.py`` for the operations, ``layout.py`` for the binary layout, ``lock.py`` for the
+See ``ledger.py`` for the operations, ``stats.py`` for the per-request counters, ``layout.py`` for the binary layout, ``lock.py`` for the
 cross-process lock and ``repair.py`` for rebuilding after a crash; docs/ledger.md for the
 user-facing description.
 """
@@ -25,6 +25,7 @@ from apf_gunicorn.ledger.ledger import (
 )
 from apf_gunicorn.ledger.lock import NullLock, ProcessLock
 from apf_gunicorn.ledger.repair import rebuild, verify
+from apf_gunicorn.ledger.stats import REASONS, Hist, RequestStats
 
 __all__ = [
     "DEFAULT_SERVICE_ESTIMATE_NS",
@@ -34,6 +35,7 @@ __all__ = [
     "AdmitResult",
     "Capacity",
     "DemandStats",
+    "Hist",
     "Layout",
     "Ledger",
     "LevelSnapshot",
@@ -41,7 +43,9 @@ __all__ = [
     "NullLock",
     "ProcessLock",
     "QueueSnapshot",
+    "REASONS",
     "RequestSnapshot",
+    "RequestStats",
     "Snapshot",
     "rebuild",
     "verify",

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apf_gunicorn.ledger.stats import ENTRY_WORDS
+
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 1
+VERSION = 2
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -28,7 +30,8 @@ NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain)
     H_MAGIC, H_VERSION, H_CAP_LEVELS, H_CAP_QUEUES, H_CAP_SLOTS, H_CAP_WORKERS, H_CAP_FS,
     H_CAP_DETAIL, H_SIZE, H_OWNER_PID, H_GENERATION, H_SERVICE_NS, H_FREE_HEAD, H_FREE_COUNT,
     H_FS_COUNT, H_HOLDER_PID, H_DIRTY, H_REPAIRS, H_LEVELS_USED,
-) = range(19)
+    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL,
+) = range(22)
 H_MUTEX = 24  # 64 bytes (8 words) for a pthread_mutex_t (40 bytes on x86_64 glibc)
 MUTEX_BYTES = 64
 HEADER_WORDS = 32
@@ -42,7 +45,8 @@ HEADER_WORDS = 32
     L_DISPATCHED, L_REJECTED, L_TIMEDOUT, L_CANCELLED,
     L_ACTIVE_QUEUES, L_QSEATS, L_EPOCH_OK, L_EPOCH_FAIL,
     L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
-) = range(35)
+    L_SERIAL,
+) = range(36)
 LEVEL_WORDS = 40
 # float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
@@ -60,11 +64,13 @@ QUEUE_WORDS = 9  # Q_NDR and Q_WORK_SUM are uint64
     S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT,
     S_INITIAL, S_FINAL, S_AL, S_MAX_SEATS, S_HELD,
     S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
-    S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN,
-) = range(22)
-SLOT_WORDS = 22  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
+    S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
+) = range(23)
+SLOT_WORDS = 23  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
 # S_MAX_SEATS = max(initial, final) as requested (what waiting sums count);
 # S_HELD = the seats actually held once dispatched (after the final-seat cap)
+# S_STATS = 2 * (word address of the request's stats entry) + (1 if a watch else 0)
+# L_SERIAL = a number unique over the ledger's life for each level created (stats entries key)
 
 FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}
@@ -87,9 +93,10 @@ class Capacity:
     workers: int = 256
     flow_schemas: int = 1024
     detail_bytes: int = 256  # per-slot opaque request description for dumps
+    stats_entries: int = 1024  # (level, FlowSchema) pairs with their own request counters
 
     def __post_init__(self) -> None:
-        for name in ("levels", "queues", "slots", "workers", "flow_schemas"):
+        for name in ("levels", "queues", "slots", "workers", "flow_schemas", "stats_entries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Capacity.{name} must be at least 1")
         if self.detail_bytes < 0:
@@ -101,7 +108,8 @@ class Layout:
 
     __slots__ = (
         "cap", "level_base", "queue_base", "tree_base", "tree_words", "slot_base",
-        "worker_base", "level_names", "fs_names", "details", "detail_stride", "size",
+        "worker_base", "stats_base", "level_names", "fs_names", "details", "detail_stride",
+        "stats_names", "size",
     )
 
     def __init__(self, cap: Capacity) -> None:
@@ -120,6 +128,9 @@ class Layout:
         pos += cap.slots * SLOT_WORDS
         self.worker_base = pos
         pos += cap.workers * WORKER_WORDS
+        # per-request stats: stats_entries entries plus one catch-all (see stats.py)
+        self.stats_base = pos
+        pos += (cap.stats_entries + 1) * ENTRY_WORDS
         byte = pos * WORD
         self.level_names = byte
         byte += cap.levels * NAME_BYTES
@@ -128,6 +139,8 @@ class Layout:
         self.details = byte
         self.detail_stride = (cap.detail_bytes + WORD - 1) // WORD * WORD
         byte += cap.slots * self.detail_stride
+        self.stats_names = byte  # the level name each stats entry captured at creation
+        byte += (cap.stats_entries + 1) * NAME_BYTES
         self.size = byte
 
     def level(self, index: int) -> int:
@@ -138,3 +151,6 @@ class Layout:
 
     def worker(self, index: int) -> int:
         return self.worker_base + index * WORKER_WORDS
+
+    def stats_entry(self, index: int) -> int:
+        return self.stats_base + index * ENTRY_WORDS

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from typing import NamedTuple
 
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, deal
@@ -99,6 +100,7 @@ from apf_gunicorn.ledger.layout import (
     S_SEQ,
     S_START_NS,
     S_STATE,
+    S_STATS,
     S_TOTAL_WORK,
     SLOT_WORDS,
     WAITING,
@@ -108,6 +110,32 @@ from apf_gunicorn.ledger.layout import (
 from apf_gunicorn.ledger.lock import NullLock
 from apf_gunicorn.ledger.seatseconds import HIGH_R, R_DECREMENT, U64, duration_per_seat
 from apf_gunicorn.ledger.seatseconds import seats_times_duration as _std
+from apf_gunicorn.ledger.stats import DURATION_BOUNDS_NS as _DUR
+from apf_gunicorn.ledger.stats import (
+    E_DISPATCHED,
+    E_EXEC_R,
+    E_FS,
+    E_LEVEL,
+    E_NAME_LEN,
+    E_REJECTED,
+    E_SERIAL,
+    E_WAIT_R,
+    E_WAIT_X,
+    E_WORK,
+    E_WORK_SUM,
+    ENTRY_WORDS,
+    EXEC_STRIDE,
+    ND,
+    OVERFLOW,
+    R_CANCELLED,
+    R_CONCURRENCY_LIMIT,
+    R_NO_SLOT,
+    R_QUEUE_FULL,
+    R_TIME_OUT,
+    WORK_BOUNDS,
+    RequestStats,
+    read_entry,
+)
 
 EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
@@ -228,6 +256,8 @@ class Ledger:
         self._names_gen = -1
         self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
         self._g_work: dict[int, int] = {}  # initial seats -> SeatsTimesDuration(seats, G)
+        # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
+        self._stats_at: dict[int, int] = {}
 
     # -- construction -------------------------------------------------------------------------
 
@@ -254,6 +284,7 @@ class Ledger:
         for field, value in ((L.H_CAP_LEVELS, cap.levels), (L.H_CAP_QUEUES, cap.queues),
                              (L.H_CAP_SLOTS, cap.slots), (L.H_CAP_WORKERS, cap.workers),
                              (L.H_CAP_FS, cap.flow_schemas), (L.H_CAP_DETAIL, cap.detail_bytes),
+                             (L.H_CAP_STATS, cap.stats_entries),
                              (L.H_SIZE, lay.size), (L.H_OWNER_PID, owner_pid),
                              (H_SERVICE_NS, service_estimate_ns)):
             w[field] = value
@@ -264,6 +295,7 @@ class Ledger:
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
+        led._name_stats_entry(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         w[L.H_MAGIC] = L.MAGIC  # last: a reader never sees a half-formatted ledger as valid
         return led
@@ -276,7 +308,8 @@ class Ledger:
             raise ValueError("buffer does not hold an apf_gunicorn ledger of this version")
         cap = Capacity(levels=head[L.H_CAP_LEVELS], queues=head[L.H_CAP_QUEUES],
                        slots=head[L.H_CAP_SLOTS], workers=head[L.H_CAP_WORKERS],
-                       flow_schemas=head[L.H_CAP_FS], detail_bytes=head[L.H_CAP_DETAIL])
+                       flow_schemas=head[L.H_CAP_FS], detail_bytes=head[L.H_CAP_DETAIL],
+                       stats_entries=head[L.H_CAP_STATS])
         head.release()
         led = cls(buf, lock, Layout(cap))
         led._lock.bind(led._mv, led._w, False)
@@ -344,6 +377,103 @@ class Ledger:
 
     def _sa(self, s: int) -> int:
         return self._sb + s * SLOT_WORDS
+
+    # -- per-request stats ----------------------------------------------------------------------
+
+    def _stats_entry(self, lb: int, level: int, fs: int) -> int:
+        """Word address of the stats entry of (level, fs), created on first use (lock held)."""
+        serial = self._w[lb + L.L_SERIAL]
+        key = (serial << 32) | (fs & 0xFFFFFFFF)
+        eb = self._stats_at.get(key)
+        if eb is None:
+            eb = self._stats_at[key] = self._find_or_create_entry(lb, level, serial, fs)
+        return eb
+
+    def _find_or_create_entry(self, lb: int, level: int, serial: int, fs: int) -> int:
+        w = self._w
+        lay = self._lay
+        cap = lay.cap.stats_entries
+        n = w[L.H_STATS_COUNT]
+        base = lay.stats_base
+        end = base + n * ENTRY_WORDS
+        serials = w[base + E_SERIAL: end: ENTRY_WORDS].tolist()
+        fss = w[base + E_FS: end: ENTRY_WORDS].tolist()
+        for i in range(n):
+            if serials[i] == serial and fss[i] == fs:
+                return base + i * ENTRY_WORDS
+        # regular entries leave room for the levels' overflow entries
+        limit = cap - min(lay.cap.levels, cap // 2) if fs >= 0 else cap
+        if n >= limit:
+            if fs >= 0:
+                return self._find_or_create_entry(lb, level, serial, -1)
+            return base + cap * ENTRY_WORDS  # the catch-all
+        name = self._read_name(lay.level_names, level, w[lb + L.L_NAME_LEN])
+        self._name_stats_entry(n, name, level, fs, serial)
+        w[L.H_STATS_COUNT] = n + 1
+        return base + n * ENTRY_WORDS
+
+    def _name_stats_entry(self, i: int, name: str, level: int, fs: int, serial: int = 0) -> None:
+        w = self._w
+        eb = self._lay.stats_entry(i)
+        w[eb + E_SERIAL] = serial
+        w[eb + E_LEVEL] = level
+        w[eb + E_FS] = fs
+        raw = name.encode("utf-8")
+        off = self._lay.stats_names + i * L.NAME_BYTES
+        self._mv[off: off + len(raw)] = raw
+        w[eb + E_NAME_LEN] = len(raw)
+
+    def _observe_wait(self, eb: int, ns: int) -> None:
+        """The wait histogram with execute="true" (at dispatch, time-out or cancel)."""
+        self._w[eb + E_WAIT_X + bisect_left(_DUR, ns)] += 1
+        if ns:
+            self._f[eb + E_WAIT_X + ND] += ns / 1e9
+
+    def _note_arrival(self, eb: int, ms: int) -> None:
+        w = self._w
+        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+        w[eb + E_WORK_SUM] += ms
+
+    def _note_rejection(self, eb: int, reason: int, exempt: bool) -> None:
+        w = self._w
+        w[eb + E_REJECTED + reason] += 1
+        if not exempt:
+            w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
+
+    def rejected_total(self, level: int) -> int:
+        """Cumulative rejections (every reason) of the level now at index ``level``; one word
+        read, no lock. Restarts at 0 if the index is reused by a new level."""
+        return self._w[self._lvb + level * LEVEL_WORDS + L_REJECTED]
+
+    def request_stats(self) -> list[RequestStats]:
+        """Every stats entry as plain objects (under the lock), in creation order; the
+        catch-all entry is included only once something was counted in it."""
+        self.pending_grants.extend(self._enter(None))
+        try:
+            out = self._request_stats()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return out
+
+    def _request_stats(self) -> list[RequestStats]:
+        w, f, lay = self._w, self._f, self._lay
+        cap = lay.cap.stats_entries
+        fs_names = self._fs_names_locked()
+        out = []
+        for i in [*range(w[L.H_STATS_COUNT]), cap]:
+            eb = lay.stats_entry(i)
+            words = w[eb: eb + ENTRY_WORDS].tolist()
+            if i == cap and not any(words[E_WORK:]):
+                continue
+            floats = f[eb: eb + ENTRY_WORDS].tolist()
+            off = lay.stats_names + i * L.NAME_BYTES
+            level = bytes(self._mv[off: off + words[E_NAME_LEN]]).decode("utf-8")
+            fs = words[E_FS]
+            flow_schema = fs_names[fs] if 0 <= fs < len(fs_names) else OVERFLOW if fs == -1 else ""
+            out.append(read_entry(words, floats, level, flow_schema))
+        return out
 
     # -- virtual time ---------------------------------------------------------------------------
 
@@ -673,6 +803,9 @@ class Ledger:
         w[lb + L_EXECUTING] += 1
         w[lb + L_SEATS_IN_USE] += held
         w[lb + L_DISPATCHED] += 1
+        eb = w[sa + S_STATS] >> 1
+        w[eb + E_DISPATCHED] += 1
+        self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])
         ex = w[qa + Q_EXECUTING]
         w[qa + Q_EXECUTING] = ex + 1
         if ex == 0 and w[qa + Q_WAITING] == 0:
@@ -737,8 +870,9 @@ class Ledger:
 
     def admit(self, level: int, flow_hash: int, initial_seats: int, final_seats: int,
               additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
-              detail: bytes = b"") -> AdmitResult:
-        """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED."""
+              detail: bytes = b"", watch: bool = False) -> AdmitResult:
+        """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED.
+        ``fs_index`` and ``watch`` select the request's stats entry and execution histogram."""
         lock = self._lock
         dead = lock.acquire()
         w = self._w
@@ -746,7 +880,8 @@ class Ledger:
         w[H_DIRTY] = 1  # cleared only when the operation completes
         try:
             res = self._admit(level, flow_hash, initial_seats, final_seats,
-                              additional_latency_ns, owner, now, fs_index, detail, granted)
+                              additional_latency_ns, owner, now, fs_index, detail, granted,
+                              1 if watch else 0)
         except BaseException:
             lock.release()
             raise
@@ -755,7 +890,7 @@ class Ledger:
         return res
 
     def _admit(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
-               granted) -> AdmitResult:
+               granted, watch) -> AdmitResult:
         w, u = self._w, self._u
         lb = self._lvb + level * LEVEL_WORDS
         if not (0 <= level < self._lay.cap.levels and w[lb + L_USED]):
@@ -763,17 +898,25 @@ class Ledger:
         if now > w[lb + L_LAST_NS]:
             self._sync(lb, now)
         ms = initial if initial >= final else final
+        eb = self._stats_at.get((w[lb + L.L_SERIAL] << 32) | (fs_index & 0xFFFFFFFF))
+        if eb is None:
+            eb = self._stats_entry(lb, level, fs_index)
+        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+        w[eb + E_WORK_SUM] += ms
+        desired = w[lb + L_DESIRED]
         if w[H_FREE_HEAD] == NIL:
             w[lb + L_REJECTED] += 1
+            self._note_rejection(eb, R_NO_SLOT, desired < 0)
             return AdmitResult(REJECTED, -1, 0, "no-slot", granted)
-        desired = w[lb + L_DESIRED]
         if desired < 1:
             # queueless: exempt (always) or reject-type (concurrency-limit)
             if not self._can_accommodate(lb, ms):
                 w[lb + L_REJECTED] += 1
+                self._note_rejection(eb, R_CONCURRENCY_LIMIT, False)
                 return AdmitResult(REJECTED, -1, 0, "concurrency-limit", granted)
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
                                      now, detail)
+            w[sa + S_STATS] = 2 * eb + watch
             u[sa + S_ARRIVAL_R] = u[lb + L_R]
             w[sa + S_SEQ] = w[lb + L_ENQUEUES]
             w[sa + S_STATE] = EXECUTING
@@ -781,6 +924,9 @@ class Ledger:
             w[lb + L_EXECUTING] += 1
             w[lb + L_SEATS_IN_USE] += ms
             w[lb + L_DISPATCHED] += 1
+            w[eb + E_DISPATCHED] += 1
+            if desired == 0:  # reject-type levels are not exempt: a 0 s wait
+                w[eb + E_WAIT_X] += 1
             self._demand(lb, now)
             return AdmitResult(EXECUTE, s, gen, "", granted)
 
@@ -803,6 +949,9 @@ class Ledger:
             qa = qbase + q * QUEUE_WORDS
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
                                      now, detail)
+            w[sa + S_STATS] = 2 * eb + watch
+            w[eb + E_DISPATCHED] += 1
+            w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
             u[sa + S_ARRIVAL_R] = r
             w[sa + S_SEQ] = enq
             w[sa + S_QUEUE] = q
@@ -846,9 +995,11 @@ class Ledger:
         qa = qbase + q * QUEUE_WORDS
         if in_use >= c and w[qa + Q_WAITING] >= w[lb + L_QLL]:
             w[lb + L_REJECTED] += 1
+            self._note_rejection(eb, R_QUEUE_FULL, False)
             return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
         s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al, now,
                                  detail)
+        w[sa + S_STATS] = 2 * eb + watch
         u[sa + S_ARRIVAL_R] = r
         w[sa + S_SEQ] = enq
         w[sa + S_QUEUE] = q
@@ -893,6 +1044,12 @@ class Ledger:
         lb = self._lvb + level * LEVEL_WORDS
         if now > w[lb + L_LAST_NS]:
             self._sync(lb, now)
+        st = w[sa + S_STATS]
+        ran = now - w[sa + S_START_NS]
+        hist = (st >> 1) + E_EXEC_R + (st & 1) * EXEC_STRIDE
+        w[hist + bisect_left(_DUR, ran)] += 1
+        if ran > 0:
+            self._f[hist + ND] += ran / 1e9
         w[lb + L_EXECUTING] -= 1
         q = w[sa + S_QUEUE]
         if q != NIL:
@@ -959,8 +1116,13 @@ class Ledger:
         self._drop_waiting(lb, s, sa, now)
         w[lb + L_REJECTED] += 1
         w[lb + L_CANCELLED] += 1
+        eb = w[sa + S_STATS] >> 1
         if reason == "time-out":
             w[lb + L_TIMEDOUT] += 1
+            w[eb + E_REJECTED + R_TIME_OUT] += 1
+        else:
+            w[eb + E_REJECTED + R_CANCELLED] += 1
+        self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])  # Kubernetes observes it too
         self._maybe_drop(lb)
         return True
 
@@ -1041,10 +1203,13 @@ class Ledger:
             if level not in synced:
                 self._sync(lb, now)
                 synced.add(level)
-            if state == WAITING:
+            if state == WAITING:  # counted as a cancel
                 self._drop_waiting(lb, s, sa, now)
                 w[lb + L_REJECTED] += 1
                 w[lb + L_CANCELLED] += 1
+                eb = w[sa + S_STATS] >> 1
+                w[eb + E_REJECTED + R_CANCELLED] += 1
+                self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])
                 continue
             if state == EXECUTING:
                 w[lb + L_EXECUTING] -= 1
@@ -1200,6 +1365,8 @@ class Ledger:
         w[lb + L_LAST_NS] = now
         w[lb + L_I_LAST] = now
         w[lb + L_DESIRED] = 0
+        w[L.H_LEVEL_SERIAL] += 1
+        w[lb + L.L_SERIAL] = w[L.H_LEVEL_SERIAL]
         w[lb + L_USED] = 1
         # float zeros are all-zero bits already; region assigned by _relayout
         w[lb + L.L_QCAP] = 0
