@@ -54,3 +54,23 @@ def test_go_rounding_is_half_away_from_zero() -> None:
 def test_epoch_thresholds() -> None:
     assert R_DECREMENT == 9223372036854775807
     assert HIGH_R == 13835058055282163710
+
+
+def test_integer_path_equals_the_float_path_on_random_values_and_at_the_bound() -> None:
+    import random
+
+    from apf_gunicorn.ledger.seatseconds import EXACT_BOUND, seats_ns_times
+
+    rng = random.Random(20261121)
+    cases = []
+    for _ in range(200_000):
+        seats = rng.choice((rng.randrange(0, 8), rng.randrange(0, 1000), rng.randrange(1, 1 << 20)))
+        span = rng.choice((1000, 10**7, 10**10, 10**13, EXACT_BOUND // max(seats, 1) + 2))
+        cases.append((seats, rng.randrange(-span, span)))
+    for seats in (1, 3, 7, 10, 999):  # products on both sides of the bound, and ties
+        for k in range(-30, 30):
+            d = EXACT_BOUND // seats + k
+            cases += [(seats, d), (seats, -d), (seats, d - d % 10 + 5), (seats, -(d - d % 10 + 5))]
+    cases += [(1, 5), (1, -5), (1, 15), (1, -15), (1, 25), (3, 5), (0, 10**18), (7, 0)]
+    for seats, d in cases:
+        assert seats_ns_times(seats, d) == seats_times_duration(float(seats), d), (seats, d)

@@ -22,6 +22,7 @@ the number of queues (incremental rate inputs and a min-segment tree of head vir
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from bisect import bisect_left
 from typing import NamedTuple
@@ -108,7 +109,13 @@ from apf_gunicorn.ledger.layout import (
     Layout,
 )
 from apf_gunicorn.ledger.lock import NullLock
-from apf_gunicorn.ledger.seatseconds import HIGH_R, R_DECREMENT, U64, duration_per_seat
+from apf_gunicorn.ledger.seatseconds import (
+    HIGH_R,
+    R_DECREMENT,
+    U64,
+    duration_per_seat,
+    seats_ns_times,
+)
 from apf_gunicorn.ledger.seatseconds import seats_times_duration as _std
 from apf_gunicorn.ledger.stats import DURATION_BOUNDS_NS as _DUR
 from apf_gunicorn.ledger.stats import (
@@ -138,6 +145,18 @@ from apf_gunicorn.ledger.stats import (
 )
 
 EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
+
+# Whole-record reads and writes for the fast paths: one struct call instead of a dozen word
+# accesses. Field types follow layout.py (uint64 R, SeatSeconds and hash; float64 integrator).
+_LEVEL = struct.Struct("<12qQ15q6d2q")  # L_USED .. L_SERIAL
+_HOT = struct.Struct("<Q15q6dq")  # L_R .. L_I_LAST, what the fast paths write back
+_SLOT = struct.Struct("<12q4Q2qQ4q")  # S_STATE .. S_STATS
+_SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
+_FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
+if not (_LEVEL.size == (L.L_SERIAL + 1) * 8 and _HOT.size == (L_I_LAST - L_R + 1) * 8
+        and _SLOT.size == SLOT_WORDS * 8 and (S_STATE, S_NEXT) == (0, 6)
+        and H_FREE_COUNT == H_FREE_HEAD + 1):
+    raise ImportError("ledger fast-path record formats do not match layout.py")
 DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
 
 
@@ -256,6 +275,9 @@ class Ledger:
         self._names_gen = -1
         self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
         self._g_work: dict[int, int] = {}  # initial seats -> SeatsTimesDuration(seats, G)
+        self._service_ns = self._w[H_SERVICE_NS]  # G; fixed once the ledger is created
+        self._nlevels = lay.cap.levels
+        self._nslots = lay.cap.slots
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
 
@@ -295,6 +317,7 @@ class Ledger:
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
+        led._service_ns = service_estimate_ns
         led._name_stats_entry(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         w[L.H_MAGIC] = L.MAGIC  # last: a reader never sees a half-formatted ledger as valid
@@ -489,7 +512,10 @@ class Ledger:
             return
         c = w[lb + L_C]
         seats = w[lb + L_QSEATS]
-        incr = _std((seats if seats < c else c) / active, now - last)
+        if active == 1:
+            incr = seats_ns_times(seats if seats < c else c, now - last)
+        else:
+            incr = _std((seats if seats < c else c) / active, now - last)
         u = self._u
         prev = u[lb + L_R]
         r = (prev + incr) & U64
@@ -701,8 +727,8 @@ class Ledger:
         w[sa + S_HELD] = ms
         iw = self._g_work.get(initial)
         if iw is None:
-            iw = self._g_work[initial] = _std(float(initial), w[H_SERVICE_NS])
-        fw = _std(float(final), al) if final and al else 0
+            iw = self._g_work[initial] = seats_ns_times(initial, w[H_SERVICE_NS])
+        fw = seats_ns_times(final, al) if final and al else 0
         u[sa + S_INIT_WORK] = iw
         u[sa + S_FINAL_WORK] = fw
         u[sa + S_TOTAL_WORK] = (iw + fw) & U64
@@ -891,6 +917,104 @@ class Ledger:
 
     def _admit(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
                granted, watch) -> AdmitResult:
+        """The fast path: a queuing level with nothing waiting and room for this request.
+        Everything is computed in locals from one read of the level record and written back
+        in one go; any other case (and the rare epoch advance) goes to :meth:`_admit_slow`
+        before anything is written. Both leave exactly the same state."""
+        if not 0 <= level < self._nlevels:
+            return self._admit_slow(level, flow_hash, initial, final, al, owner, now, fs_index,
+                                    detail, granted, watch)
+        mv = self._mv
+        lb = self._lvb + level * LEVEL_WORDS
+        (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp,
+         r, last, _robin, enq, waiting, executing, in_use, sw, dispatched, rejected, timedout,
+         cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur, ilast,
+         serial) = _LEVEL.unpack_from(mv, lb * 8)
+        ms = initial if initial >= final else final
+        head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
+        if (not used or desired < 1 or waiting or head == NIL or in_use >= c
+                or not (in_use + ms <= c or (ms > c and executing == 0))):
+            return self._admit_slow(level, flow_hash, initial, final, al, owner, now, fs_index,
+                                    detail, granted, watch)
+        if now > last:  # syncTimeLocked
+            if active:
+                seats = qseats if qseats < c else c
+                nr = (r + (seats_ns_times(seats, now - last) if active == 1
+                           else _std(seats / active, now - last))) & U64
+                if nr >= HIGH_R and nr >= r:  # the epoch advance: rare, done by the slow path
+                    return self._admit_slow(level, flow_hash, initial, final, al, owner, now,
+                                            fs_index, detail, granted, watch)
+                r = nr
+            last = now
+        w, u = self._w, self._u
+        eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
+        if eb is None:
+            eb = self._stats_entry(lb, level, fs_index)
+        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+        w[eb + E_WORK_SUM] += ms
+        w[eb + E_DISPATCHED] += 1
+        w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
+        # nothing waits anywhere in the level, so every queue's waiting work is 0 and the
+        # first card visited wins
+        q = deal(flow_hash & U64, desired, hs)[enq % hs]
+        qa = self._qb + (qbase + q) * QUEUE_WORDS
+        sa = self._sb + head * SLOT_WORDS
+        gen = w[sa + S_GEN] + 1
+        _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
+        iw = self._g_work.get(initial)
+        if iw is None:
+            iw = self._g_work[initial] = seats_ns_times(initial, self._service_ns)
+        fw = seats_ns_times(final, al) if final and al else 0
+        tw = (iw + fw) & U64
+        ex = w[qa + Q_EXECUTING]
+        ndr = r if ex == 0 else u[qa + Q_NDR]
+        if ndr < r:  # the anti-windup floor with this request as head
+            ndr = r
+        if now > ilast:  # seat demand Set() after the enqueue
+            sec, nsec = divmod(now - ilast, 1_000_000_000)
+            dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
+            it += dt
+            ix += cur * dt
+            ixx += cur * cur * dt
+            ilast = now
+        cur = float(in_use + sw + ms)
+        if cur < imn:
+            imn = cur
+        if cur > imx:
+            imx = cur
+        held = ms
+        if final > c:  # the final-seat cap
+            al = duration_per_seat(fw, float(c))
+            final = c
+            held = initial if initial >= c else c
+            if held != ms:  # Set() again after the dispatch, no time passing
+                cur = float(in_use + held + sw)
+                if cur < imn:
+                    imn = cur
+                if cur > imx:
+                    imx = cur
+        if ex == 0:
+            active += 1
+        w[qa + Q_EXECUTING] = ex + 1
+        w[qa + Q_SEATS] += held
+        u[qa + Q_NDR] = (ndr + tw) & U64
+        if detail:
+            d = detail[: self._lay.cap.detail_bytes]
+            off = self._lay.details + head * self._lay.detail_stride
+            mv[off:off + len(d)] = d
+            dlen = len(d)
+        else:
+            dlen = 0
+        _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL, initial, final,
+                        al, ms, held, iw, fw, tw, r, now, now, flow_hash & U64, fs_index, enq,
+                        dlen, 2 * eb + watch)
+        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, q, enq + 1, waiting, executing + 1,
+                       in_use + held, sw, dispatched + 1, rejected, timedout, cancelled, active,
+                       qseats + held, eok, efail, it, ix, ixx, imn, imx, cur, ilast)
+        return AdmitResult(EXECUTE, head, gen, "", granted)
+
+    def _admit_slow(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
+                    granted, watch) -> AdmitResult:
         w, u = self._w, self._u
         lb = self._lvb + level * LEVEL_WORDS
         if not (0 <= level < self._lay.cap.levels and w[lb + L_USED]):
@@ -1036,6 +1160,72 @@ class Ledger:
         return granted, linger
 
     def _finish(self, s: int, gen: int, now: int, granted: list) -> int:
+        """The fast path: no lingering, nothing waiting in the level, no queue to remove, not
+        quiescing; computed in locals and written back in one go like :meth:`_admit`'s."""
+        if not 0 <= s < self._nslots:
+            return 0
+        mv = self._mv
+        sa = self._sb + s * SLOT_WORDS
+        (state, sgen, owner, level, q, _prev, _next, initial, _final, al, _ms, held, _iw, _fw,
+         _tw, _ar, _an, start, _hash, _fs, _seq, _dl, st) = _SLOT.unpack_from(mv, sa * 8)
+        if sgen != gen or state != EXECUTING:
+            return 0
+        lb = self._lvb + level * LEVEL_WORDS
+        (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
+         r, last, robin, enq, waiting, executing, in_use, sw, dispatched, rejected, timedout,
+         cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur, ilast,
+         _serial) = _LEVEL.unpack_from(mv, lb * 8)
+        if waiting or al > 0 or quiescing or (q != NIL and nq > desired):
+            return self._finish_slow(s, gen, now, granted)
+        if now > last:  # syncTimeLocked
+            if active:
+                seats = qseats if qseats < c else c
+                nr = (r + (seats_ns_times(seats, now - last) if active == 1
+                           else _std(seats / active, now - last))) & U64
+                if nr >= HIGH_R and nr >= r:
+                    return self._finish_slow(s, gen, now, granted)
+                r = nr
+            last = now
+        w = self._w
+        ran = now - start
+        hist = (st >> 1) + E_EXEC_R + (st & 1) * EXEC_STRIDE
+        w[hist + bisect_left(_DUR, ran)] += 1
+        if ran > 0:
+            self._f[hist + ND] += ran / 1e9
+        if q != NIL:
+            u = self._u
+            qa = self._qb + (qbase + q) * QUEUE_WORDS
+            ex = w[qa + Q_EXECUTING] - 1
+            w[qa + Q_EXECUTING] = ex
+            if ex == 0:  # (its waiting count is 0: nothing waits in the level)
+                active -= 1
+            # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
+            corr = seats_ns_times(initial, self._service_ns - ran)
+            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+            w[qa + Q_SEATS] -= held
+            qseats -= held
+        in_use -= held
+        if now > ilast:  # seat demand Set() after the release
+            sec, nsec = divmod(now - ilast, 1_000_000_000)
+            dt = float(sec) + float(nsec) / 1e9
+            it += dt
+            ix += cur * dt
+            ixx += cur * cur * dt
+            ilast = now
+        cur = float(in_use + sw)
+        if cur < imn:
+            imn = cur
+        if cur > imx:
+            imx = cur
+        head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
+        _SLOT_FREE.pack_into(mv, sa * 8, FREE, gen, owner, level, NIL, NIL, head)
+        _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, s, nfree + 1)
+        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, robin, enq, waiting, executing - 1, in_use,
+                       sw, dispatched, rejected, timedout, cancelled, active, qseats, eok, efail,
+                       it, ix, ixx, imn, imx, cur, ilast)
+        return 0
+
+    def _finish_slow(self, s: int, gen: int, now: int, granted: list) -> int:
         sa = self._slot_if(s, gen, EXECUTING)
         if sa < 0:
             return 0
@@ -1059,7 +1249,7 @@ class Ledger:
             if ex == 0 and w[qa + Q_WAITING] == 0:
                 w[lb + L_ACTIVE_QUEUES] -= 1
             # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
-            corr = _std(float(w[sa + S_INITIAL]), w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+            corr = seats_ns_times(w[sa + S_INITIAL], w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
             u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
             if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
                 self._touch(lb, q)
@@ -1220,8 +1410,8 @@ class Ledger:
                     w[qa + Q_EXECUTING] = ex
                     if ex == 0 and w[qa + Q_WAITING] == 0:
                         w[lb + L_ACTIVE_QUEUES] -= 1
-                    corr = _std(float(w[sa + S_INITIAL]),
-                                w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+                    corr = seats_ns_times(w[sa + S_INITIAL],
+                                          w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
                     u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
                     self._touch(lb, q)
             self._release_seats(lb, level, s, sa, now)

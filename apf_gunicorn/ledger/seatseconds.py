@@ -8,6 +8,8 @@ wraparound, and the epoch advance is triggered at exact uint64 thresholds).
     '12.30000000ss'
     >>> duration_per_seat(seats_times_duration(13, 5_000_000), 5)
     13000000
+    >>> seats_ns_times(3, -15) == seats_times_duration(3.0, -15)
+    True
 """
 
 from __future__ import annotations
@@ -47,6 +49,29 @@ def seats_times_duration(seats: float, duration_ns: int) -> int:
         if t < _TWO63:
             return t & U64
     return _I64_MIN & U64  # Go's out-of-range float -> int64 on amd64
+
+
+# Below this bound on |seats * ns| the float path equals integer rounding (see seats_ns_times).
+EXACT_BOUND = 1 << 50
+
+
+def seats_ns_times(seats: int, duration_ns: int) -> int:
+    """``seats_times_duration`` for integer seats, in integer arithmetic where that is exact.
+
+    Why it is exact for |x| < 2^50, x = seats * ns (both ints): x is an integer below 2^53, so
+    ``float(seats) * float(ns)`` is exactly x, and ``x / 10`` in float is the correctly rounded
+    q = x/10 (1 + e), |e| <= 2^-53. |x/10| < 2^47 so |q - x/10| <= ulp/2 <= 2^-6. The exact
+    x/10 is a multiple of 0.1: either a half-integer (k + 0.5, exactly representable below
+    2^52, so q = x/10) or at least 0.1 away from every half-integer, further than q can drift.
+    Rounding q half away from zero (Go's math.Round) therefore rounds x/10 itself, which is
+    ``(x + 5) // 10`` for x >= 0 and ``-((5 - x) // 10)`` below 0. The int64 -> uint64 wrap is
+    the same. Outside the bound, the float path."""
+    x = seats * duration_ns
+    if 0 <= x < EXACT_BOUND:
+        return (x + 5) // 10
+    if -EXACT_BOUND < x < 0:
+        return -((5 - x) // 10) & U64
+    return seats_times_duration(float(seats), duration_ns)
 
 
 def duration_per_seat(ss: int, seats: float) -> int:
