@@ -1,0 +1,313 @@
+"""Observability acceptance tests on a real gunicorn (2 workers, admin endpoint on a free
+127.0.0.1 port): borrowing seen in /metrics and in the app, /metrics consistent with the dumps
+and with what the clients saw across a worker SIGKILL and a HUP, the dumps' Kubernetes layout
+and their consistency at one instant, and the server-wide Retry-After.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.apps.loadgen import Client
+from tests.conftest import APPS, free_port
+
+pytestmark = pytest.mark.server
+
+DUMP = "/debug/api_priority_and_fairness/"
+
+
+def admin_env(port: int, **extra: str) -> dict:
+    return {"APF_ADMIN_BIND": f"127.0.0.1:{port}", **extra}
+
+
+def admin_get(port: int, path: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        assert resp.status == 200, (path, resp.status, body)
+        return body
+    finally:
+        conn.close()
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    """``{(sample name, sorted label items): value}`` of /metrics."""
+    out = {}
+    for fam in text_string_to_metric_families(admin_get(port, "/metrics")):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
+
+
+def gauge(samples: dict, name: str, level: str) -> float:
+    return samples[(name, (("priority_level", level),))]
+
+
+def parse_dump(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split(",")] for line in text.splitlines()]
+
+
+def tabwriter(rows: list[list[str]]) -> str:
+    """Kubernetes' layout: cells joined by ",\\t" through Go text/tabwriter (minwidth 8,
+    padding 1): every column but the last padded to max(8, longest cell + comma + 1)."""
+    widths = [max(8, max(len(r[i]) + 2 for r in rows)) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for r in rows:
+        cells = [(c + ",").ljust(w) for c, w in zip(r, widths, strict=False)]
+        lines.append("".join(cells) + r[-1])
+    return "\n".join(lines) + "\n"
+
+
+LEVEL_HEADER = ("PriorityLevelName, ActiveQueues, IsIdle, IsQuiescing, WaitingRequests, "
+                "ExecutingRequests, DispatchedRequests, RejectedRequests, TimedoutRequests, "
+                "CancelledRequests")
+QUEUE_HEADER = ("PriorityLevelName, Index,  PendingRequests, ExecutingRequests, SeatsInUse, "
+                "NextDispatchR, InitialSeatsSum, MaxSeatsSum, TotalWorkSum")
+REQUEST_COLUMNS = ["PriorityLevelName", "FlowSchemaName", "QueueIndex", "RequestIndexInQueue",
+                   "FlowDistingsher", "ArriveTime", "InitialSeats", "FinalSeats",
+                   "AdditionalLatency", "StartTime"]
+DETAIL_COLUMNS = ["UserName", "Verb", "APIPath", "Namespace", "Name", "APIVersion", "Resource",
+                  "SubResource"]
+
+
+# -- borrowing --------------------------------------------------------------------------------
+
+def test_borrowing_lends_idle_seats_and_gives_them_back(server_factory):
+    aport = free_port()
+    env = admin_env(aport, APF_BORROWING_PERIOD="1")
+    with server_factory(workers=2, threads=40, config=str(APPS / "borrow.yaml"),
+                        env=env) as srv:
+        m = scrape(aport)
+        assert gauge(m, "apf_nominal_limit_seats", "work") == 8
+        assert gauge(m, "apf_lower_limit_seats", "work") == 4
+        stop_work, stop_other = threading.Event(), threading.Event()
+        work = [Client(srv.port, "/work?ms=100", user=f"w{i}", stop=stop_work)
+                for i in range(24)]
+        light = [Client(srv.port, "/other?ms=20", user="light", pause=0.2, stop=stop_other)]
+        for c in work + light:
+            c.start()
+        try:
+            # flooded level borrows the light level's lendable seats within two periods
+            t0 = time.monotonic()
+            raised = srv.wait_for(
+                lambda: gauge(scrape(aport), "apf_current_limit_seats", "work") > 8,
+                timeout=2.5, step=0.1)
+            took = time.monotonic() - t0
+            m = scrape(aport)
+            print(f"work limit {gauge(m, 'apf_current_limit_seats', 'work')} after {took:.1f}s, "
+                  f"other {gauge(m, 'apf_current_limit_seats', 'other')}")
+            assert raised, "work did not borrow within two 1 s periods"
+            assert gauge(m, "apf_current_limit_seats", "other") < 8
+            time.sleep(1.0)
+            _, top = srv.counters()["work"]  # most ever executing at once: 8 without borrowing
+            assert top > 8, f"the app saw at most {top} executing: no extra concurrency"
+
+            # the light level's demand returns: its seats come back within two periods
+            other = [Client(srv.port, "/other?ms=100", user=f"o{i}", stop=stop_other)
+                     for i in range(24)]
+            for c in other:
+                c.start()
+            light += other
+            t0 = time.monotonic()
+            back = srv.wait_for(
+                lambda: gauge(scrape(aport), "apf_current_limit_seats", "other") >= 8,
+                timeout=2.5, step=0.1)
+            m = scrape(aport)
+            print(f"other limit back to {gauge(m, 'apf_current_limit_seats', 'other')} after "
+                  f"{time.monotonic() - t0:.1f}s; work {gauge(m, 'apf_current_limit_seats', 'work')}")
+            assert back, "the lender did not get its seats back within two periods"
+            assert gauge(m, "apf_current_limit_seats", "work") <= 9
+        finally:
+            stop_work.set()
+            stop_other.set()
+            for c in work + light:
+                c.join(10)
+        assert not [e for c in work + light for e in c.errors]
+
+
+# -- metrics consistency across SIGKILL and HUP ------------------------------------------------
+
+def test_metrics_match_dumps_and_clients_across_kill_and_hup(server_factory):
+    aport = free_port()
+    env = admin_env(aport, APF_QUEUE_WAIT_LIMIT="0.3")
+    with server_factory(workers=2, threads=32, config=str(APPS / "tight.yaml"),
+                        env=env) as srv:
+        stop = threading.Event()
+        clients = {
+            "work": [Client(srv.port, "/work?ms=120", user=f"w{i % 6}", stop=stop, timeout=10)
+                     for i in range(20)],
+            "other": [Client(srv.port, "/other?ms=100", user=f"o{i}", stop=stop, timeout=10)
+                      for i in range(12)],
+            "exempt": [Client(srv.port, "/healthz", stop=stop, pause=0.02, timeout=10)
+                       for _ in range(2)],
+        }
+        everyone = [c for cs in clients.values() for c in cs]
+        for c in everyone:
+            c.start()
+        try:
+            time.sleep(1.0)
+            # mid-load: requests executing, queued and rejected on several levels
+            m = scrape(aport)
+            assert total(m, "apf_current_executing_requests", priority_level="work") > 0
+            assert total(m, "apf_rejected_requests_total", priority_level="other",
+                         reason="concurrency-limit") > 0
+            assert total(m, "apf_rejected_requests_total", priority_level="work",
+                         reason="queue-full") > 0
+            os.kill(srv.workers()[0], signal.SIGKILL)
+            time.sleep(1.5)
+            os.kill(srv.pid, signal.SIGHUP)
+            time.sleep(2.0)
+        finally:
+            stop.set()
+            for c in everyone:
+                c.join(15)
+        assert srv.idle(timeout=10) is not None
+        m = scrape(aport)
+        levels = {r[0]: r for r in parse_dump(admin_get(aport, DUMP + "dump_priority_levels"))}
+        header = levels.pop("PriorityLevelName")
+        col = {name: i for i, name in enumerate(header)}
+        for level, cs in clients.items():
+            seen = Counter(s for c in cs for s in c.statuses)
+            errors = sum(len(c.errors) for c in cs)
+            answered = sum(seen.values())
+            dispatched = total(m, "apf_dispatched_requests_total", priority_level=level)
+            rejected = total(m, "apf_rejected_requests_total", priority_level=level)
+            print(f"{level}: clients saw {dict(seen)} + {errors} errors; metrics dispatched "
+                  f"{dispatched:.0f} rejected {rejected:.0f}")
+            # every answered request is counted once; a request lost with the killed worker or
+            # a connection closed by the HUP is counted if it had been admitted
+            assert answered <= dispatched + rejected <= answered + errors
+            assert dispatched >= seen[200]
+            assert rejected >= seen[429] + seen[503] - errors
+            # the dumps' counters are the same numbers
+            row = levels[level]
+            assert int(row[col["DispatchedRequests"]]) == dispatched
+            assert int(row[col["RejectedRequests"]]) == rejected
+            if level != "exempt":
+                waited = total(m, "apf_request_wait_duration_seconds_count",
+                               priority_level=level)
+                assert waited > 0
+            # every request's seats were estimated exactly once
+            assert total(m, "apf_work_estimated_seats_count", priority_level=level) == \
+                dispatched + rejected
+        executed = total(m, "apf_request_execution_seconds_count", priority_level="work")
+        assert executed <= total(m, "apf_dispatched_requests_total", priority_level="work")
+        assert total(m, "apf_current_executing_requests") == 0
+        assert total(m, "apf_current_inqueue_requests") == 0
+
+
+# -- dumps ------------------------------------------------------------------------------------
+
+def test_dumps_layout_and_consistency_with_parked_requests(server_factory):
+    aport = free_port()
+    with server_factory(workers=2, threads=16, env=admin_env(aport)) as srv:
+        stop = threading.Event()
+        # 8 seats of "work" busy for 4 s, 7 more requests parked in its queues
+        clients = [Client(srv.port, "/work?ms=4000", user=f"u{i}", count=1, stop=stop)
+                   for i in range(15)]
+        for c in clients:
+            c.start()
+        try:
+            assert srv.wait_for(lambda: srv.level("work").requests_waiting == 7, timeout=3)
+            levels = admin_get(aport, DUMP + "dump_priority_levels")
+            queues = admin_get(aport, DUMP + "dump_queues")
+            requests = admin_get(aport, DUMP + "dump_requests")
+            details = admin_get(aport, DUMP + "dump_requests?includeRequestDetails=1")
+        finally:
+            stop.set()
+            for c in clients:
+                c.join(15)
+        # golden header rows and Kubernetes' tabwriter layout
+        assert levels.splitlines()[0] == LEVEL_HEADER
+        assert queues.splitlines()[0] == QUEUE_HEADER
+        for text in (levels, queues, requests, details):
+            assert tabwriter(parse_dump(text)) == text
+        assert parse_dump(requests)[0] == REQUEST_COLUMNS
+        assert parse_dump(details)[0] == REQUEST_COLUMNS + DETAIL_COLUMNS
+
+        lv = {r[0]: r for r in parse_dump(levels)[1:]}
+        waiting, executing = int(lv["work"][4]), int(lv["work"][5])
+        assert (waiting, executing) == (7, 8)
+        qrows = [r for r in parse_dump(queues)[1:] if r[0] == "work"]
+        assert len(qrows) == 16
+        assert sum(int(r[2]) for r in qrows) == waiting
+        assert sum(int(r[3]) for r in qrows) == executing
+        assert int(lv["work"][1]) == sum(1 for r in qrows if int(r[2]) > 0)  # ActiveQueues
+        rrows = [r for r in parse_dump(requests)[1:] if r[0] == "work"]
+        assert sum(1 for r in rrows if r[3] != "-1") == waiting
+        assert sum(1 for r in rrows if r[3] == "-1") == executing
+        assert all(r[9] == "0001-01-01T00:00:00Z" for r in rrows if r[3] != "-1")
+        per_queue = Counter(int(r[2]) for r in rrows if r[3] != "-1")
+        assert per_queue == {i: int(r[2]) for i, r in enumerate(qrows) if int(r[2])}
+        drows = [r for r in parse_dump(details)[1:] if r[0] == "work"]
+        assert {r[10] for r in drows} <= {f"u{i}" for i in range(15)}
+        assert {r[12] for r in drows} == {"/work"}
+        assert all(c.statuses == [200] for c in clients)
+
+
+# -- server-wide Retry-After ------------------------------------------------------------------
+
+def test_retry_after_grows_on_every_worker(server_factory):
+    with server_factory(workers=2, threads=16, config=str(APPS / "tight.yaml")) as srv:
+        stop = threading.Event()
+        seen: list[tuple[int, int, float]] = []  # (worker pid, Retry-After, time)
+        lock = threading.Lock()
+
+        def client(i: int) -> None:
+            conn, pid, n = None, 0, 0
+            while not stop.is_set():
+                try:
+                    if conn is None or n >= 20:
+                        # a fresh connection every 20 requests, so both workers get some; the
+                        # exempt /pid names the worker that holds it (keep-alive stays there)
+                        if conn is not None:
+                            conn.close()
+                        conn, n = http.client.HTTPConnection("127.0.0.1", srv.port,
+                                                             timeout=10), 0
+                        conn.request("GET", "/pid")
+                        pid = json.loads(conn.getresponse().read())["pid"]
+                    n += 1
+                    conn.request("GET", "/other?ms=150", headers={"X-Remote-User": f"o{i}"})
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status == 429:
+                        with lock:
+                            seen.append((pid, int(resp.getheader("Retry-After")),
+                                         time.monotonic()))
+                except (OSError, http.client.HTTPException, ValueError):
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+            if conn is not None:
+                conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(24)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        time.sleep(6.0)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        workers = set(srv.workers())
+        late = [(pid, ra) for pid, ra, t in seen if t - start > 4.0]
+        by_worker = {pid: max(ra for p, ra in late if p == pid) for pid, _ in late}
+        print(f"{len(seen)} 429s; highest Retry-After per worker after 4 s: {by_worker}")
+        assert set(by_worker) == workers, "429s seen from every worker"
+        assert all(v > 1 for v in by_worker.values())
