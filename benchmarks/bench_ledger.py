@@ -1,6 +1,6 @@
 """Benchmark the seat ledger: µs per admit+finish cycle, and how it grows with the queue count.
 
-    .venv/bin/python benchmarks/bench_ledger.py [--cycles N]
+    .venv/bin/python benchmarks/bench_ledger.py [--cycles N] [--baseline DIR]
 
 For a bytearray with ``NullLock`` and for real POSIX shared memory with ``ProcessLock``, at 8,
 128 and 1024 queues per level, with 0 waiting requests (the fast path: free seats, nothing
@@ -8,6 +8,11 @@ queued) and with 1000 waiting (every cycle queues one request and finishes one, 
 dispatches the head with the least virtual finish). Prints µs per cycle, the 1024/8 ratio, the
 ledger size at default capacities, and the cost of the two buffer access styles considered
 (memoryview casts, used, vs ctypes structures).
+
+``--baseline DIR`` measures every configuration a second time with the ``apf_gunicorn`` found in
+DIR (e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout) in a child process, right
+after the current one, and prints the current/baseline ratio: both run under the same machine
+load, which on a shared machine matters more than anything else.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import argparse
 import ctypes
 import mmap
 import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -109,26 +116,54 @@ def _access_styles(n: int = 200_000) -> tuple[float, float]:
     return mv_ns, ct_ns
 
 
+FACTORIES = {"bytearray+NullLock": _bytearray_ledger, "posix shm+ProcessLock": _shm_ledger}
+
+
+def _measure(label: str, waiting: int, queues: int, cycles: int) -> float:
+    led, cleanup = FACTORIES[label]()
+    try:
+        return _cycle_cost(led, queues, waiting, cycles)
+    finally:
+        cleanup()
+
+
+def _measure_in(baseline: str, label: str, waiting: int, queues: int, cycles: int) -> float:
+    env = dict(os.environ, PYTHONPATH=baseline)
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", f"{label}|{waiting}|{queues}", "--cycles",
+         str(cycles)], env=env, check=True, capture_output=True, text=True, timeout=600)
+    return float(out.stdout.split()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=4000)
+    ap.add_argument("--baseline", help="directory holding the apf_gunicorn to compare with")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # "label|waiting|queues": one measurement
     args = ap.parse_args(argv)
+    if args.one:
+        label, waiting, queues = args.one.split("|")
+        print(_measure(label, int(waiting), int(queues), args.cycles))
+        return 0
+    if args.baseline:
+        print(f"{'buffer':<22}{'waiting':>8}{'queues':>7}{'now µs':>9}{'base µs':>9}{'ratio':>7}")
+        for label in FACTORIES:
+            for waiting in (0, 1000):
+                for queues in (8, 128, 1024):
+                    now = _measure(label, waiting, queues, args.cycles)
+                    base = _measure_in(args.baseline, label, waiting, queues, args.cycles)
+                    print(f"{label:<22}{waiting:>8}{queues:>7}{now:>9.2f}{base:>9.2f}"
+                          f"{now / base:>7.2f}")
+        return 0
     print(f"ledger size at default capacities {CAP}: {Ledger.size(CAP)} bytes "
           f"({Ledger.size(CAP) / 2**20:.2f} MiB)")
     mv_ns, ct_ns = _access_styles()
     print(f"field read+write: memoryview.cast {mv_ns:.0f} ns, ctypes Structure {ct_ns:.0f} ns "
           "(a machine-speed yardstick too: gunicorn-ipc.md measured ~75 ns for the former)")
     print(f"{'buffer':<22}{'waiting':>8}{'8 q':>9}{'128 q':>9}{'1024 q':>9}{'1024/8':>8}  (µs/cycle)")
-    for label, factory in (("bytearray+NullLock", _bytearray_ledger),
-                           ("posix shm+ProcessLock", _shm_ledger)):
+    for label in FACTORIES:
         for waiting in (0, 1000):
-            costs = []
-            for queues in (8, 128, 1024):
-                led, cleanup = factory()
-                try:
-                    costs.append(_cycle_cost(led, queues, waiting, args.cycles))
-                finally:
-                    cleanup()
+            costs = [_measure(label, waiting, queues, args.cycles) for queues in (8, 128, 1024)]
             print(f"{label:<22}{waiting:>8}" + "".join(f"{c:>9.2f}" for c in costs)
                   + f"{costs[2] / costs[0]:>8.2f}")
     return 0

@@ -153,6 +153,7 @@ _HOT = struct.Struct("<Q15q6dq")  # L_R .. L_I_LAST, what the fast paths write b
 _SLOT = struct.Struct("<12q4Q2qQ4q")  # S_STATE .. S_STATS
 _SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
 _FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 if not (_LEVEL.size == (L.L_SERIAL + 1) * 8 and _HOT.size == (L_I_LAST - L_R + 1) * 8
         and _SLOT.size == SLOT_WORDS * 8 and (S_STATE, S_NEXT) == (0, 6)
         and H_FREE_COUNT == H_FREE_HEAD + 1):
@@ -829,9 +830,7 @@ class Ledger:
         w[lb + L_EXECUTING] += 1
         w[lb + L_SEATS_IN_USE] += held
         w[lb + L_DISPATCHED] += 1
-        eb = w[sa + S_STATS] >> 1
-        w[eb + E_DISPATCHED] += 1
-        self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])
+        self._observe_wait(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
         ex = w[qa + Q_EXECUTING]
         w[qa + Q_EXECUTING] = ex + 1
         if ex == 0 and w[qa + Q_WAITING] == 0:
@@ -898,120 +897,118 @@ class Ledger:
               additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
               detail: bytes = b"", watch: bool = False) -> AdmitResult:
         """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED.
-        ``fs_index`` and ``watch`` select the request's stats entry and execution histogram."""
+        ``fs_index`` and ``watch`` select the request's stats entry and execution histogram.
+
+        The fast path (a queuing level with nothing waiting, a free slot and room for this
+        request) is inline: computed in locals from one read of the level record and written
+        back in one go. Every other case, and the rare epoch advance, goes to
+        :meth:`_admit_slow` before the fast path has written anything; both leave exactly the
+        same state."""
         lock = self._lock
         dead = lock.acquire()
         w = self._w
         granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
         w[H_DIRTY] = 1  # cleared only when the operation completes
         try:
-            res = self._admit(level, flow_hash, initial_seats, final_seats,
-                              additional_latency_ns, owner, now, fs_index, detail, granted,
-                              1 if watch else 0)
+            res = None
+            initial, final, al = initial_seats, final_seats, additional_latency_ns
+            ms = initial if initial >= final else final
+            if 0 <= level < self._nlevels:
+                mv = self._mv
+                lb = self._lvb + level * LEVEL_WORDS
+                (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp,
+                 r, last, _robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
+                 timedout, cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur,
+                 ilast, serial) = _LEVEL.unpack_from(mv, lb * 8)
+                head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
+                fast = (used and desired > 0 and not waiting and head != NIL and in_use < c
+                        and (in_use + ms <= c or (ms > c and executing == 0)))
+                if fast and now > last:  # syncTimeLocked
+                    if active:
+                        seats = qseats if qseats < c else c
+                        nr = (r + (seats_ns_times(seats, now - last) if active == 1
+                                   else _std(seats / active, now - last))) & U64
+                        fast = not (nr >= HIGH_R and nr >= r)  # the epoch advance: slow path
+                        r = nr
+                    last = now
+                if fast:
+                    u = self._u
+                    eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
+                    if eb is None:
+                        eb = self._stats_entry(lb, level, fs_index)
+                    w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+                    w[eb + E_WORK_SUM] += ms
+                    w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
+                    # nothing waits anywhere in the level, so every queue's waiting work is 0
+                    # and the first card visited wins
+                    h = flow_hash & U64
+                    q = deal(h, desired, hs)[enq % hs]
+                    qa = self._qb + (qbase + q) * QUEUE_WORDS
+                    sa = self._sb + head * SLOT_WORDS
+                    gen = w[sa + S_GEN] + 1
+                    _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
+                    iw = self._g_work.get(initial)
+                    if iw is None:
+                        iw = self._g_work[initial] = seats_ns_times(initial, self._service_ns)
+                    fw = seats_ns_times(final, al) if final and al else 0
+                    tw = (iw + fw) & U64
+                    ex = w[qa + Q_EXECUTING]
+                    ndr = r if ex == 0 else u[qa + Q_NDR]
+                    if ndr < r:  # the anti-windup floor with this request as head
+                        ndr = r
+                    if now > ilast:  # seat demand Set() after the enqueue
+                        sec, nsec = divmod(now - ilast, 1_000_000_000)
+                        dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
+                        it += dt
+                        ix += cur * dt
+                        ixx += cur * cur * dt
+                        ilast = now
+                    cur = float(in_use + sw + ms)
+                    if cur < imn:
+                        imn = cur
+                    if cur > imx:
+                        imx = cur
+                    held = ms
+                    if final > c:  # the final-seat cap
+                        al = duration_per_seat(fw, float(c))
+                        final = c
+                        held = initial if initial >= c else c
+                        if held != ms:  # Set() again after the dispatch, no time passing
+                            cur = float(in_use + held + sw)
+                            if cur < imn:
+                                imn = cur
+                            if cur > imx:
+                                imx = cur
+                    if ex == 0:
+                        active += 1
+                    w[qa + Q_EXECUTING] = ex + 1
+                    w[qa + Q_SEATS] += held
+                    u[qa + Q_NDR] = (ndr + tw) & U64
+                    if detail:
+                        d = detail[: self._lay.cap.detail_bytes]
+                        off = self._lay.details + head * self._lay.detail_stride
+                        mv[off:off + len(d)] = d
+                        dlen = len(d)
+                    else:
+                        dlen = 0
+                    _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL,
+                                    initial, final, al, ms, held, iw, fw, tw, r, now, now, h,
+                                    fs_index, enq, dlen, 2 * eb + (1 if watch else 0))
+                    _HOT.pack_into(mv, (lb + L_R) * 8, r, last, q, enq + 1, waiting,
+                                   executing + 1, in_use + held, sw, dispatched + 1, rejected,
+                                   timedout, cancelled, active, qseats + held, eok, efail, it,
+                                   ix, ixx, imn, imx, cur, ilast)
+                    res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
+            if res is None:
+                res = self._admit_slow(level, flow_hash, initial_seats, final_seats,
+                                       additional_latency_ns, owner, now, fs_index, detail,
+                                       granted, 1 if watch else 0)
         except BaseException:
             lock.release()
             raise
         w[H_DIRTY] = 0
         lock.release()
         return res
-
-    def _admit(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
-               granted, watch) -> AdmitResult:
-        """The fast path: a queuing level with nothing waiting and room for this request.
-        Everything is computed in locals from one read of the level record and written back
-        in one go; any other case (and the rare epoch advance) goes to :meth:`_admit_slow`
-        before anything is written. Both leave exactly the same state."""
-        if not 0 <= level < self._nlevels:
-            return self._admit_slow(level, flow_hash, initial, final, al, owner, now, fs_index,
-                                    detail, granted, watch)
-        mv = self._mv
-        lb = self._lvb + level * LEVEL_WORDS
-        (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp,
-         r, last, _robin, enq, waiting, executing, in_use, sw, dispatched, rejected, timedout,
-         cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur, ilast,
-         serial) = _LEVEL.unpack_from(mv, lb * 8)
-        ms = initial if initial >= final else final
-        head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
-        if (not used or desired < 1 or waiting or head == NIL or in_use >= c
-                or not (in_use + ms <= c or (ms > c and executing == 0))):
-            return self._admit_slow(level, flow_hash, initial, final, al, owner, now, fs_index,
-                                    detail, granted, watch)
-        if now > last:  # syncTimeLocked
-            if active:
-                seats = qseats if qseats < c else c
-                nr = (r + (seats_ns_times(seats, now - last) if active == 1
-                           else _std(seats / active, now - last))) & U64
-                if nr >= HIGH_R and nr >= r:  # the epoch advance: rare, done by the slow path
-                    return self._admit_slow(level, flow_hash, initial, final, al, owner, now,
-                                            fs_index, detail, granted, watch)
-                r = nr
-            last = now
-        w, u = self._w, self._u
-        eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
-        if eb is None:
-            eb = self._stats_entry(lb, level, fs_index)
-        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
-        w[eb + E_WORK_SUM] += ms
-        w[eb + E_DISPATCHED] += 1
-        w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
-        # nothing waits anywhere in the level, so every queue's waiting work is 0 and the
-        # first card visited wins
-        q = deal(flow_hash & U64, desired, hs)[enq % hs]
-        qa = self._qb + (qbase + q) * QUEUE_WORDS
-        sa = self._sb + head * SLOT_WORDS
-        gen = w[sa + S_GEN] + 1
-        _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
-        iw = self._g_work.get(initial)
-        if iw is None:
-            iw = self._g_work[initial] = seats_ns_times(initial, self._service_ns)
-        fw = seats_ns_times(final, al) if final and al else 0
-        tw = (iw + fw) & U64
-        ex = w[qa + Q_EXECUTING]
-        ndr = r if ex == 0 else u[qa + Q_NDR]
-        if ndr < r:  # the anti-windup floor with this request as head
-            ndr = r
-        if now > ilast:  # seat demand Set() after the enqueue
-            sec, nsec = divmod(now - ilast, 1_000_000_000)
-            dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
-            it += dt
-            ix += cur * dt
-            ixx += cur * cur * dt
-            ilast = now
-        cur = float(in_use + sw + ms)
-        if cur < imn:
-            imn = cur
-        if cur > imx:
-            imx = cur
-        held = ms
-        if final > c:  # the final-seat cap
-            al = duration_per_seat(fw, float(c))
-            final = c
-            held = initial if initial >= c else c
-            if held != ms:  # Set() again after the dispatch, no time passing
-                cur = float(in_use + held + sw)
-                if cur < imn:
-                    imn = cur
-                if cur > imx:
-                    imx = cur
-        if ex == 0:
-            active += 1
-        w[qa + Q_EXECUTING] = ex + 1
-        w[qa + Q_SEATS] += held
-        u[qa + Q_NDR] = (ndr + tw) & U64
-        if detail:
-            d = detail[: self._lay.cap.detail_bytes]
-            off = self._lay.details + head * self._lay.detail_stride
-            mv[off:off + len(d)] = d
-            dlen = len(d)
-        else:
-            dlen = 0
-        _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL, initial, final,
-                        al, ms, held, iw, fw, tw, r, now, now, flow_hash & U64, fs_index, enq,
-                        dlen, 2 * eb + watch)
-        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, q, enq + 1, waiting, executing + 1,
-                       in_use + held, sw, dispatched + 1, rejected, timedout, cancelled, active,
-                       qseats + held, eok, efail, it, ix, ixx, imn, imx, cur, ilast)
-        return AdmitResult(EXECUTE, head, gen, "", granted)
 
     def _admit_slow(self, level, flow_hash, initial, final, al, owner, now, fs_index, detail,
                     granted, watch) -> AdmitResult:
@@ -1048,9 +1045,10 @@ class Ledger:
             w[lb + L_EXECUTING] += 1
             w[lb + L_SEATS_IN_USE] += ms
             w[lb + L_DISPATCHED] += 1
-            w[eb + E_DISPATCHED] += 1
             if desired == 0:  # reject-type levels are not exempt: a 0 s wait
                 w[eb + E_WAIT_X] += 1
+            else:
+                w[eb + E_DISPATCHED] += 1
             self._demand(lb, now)
             return AdmitResult(EXECUTE, s, gen, "", granted)
 
@@ -1074,7 +1072,6 @@ class Ledger:
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
                                      now, detail)
             w[sa + S_STATS] = 2 * eb + watch
-            w[eb + E_DISPATCHED] += 1
             w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
             u[sa + S_ARRIVAL_R] = r
             w[sa + S_SEQ] = enq
@@ -1144,86 +1141,89 @@ class Ledger:
 
     def finish(self, slot: int, gen: int, now: int) -> tuple[list, int]:
         """The main phase is over. Returns (granted, linger_until_ns); call :meth:`release`
-        at ``linger_until_ns`` when it is not 0. A stale or unknown slot is a no-op."""
+        at ``linger_until_ns`` when it is not 0. A stale or unknown slot is a no-op.
+
+        The fast path (no lingering, nothing waiting in the level, no queue to remove, not
+        quiescing) is inline, computed in locals and written back in one go like
+        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`."""
         lock = self._lock
         dead = lock.acquire()
         w = self._w
         granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
         w[H_DIRTY] = 1
         try:
-            linger = self._finish(slot, gen, now, granted)
+            linger = -1
+            if 0 <= slot < self._nslots:
+                mv = self._mv
+                sa = self._sb + slot * SLOT_WORDS
+                (state, sgen, owner, level, q, _prev, _next, initial, _final, al, _ms, held,
+                 _iw, _fw, _tw, _ar, _an, start, _hash, _fs, _seq, _dl,
+                 st) = _SLOT.unpack_from(mv, sa * 8)
+                if sgen != gen or state != EXECUTING:
+                    linger = 0  # stale: a no-op
+                elif al <= 0:
+                    lb = self._lvb + level * LEVEL_WORDS
+                    (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
+                     r, last, robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
+                     timedout, cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx,
+                     cur, ilast, _serial) = _LEVEL.unpack_from(mv, lb * 8)
+                    fast = not (waiting or quiescing or (q != NIL and nq > desired))
+                    if fast and now > last:  # syncTimeLocked
+                        if active:
+                            seats = qseats if qseats < c else c
+                            nr = (r + (seats_ns_times(seats, now - last) if active == 1
+                                       else _std(seats / active, now - last))) & U64
+                            fast = not (nr >= HIGH_R and nr >= r)  # epoch advance: slow path
+                            r = nr
+                        last = now
+                    if fast:
+                        ran = now - start
+                        hist = (st >> 1) + E_EXEC_R + (st & 1) * EXEC_STRIDE
+                        w[hist + bisect_left(_DUR, ran)] += 1
+                        if ran > 0:
+                            self._f[hist + ND] += ran / 1e9
+                        if q != NIL:
+                            u = self._u
+                            qa = self._qb + (qbase + q) * QUEUE_WORDS
+                            ex = w[qa + Q_EXECUTING] - 1
+                            w[qa + Q_EXECUTING] = ex
+                            if ex == 0:  # (its waiting count is 0: nothing waits in the level)
+                                active -= 1
+                            # nextDispatchR -= initial*(G - S): usually negative, so the
+                            # uint64 wraparound adds
+                            corr = seats_ns_times(initial, self._service_ns - ran)
+                            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+                            w[qa + Q_SEATS] -= held
+                            qseats -= held
+                        in_use -= held
+                        if now > ilast:  # seat demand Set() after the release
+                            sec, nsec = divmod(now - ilast, 1_000_000_000)
+                            dt = float(sec) + float(nsec) / 1e9
+                            it += dt
+                            ix += cur * dt
+                            ixx += cur * cur * dt
+                            ilast = now
+                        cur = float(in_use + sw)
+                        if cur < imn:
+                            imn = cur
+                        if cur > imx:
+                            imx = cur
+                        head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
+                        _SLOT_FREE.pack_into(mv, sa * 8, FREE, gen, owner, level, NIL, NIL, head)
+                        _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, slot, nfree + 1)
+                        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, robin, enq, waiting,
+                                       executing - 1, in_use, sw, dispatched, rejected, timedout,
+                                       cancelled, active, qseats, eok, efail, it, ix, ixx, imn,
+                                       imx, cur, ilast)
+                        linger = 0
+            if linger < 0:
+                linger = self._finish_slow(slot, gen, now, granted)
         except BaseException:
             lock.release()
             raise
         w[H_DIRTY] = 0
         lock.release()
         return granted, linger
-
-    def _finish(self, s: int, gen: int, now: int, granted: list) -> int:
-        """The fast path: no lingering, nothing waiting in the level, no queue to remove, not
-        quiescing; computed in locals and written back in one go like :meth:`_admit`'s."""
-        if not 0 <= s < self._nslots:
-            return 0
-        mv = self._mv
-        sa = self._sb + s * SLOT_WORDS
-        (state, sgen, owner, level, q, _prev, _next, initial, _final, al, _ms, held, _iw, _fw,
-         _tw, _ar, _an, start, _hash, _fs, _seq, _dl, st) = _SLOT.unpack_from(mv, sa * 8)
-        if sgen != gen or state != EXECUTING:
-            return 0
-        lb = self._lvb + level * LEVEL_WORDS
-        (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
-         r, last, robin, enq, waiting, executing, in_use, sw, dispatched, rejected, timedout,
-         cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur, ilast,
-         _serial) = _LEVEL.unpack_from(mv, lb * 8)
-        if waiting or al > 0 or quiescing or (q != NIL and nq > desired):
-            return self._finish_slow(s, gen, now, granted)
-        if now > last:  # syncTimeLocked
-            if active:
-                seats = qseats if qseats < c else c
-                nr = (r + (seats_ns_times(seats, now - last) if active == 1
-                           else _std(seats / active, now - last))) & U64
-                if nr >= HIGH_R and nr >= r:
-                    return self._finish_slow(s, gen, now, granted)
-                r = nr
-            last = now
-        w = self._w
-        ran = now - start
-        hist = (st >> 1) + E_EXEC_R + (st & 1) * EXEC_STRIDE
-        w[hist + bisect_left(_DUR, ran)] += 1
-        if ran > 0:
-            self._f[hist + ND] += ran / 1e9
-        if q != NIL:
-            u = self._u
-            qa = self._qb + (qbase + q) * QUEUE_WORDS
-            ex = w[qa + Q_EXECUTING] - 1
-            w[qa + Q_EXECUTING] = ex
-            if ex == 0:  # (its waiting count is 0: nothing waits in the level)
-                active -= 1
-            # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
-            corr = seats_ns_times(initial, self._service_ns - ran)
-            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
-            w[qa + Q_SEATS] -= held
-            qseats -= held
-        in_use -= held
-        if now > ilast:  # seat demand Set() after the release
-            sec, nsec = divmod(now - ilast, 1_000_000_000)
-            dt = float(sec) + float(nsec) / 1e9
-            it += dt
-            ix += cur * dt
-            ixx += cur * cur * dt
-            ilast = now
-        cur = float(in_use + sw)
-        if cur < imn:
-            imn = cur
-        if cur > imx:
-            imx = cur
-        head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
-        _SLOT_FREE.pack_into(mv, sa * 8, FREE, gen, owner, level, NIL, NIL, head)
-        _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, s, nfree + 1)
-        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, robin, enq, waiting, executing - 1, in_use,
-                       sw, dispatched, rejected, timedout, cancelled, active, qseats, eok, efail,
-                       it, ix, ixx, imn, imx, cur, ilast)
-        return 0
 
     def _finish_slow(self, s: int, gen: int, now: int, granted: list) -> int:
         sa = self._slot_if(s, gen, EXECUTING)

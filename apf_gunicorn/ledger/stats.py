@@ -11,7 +11,10 @@ exact and server-wide, and no per-process metric files are needed::
 Entry layout (8-byte words, see ``E_*``): the owning level's serial (a level index is reused
 after a level is dropped; the serial is not), the level index, the FlowSchema index, the
 length of the level name captured at creation (the name itself lives in a parallel byte area),
-then the counters. Histogram buckets are stored per bucket (non-cumulative) as int64 counts;
+then the counters. ``dispatched`` is not counted on its own: every non-exempt dispatch observes
+the execute="true" wait histogram, which otherwise only time-outs and cancels observe, so
+dispatched = exempt dispatches (``E_DISPATCHED``) + that histogram's count − time-outs −
+cancels, one word write less per request. Histogram buckets are stored per bucket (non-cumulative) as int64 counts;
 sums are float64 seconds (durations) or int64 seats (work). A histogram's count is the sum of
 its buckets.
 
@@ -47,7 +50,7 @@ E_FS = 2
 E_NAME_LEN = 3
 E_WORK = 4  # NW buckets
 E_WORK_SUM = E_WORK + NW  # int64 seats
-E_DISPATCHED = E_WORK_SUM + 1
+E_DISPATCHED = E_WORK_SUM + 1  # only dispatches without a wait observation (exempt)
 E_REJECTED = E_DISPATCHED + 1  # len(REASONS) counters
 E_WAIT_X = E_REJECTED + len(REASONS)  # execute=true: ND buckets then a float64 sum
 E_WAIT_R = E_WAIT_X + ND + 1  # execute=false
@@ -99,13 +102,15 @@ def _hist(words: list, floats: list, at: int, n: int, bounds: tuple) -> Hist:
 def read_entry(words: list, floats: list, level: str, flow_schema: str) -> RequestStats:
     """Turn one entry's words (as ``int64`` and ``float64`` lists) into plain objects."""
     work_counts = tuple(words[E_WORK: E_WORK + NW])
+    wait_x = _hist(words, floats, E_WAIT_X, ND, DURATION_BOUNDS_S)
     return RequestStats(
         level, flow_schema,
         Hist(tuple(float(b) for b in WORK_BOUNDS), work_counts, float(words[E_WORK_SUM]),
              sum(work_counts)),
-        words[E_DISPATCHED],
+        words[E_DISPATCHED] + wait_x.count - words[E_REJECTED + R_TIME_OUT]
+        - words[E_REJECTED + R_CANCELLED],
         {name: words[E_REJECTED + i] for i, name in enumerate(REASONS)},
-        _hist(words, floats, E_WAIT_X, ND, DURATION_BOUNDS_S),
+        wait_x,
         _hist(words, floats, E_WAIT_R, ND, DURATION_BOUNDS_S),
         _hist(words, floats, E_EXEC_R, ND, DURATION_BOUNDS_S),
         _hist(words, floats, E_EXEC_W, ND, DURATION_BOUNDS_S),
