@@ -123,3 +123,14 @@ def test_request_events_are_counted_in_the_ledger(shared) -> None:
     assert st.execution_regular.count == 2
     assert st.work.count == 4 and st.work.sum == 4
     assert st.wait_rejected.count == 1 and st.wait_rejected.counts[0] == 1
+
+
+def test_borrowing_period_setting() -> None:
+    from apf_gunicorn.server.settings import SettingsError, load_settings
+
+    assert load_settings({}).borrowing_period_s == 10.0
+    assert load_settings({"APF_BORROWING_PERIOD": "1"}).borrowing_period_s == 1.0
+    assert load_settings({"APF_BORROWING_PERIOD": "0.5"}).borrowing_period_s == 0.5
+    for bad in ("0", "-1", "abc", "0.01", "3601", "nan"):
+        with pytest.raises(SettingsError, match="invalid APF_BORROWING_PERIOD="):
+            load_settings({"APF_BORROWING_PERIOD": bad})

@@ -10,8 +10,9 @@ level limits, borrowing states, number of registered workers); a ``server.state.
 may be passed instead and is read through ``view_of_master_state`` (its settings also give the
 metrics prefix). Paths:
 
-* ``/metrics``: Prometheus text: every worker's per-request series (multiprocess files) plus
-  the master's exact gauges from the ledger;
+* ``/metrics``: Prometheus text read from the shared ledger at scrape time (per-request
+  counters and histograms, exact gauges), plus the application's own multiprocess files when
+  ``PROMETHEUS_MULTIPROC_DIR`` is set;
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
