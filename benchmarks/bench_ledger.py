@@ -9,10 +9,10 @@ dispatches the head with the least virtual finish). Prints µs per cycle, the 10
 ledger size at default capacities, and the cost of the two buffer access styles considered
 (memoryview casts, used, vs ctypes structures).
 
-``--baseline DIR`` measures every configuration a second time with the ``apf_gunicorn`` found in
-DIR (e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout) in a child process, right
-after the current one, and prints the current/baseline ratio: both run under the same machine
-load, which on a shared machine matters more than anything else.
+``--baseline DIR`` measures every configuration with the ``apf_gunicorn`` found in DIR as well
+(e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout), in a child process, one
+repetition each in turn, and prints the best of ``--reps`` for each and their ratio: both see the
+same machine load, which on a shared machine matters more than anything else.
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ def _hashes(n: int) -> list[int]:
 
 
 def _cycle_cost(led: Ledger, queues: int, waiting: int, cycles: int) -> float:
+    one_rep = _setup(led, queues, waiting)
+    return min(one_rep(cycles) for _rep in range(7))
+
+
+def _setup(led: Ledger, queues: int, waiting: int):
+    """Configure one level, fill it with ``waiting`` queued requests; returns run(cycles) ->
+    µs per admit+finish cycle."""
     hand = min(6, queues)
     c = 4 if waiting else 1000
     levels, _ = led.configure([LevelSpec("bench", queues, hand, 100_000, c)], ["fs"], 0)
@@ -55,8 +62,10 @@ def _cycle_cost(led: Ledger, queues: int, waiting: int, cycles: int) -> float:
         if res.outcome != QUEUED:
             running.append((res.slot, res.gen))
         now += 1000
-    best = float("inf")
-    for _rep in range(5):
+    clock = [now]
+
+    def run(cycles: int) -> float:
+        now = clock[0]
         t0 = time.perf_counter_ns()
         for i in range(cycles):
             now += 1000
@@ -67,8 +76,10 @@ def _cycle_cost(led: Ledger, queues: int, waiting: int, cycles: int) -> float:
                 running.extend((gs, gg) for gs, gg, _o in granted)
             else:
                 led.finish(res.slot, res.gen, now + 500)
-        best = min(best, (time.perf_counter_ns() - t0) / cycles / 1000)
-    return best
+        clock[0] = now
+        return (time.perf_counter_ns() - t0) / cycles / 1000
+
+    return run
 
 
 def _bytearray_ledger() -> tuple[Ledger, callable]:
@@ -127,33 +138,72 @@ def _measure(label: str, waiting: int, queues: int, cycles: int) -> float:
         cleanup()
 
 
-def _measure_in(baseline: str, label: str, waiting: int, queues: int, cycles: int) -> float:
-    env = dict(os.environ, PYTHONPATH=baseline)
-    out = subprocess.run(
-        [sys.executable, __file__, "--one", f"{label}|{waiting}|{queues}", "--cycles",
-         str(cycles)], env=env, check=True, capture_output=True, text=True, timeout=600)
-    return float(out.stdout.split()[-1])
+def _serve() -> int:
+    """Child side of --baseline: "setup label|waiting|queues", then "rep cycles" lines, each
+    answered with µs per cycle, then "done"."""
+    run = cleanup = None
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "setup":
+            label, waiting, queues = arg.split("|")
+            led, cleanup = FACTORIES[label]()
+            run = _setup(led, int(queues), int(waiting))
+            print("ok", flush=True)
+        elif cmd == "rep":
+            print(run(int(arg)), flush=True)
+        elif cmd == "done":
+            run = None
+            cleanup()
+            print("ok", flush=True)
+    return 0
+
+
+def _compare(baseline: str, cycles: int, reps: int) -> None:
+    """Current vs baseline, one repetition each in turn (so both see the same machine load),
+    best of ``reps`` for each."""
+    child = subprocess.Popen([sys.executable, __file__, "--serve"], text=True,
+                             env=dict(os.environ, PYTHONPATH=baseline),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def ask(line: str) -> str:
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+        return child.stdout.readline().strip()
+
+    print(f"{'buffer':<22}{'waiting':>8}{'queues':>7}{'now µs':>9}{'base µs':>9}{'ratio':>7}")
+    try:
+        for label in FACTORIES:
+            for waiting in (0, 1000):
+                for queues in (8, 128, 1024):
+                    led, cleanup = FACTORIES[label]()
+                    try:
+                        run = _setup(led, queues, waiting)
+                        ask(f"setup {label}|{waiting}|{queues}")
+                        now = base = float("inf")
+                        for _ in range(reps):
+                            now = min(now, run(cycles))
+                            base = min(base, float(ask(f"rep {cycles}")))
+                        ask("done")
+                    finally:
+                        cleanup()
+                    print(f"{label:<22}{waiting:>8}{queues:>7}{now:>9.2f}{base:>9.2f}"
+                          f"{now / base:>7.2f}", flush=True)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=4000)
     ap.add_argument("--baseline", help="directory holding the apf_gunicorn to compare with")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # "label|waiting|queues": one measurement
+    ap.add_argument("--reps", type=int, default=15, help="--baseline: repetitions, best of")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.one:
-        label, waiting, queues = args.one.split("|")
-        print(_measure(label, int(waiting), int(queues), args.cycles))
-        return 0
+    if args.serve:
+        return _serve()
     if args.baseline:
-        print(f"{'buffer':<22}{'waiting':>8}{'queues':>7}{'now µs':>9}{'base µs':>9}{'ratio':>7}")
-        for label in FACTORIES:
-            for waiting in (0, 1000):
-                for queues in (8, 128, 1024):
-                    now = _measure(label, waiting, queues, args.cycles)
-                    base = _measure_in(args.baseline, label, waiting, queues, args.cycles)
-                    print(f"{label:<22}{waiting:>8}{queues:>7}{now:>9.2f}{base:>9.2f}"
-                          f"{now / base:>7.2f}")
+        _compare(args.baseline, args.cycles, args.reps)
         return 0
     print(f"ledger size at default capacities {CAP}: {Ledger.size(CAP)} bytes "
           f"({Ledger.size(CAP) / 2**20:.2f} MiB)")

@@ -154,6 +154,16 @@ _SLOT = struct.Struct("<12q4Q2qQ4q")  # S_STATE .. S_STATS
 _SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
 _FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__
+# the work histogram's bucket word for 0..100 seats
+_WORK_AT = tuple(E_WORK + bisect_left(WORK_BOUNDS, n) for n in range(101))
+_WORK_INF = E_WORK + len(WORK_BOUNDS)
+
+
+def _seconds(ns: int) -> float:
+    """Go's ``Duration.Seconds()``: whole seconds plus the nanosecond rest, each as a float.
+    Below one second that is ``ns / 1e9`` exactly (0.0 + x == x), which the fast paths use."""
+    sec, nsec = divmod(ns, 1_000_000_000)
+    return float(sec) + float(nsec) / 1e9
 if not (_LEVEL.size == (L.L_SERIAL + 1) * 8 and _HOT.size == (L_I_LAST - L_R + 1) * 8
         and _SLOT.size == SLOT_WORDS * 8 and (S_STATE, S_NEXT) == (0, 6)
         and H_FREE_COUNT == H_FREE_HEAD + 1):
@@ -913,9 +923,10 @@ class Ledger:
             res = None
             initial, final, al = initial_seats, final_seats, additional_latency_ns
             ms = initial if initial >= final else final
-            if 0 <= level < self._nlevels:
+            lb = self._lvb + level * LEVEL_WORDS
+            # (something waiting: the slow path, without paying for the record read first)
+            if 0 <= level < self._nlevels and not w[lb + L_WAITING]:
                 mv = self._mv
-                lb = self._lvb + level * LEVEL_WORDS
                 (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp,
                  r, last, _robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
                  timedout, cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur,
@@ -936,7 +947,7 @@ class Ledger:
                     eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
                     if eb is None:
                         eb = self._stats_entry(lb, level, fs_index)
-                    w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+                    w[eb + (_WORK_AT[ms] if ms < 101 else _WORK_INF)] += 1
                     w[eb + E_WORK_SUM] += ms
                     w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
                     # nothing waits anywhere in the level, so every queue's waiting work is 0
@@ -957,8 +968,8 @@ class Ledger:
                     if ndr < r:  # the anti-windup floor with this request as head
                         ndr = r
                     if now > ilast:  # seat demand Set() after the enqueue
-                        sec, nsec = divmod(now - ilast, 1_000_000_000)
-                        dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
+                        dt = now - ilast
+                        dt = dt / 1e9 if dt < 1_000_000_000 else _seconds(dt)
                         it += dt
                         ix += cur * dt
                         ixx += cur * cur * dt
@@ -1161,7 +1172,7 @@ class Ledger:
                  st) = _SLOT.unpack_from(mv, sa * 8)
                 if sgen != gen or state != EXECUTING:
                     linger = 0  # stale: a no-op
-                elif al <= 0:
+                elif al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]:
                     lb = self._lvb + level * LEVEL_WORDS
                     (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
                      r, last, robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
@@ -1197,8 +1208,8 @@ class Ledger:
                             qseats -= held
                         in_use -= held
                         if now > ilast:  # seat demand Set() after the release
-                            sec, nsec = divmod(now - ilast, 1_000_000_000)
-                            dt = float(sec) + float(nsec) / 1e9
+                            dt = now - ilast
+                            dt = dt / 1e9 if dt < 1_000_000_000 else _seconds(dt)
                             it += dt
                             ix += cur * dt
                             ixx += cur * cur * dt
