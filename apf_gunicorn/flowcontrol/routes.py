@@ -14,6 +14,13 @@ URLs are not Kubernetes-shaped can say, in YAML, which of its routes are which r
         subresource: ""                       # default ""
         methods: [GET, POST, PUT, DELETE]     # default: every method
         verbs: {POST: create}                 # optional; other methods use the defaults
+      - path: /reports/<path:rest>            # a cost-only entry: classification unchanged
+        methods: [GET]
+        seats: 4                              # initial seats (int >= 1, default 1)
+        finalSeats: 2                         # seats kept after the response (default 0)
+        additionalLatency: 50ms               # ... for this long (Go duration, default 0)
+        longRunning: false                    # true: seats held only until the app returns
+                                              # its response iterable (streams)
 
 ``path`` uses werkzeug's routing syntax (converters such as ``<int:...>`` and ``<path:...>``
 work). The URL variables ``namespace`` and ``name`` become the request's namespace and name.
@@ -22,8 +29,16 @@ GET/HEAD with a name -> get, without -> list; POST -> create; PUT -> update; PAT
 DELETE with a name -> delete, without -> deletecollection; any other method -> its lower-cased
 name.
 
+An entry sets the request's resource fields (``resource`` and friends), its cost (``seats``,
+``finalSeats``, ``additionalLatency``, ``longRunning``), or both. The two are looked up
+independently: the resource fields come from the most specific matching entry that names a
+resource, the cost from the most specific matching entry that sets a cost field. An entry
+with only cost fields therefore leaves the request's normal classification alone (Kubernetes
+path or non-resource request) and only sets what it costs.
+
     table = load_routes("routes.yaml")          # raises RouteError naming the file and entry
     table.match("GET", "/tenants/acme/orders")  # -> {"verb": "list", "namespace": "acme", ...}
+    table.cost("GET", "/reports/2024")          # -> WorkEstimate(4, 2, 50000000, False) or None
 """
 
 from __future__ import annotations
@@ -36,11 +51,18 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.routing.exceptions import RoutingException
 
+from apf_gunicorn.flowcontrol.workestimate import EstimateError, WorkEstimate, make_estimate
+
 #: Verbs a FlowSchema rule can name (validation refuses any other).
 KUBERNETES_VERBS = frozenset(
     ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "proxy")
 )
-_KEYS = frozenset(("path", "resource", "apiGroup", "apiVersion", "subresource", "verbs", "methods"))
+_RESOURCE_KEYS = ("resource", "apiGroup", "apiVersion", "subresource", "verbs")
+#: route file key -> make_estimate argument
+COST_KEYS = {"seats": "seats", "finalSeats": "final_seats",
+             "additionalLatency": "additional_latency", "longRunning": "long_running"}
+_COST_NAMES = {v: k for k, v in COST_KEYS.items()}
+_KEYS = frozenset(("path", "methods", *_RESOURCE_KEYS, *COST_KEYS))
 
 
 class RouteError(ValueError):
@@ -50,11 +72,14 @@ class RouteError(ValueError):
 class Route:
     """One entry, after checking."""
 
-    __slots__ = ("path", "resource", "api_group", "api_version", "subresource", "verbs", "methods")
+    __slots__ = ("path", "resource", "api_group", "api_version", "subresource", "verbs", "methods",
+                 "cost")
 
-    def __init__(self, path: str, resource: str, api_group: str = "", api_version: str = "",
+    def __init__(self, path: str, resource: str = "", api_group: str = "", api_version: str = "",
                  subresource: str = "", verbs: Mapping[str, str] | None = None,
-                 methods: tuple[str, ...] | None = None) -> None:
+                 methods: tuple[str, ...] | None = None, cost: WorkEstimate | None = None) -> None:
+        """``resource`` empty: a cost-only entry (``cost`` must be set)."""
+        self.cost = cost
         self.path = path
         self.resource = resource
         self.api_group = api_group
@@ -85,26 +110,55 @@ class RouteTable:
     def __init__(self, routes: list[Route], source: str = "<routes>") -> None:
         self.routes = routes
         self.source = source
-        self._map = Map(strict_slashes=False, merge_slashes=False, redirect_defaults=False)
-        for index, route in enumerate(routes):
+        # Resource entries and cost entries are matched separately (a cost-only entry must not
+        # hide a resource entry, nor the other way round); None when a table has no entry.
+        self._adapter = self._bind([i for i, r in enumerate(routes) if r.resource])
+        self._cost_adapter = self._bind([i for i, r in enumerate(routes) if r.cost is not None])
+        #: Whether any entry sets a cost (the middleware skips the lookup otherwise).
+        self.has_costs = self._cost_adapter is not None
+
+    def _bind(self, indices: list[int]):
+        if not indices:
+            return None
+        source = self.source
+        rules = Map(strict_slashes=False, merge_slashes=False, redirect_defaults=False)
+        for index in indices:
+            route = self.routes[index]
             try:
-                self._map.add(Rule(route.path, endpoint=index, methods=route.methods))
+                rules.add(Rule(route.path, endpoint=index, methods=route.methods))
             except (ValueError, LookupError, TypeError) as exc:
                 raise RouteError(f"{source}: routes[{index}] ({route.path}): bad path: {exc}") from None
         try:
-            self._adapter = self._map.bind("localhost")
-            self._map.update()
+            adapter = rules.bind("localhost")
+            rules.update()
         except (ValueError, LookupError, TypeError) as exc:
             raise RouteError(f"{source}: bad route paths: {exc}") from None
+        return adapter
 
-    def match(self, method: str, path: str) -> dict[str, Any] | None:
-        """The resource fields of a request on a mapped route, or None."""
+    @staticmethod
+    def _lookup(adapter, method: str, path: str):
+        if adapter is None:
+            return None
         try:
-            index, values = self._adapter.match(path, method=method)
+            return adapter.match(path, method=method)
         except (HTTPException, RoutingException):
             return None
         except Exception:  # a converter choking on hostile input: treat as no match
             return None
+
+    def cost(self, method: str, path: str) -> WorkEstimate | None:
+        """The declared cost of a request (most specific matching entry with a cost), or None."""
+        found = self._lookup(self._cost_adapter, method, path)
+        if found is None:
+            return None
+        return self.routes[found[0]].cost
+
+    def match(self, method: str, path: str) -> dict[str, Any] | None:
+        """The resource fields of a request on a mapped route, or None."""
+        found = self._lookup(self._adapter, method, path)
+        if found is None:
+            return None
+        index, values = found
         route = self.routes[index]
         name = values.get("name")
         name = "" if name is None else str(name)
@@ -159,9 +213,28 @@ def parse_routes(document: Any, source: str = "<routes>") -> RouteTable:
         path = entry.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
             raise _entry_error(source, index, entry, "path is required and must start with '/'")
+        cost = None
+        if any(k in entry for k in COST_KEYS):
+            kwargs = {COST_KEYS[k]: entry[k] for k in COST_KEYS if k in entry}
+            if any(v is None for v in kwargs.values()):
+                field = next(k for k in COST_KEYS if k in entry and entry[k] is None)
+                raise _entry_error(source, index, entry, f"{field}: must not be empty")
+            try:
+                cost = make_estimate(**kwargs, names=_COST_NAMES)
+            except EstimateError as exc:
+                raise _entry_error(source, index, entry, str(exc)) from None
         resource = entry.get("resource")
+        if cost is not None and resource is None:
+            extra = [k for k in _RESOURCE_KEYS if k in entry]
+            if extra:
+                raise _entry_error(source, index, entry, f"{', '.join(extra)} without resource: "
+                                   "a cost-only entry cannot set resource fields")
+            routes.append(Route(path=path, methods=_methods(source, index, entry), cost=cost))
+            continue
         if not isinstance(resource, str) or not resource:
-            raise _entry_error(source, index, entry, "resource is required (a non-empty string)")
+            raise _entry_error(source, index, entry, "resource is required (a non-empty string) "
+                               "unless the entry only sets a cost (seats, finalSeats, "
+                               "additionalLatency, longRunning)")
         verbs_in = entry.get("verbs") or {}
         if not isinstance(verbs_in, Mapping):
             raise _entry_error(source, index, entry, "verbs must map HTTP methods to verbs")
@@ -173,13 +246,7 @@ def parse_routes(document: Any, source: str = "<routes>") -> RouteTable:
                 raise _entry_error(source, index, entry, f"verb {verb!r} for {method} is not one of "
                                    f"{sorted(KUBERNETES_VERBS)}")
             verbs[method.upper()] = verb
-        methods = entry.get("methods")
-        if methods is not None:
-            if (not isinstance(methods, list) or not methods
-                    or not all(isinstance(m, str) and m for m in methods)):
-                raise _entry_error(source, index, entry, "methods must be a non-empty list of "
-                                   "HTTP methods")
-            methods = tuple(m.upper() for m in methods)
+        methods = _methods(source, index, entry)
         routes.append(Route(
             path=path,
             resource=resource,
@@ -188,8 +255,20 @@ def parse_routes(document: Any, source: str = "<routes>") -> RouteTable:
             subresource=_optional_str(source, index, entry, "subresource"),
             verbs=verbs,
             methods=methods,
+            cost=cost,
         ))
     return RouteTable(routes, source)
+
+
+def _methods(source: str, index: int, entry: Mapping) -> tuple[str, ...] | None:
+    methods = entry.get("methods")
+    if methods is None:
+        return None
+    if (not isinstance(methods, list) or not methods
+            or not all(isinstance(m, str) and m for m in methods)):
+        raise _entry_error(source, index, entry, "methods must be a non-empty list of "
+                           "HTTP methods")
+    return tuple(m.upper() for m in methods)
 
 
 def load_routes(path: str) -> RouteTable:

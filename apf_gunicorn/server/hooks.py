@@ -123,6 +123,12 @@ def on_starting(server) -> None:
     except SettingsError as e:
         _fail(server, [str(e)])
     resolver = _build_resolver(server, settings)
+    if settings.work_estimator:
+        from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
+        try:
+            load_estimator_hook(settings.work_estimator)  # fail at start, not in the workers
+        except Exception as e:
+            _fail(server, [str(e)])
     try:
         gen = load_generation(settings)
     except Exception as e:  # the loader's ConfigErrors, or any reading problem
@@ -320,14 +326,43 @@ def post_worker_init(worker) -> None:
         level_index=gen.level_index, fs_index=gen.fs_index, owner=index, parking=parking,
         deliver=deliver, add_linger=dispatcher.add_linger,
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
-        max_seats={name: int(lim.max_seats or 1 << 30) for name, lim in gen.limits.items()},
-        **_optional_pieces(m, gen))
+        max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
+        work_estimator=_work_estimator(m.settings), **_optional_pieces(m, gen))
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,
                                      parking=parking, dispatcher=dispatcher, inbox=inbox,
                                      sender=sender, middleware=middleware, worker=worker)
     dispatcher.start()
+
+
+def level_max_seats(gen, settings) -> dict[str, int]:
+    """Per level, the widest request the work estimate is clamped to (docs/work-estimation.md)."""
+    from apf_gunicorn.flowcontrol.workestimate import level_max_seats as widest
+
+    levels = gen.configuration.priority_levels
+    return {name: widest(lim, levels[name].is_exempt if name in levels else False,
+                         settings.concurrency_limit)
+            for name, lim in gen.limits.items()}
+
+
+def route_table(resolver):
+    """The APF_ROUTES table behind a resolver (the built-in one, or an APF_REQUEST_INFO hook's
+    fallback), for its cost entries; None without one."""
+    for candidate in (resolver, getattr(resolver, "fallback", None)):
+        table = getattr(candidate, "routes", None)
+        if table is not None:
+            return table
+    return None
+
+
+def _work_estimator(settings):
+    """The APF_WORK_ESTIMATOR hook (already imported by the master, so loading is cheap)."""
+    if not settings.work_estimator:
+        return None
+    from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
+
+    return load_estimator_hook(settings.work_estimator)
 
 
 def _die_after(settings, worker) -> int:

@@ -4,8 +4,16 @@ Per request: attributes -> FlowSchema and priority level -> work estimate -> ``l
 then run now, or park the thread until the ledger grants the request, its wait limit runs out
 (429, ``time-out``), its client leaves (``cancelled``) or the worker stops (503). The seats
 are given back (``ledger.finish``) when the response body has been sent or closed, or when
-the app raises; a watch holds them only until the app returns its iterable (its initial
-phase). Lingering seats (final seats, additional latency) are released by the dispatcher.
+the app raises; a watch or a long-running request holds them only until the app returns its
+iterable (its initial phase). Lingering seats (final seats, additional latency) are released
+by the dispatcher.
+
+Work estimate, highest precedence first: the ``APF_WORK_ESTIMATOR`` hook (called per request,
+``None`` or a failure falls through), a Flask view's ``@cost`` (found through the app's
+``url_map``), a cost entry of ``APF_ROUTES``, ``WorkerContext.estimator`` (default: one seat);
+clamped to the level's max seats. Everything but the hook is computed once per request shape
+and kept in the shape cache with the classification, so a request without a cost takes the
+same one-seat fast path as before.
 
 Metrics cost nothing here: the ledger records every per-request event (dispatched, rejected,
 wait, execution, estimated seats) under the lock ``admit``/``finish``/``cancel`` already hold,
@@ -31,7 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
-from apf_gunicorn.flowcontrol.workestimate import clamp, default_estimator
+from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
+from apf_gunicorn.flowcontrol.workestimate import (
+    ONE_SEAT,
+    EstimatorHook,
+    WorkEstimate,
+    clamp,
+    default_estimator,
+)
 from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
 
 log = logging.getLogger("apf_gunicorn.middleware")
@@ -69,8 +84,10 @@ class WorkerContext:
     alive: Callable[[], bool]
     retry_after: Any = None  # flowcontrol.retryafter.RetryAfterTracker or None
     encode_detail: Callable[..., bytes] | None = None
-    estimator: Callable[[Any, Any], Any] = default_estimator
-    max_seats: dict[str, int] = field(default_factory=dict)
+    estimator: Callable[[Any, Any], Any] = default_estimator  # per shape: (attrs, c)
+    max_seats: dict[str, int] = field(default_factory=dict)  # level -> widest request (clamp)
+    routes: Any = None  # flowcontrol.routes.RouteTable (its cost entries) or None
+    work_estimator: Any = None  # EstimatorHook (or a plain callable) for APF_WORK_ESTIMATOR
     clock: Callable[[], int] = time.monotonic_ns
 
 
@@ -113,6 +130,19 @@ class APFMiddleware:
         self._estimate = ctx.estimator
         # The default estimator always says one seat, no tail: skip the call and the clamp.
         self._one_seat = ctx.estimator is default_estimator
+        from apf_gunicorn.flask import ViewCosts
+
+        self._view_costs = ViewCosts.for_app(app)
+        routes = ctx.routes
+        self._route_costs = routes if getattr(routes, "has_costs", False) else None
+        # Whether any per-shape source can say something other than one seat.
+        self._shape_costs = (self._view_costs is not None or self._route_costs is not None
+                             or not self._one_seat)
+        hook = ctx.work_estimator
+        if hook is not None and not isinstance(hook, EstimatorHook):
+            hook = EstimatorHook(hook)
+        self._hook = hook
+        self._clamp_logged: set[tuple] = set()
         self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0}
@@ -145,23 +175,24 @@ class APFMiddleware:
                     if len(self._cache) >= _CACHE_SIZE:
                         self._cache.clear()
                     self._cache[key] = hit
-            attrs, c, route, detail = hit
+            attrs, c, route, detail, est, early = hit
+            if self._hook is not None:
+                dynamic = self._hook(environ, attrs, c)
+                if dynamic is not None:
+                    est = self._clamped(dynamic, route, "APF_WORK_ESTIMATOR")
+                    early = attrs.verb == "watch" or (est is not None and est.long_running)
             now = self._clock()
-            watch = attrs.verb == "watch"
-            if self._one_seat:
-                if watch:
+            if est is None:  # one seat, no tail: the common case
+                if early:
                     res = self._admit(route.level, c.flow_hash, 1, 0, 0, self._owner, now,
                                       fs_index=route.fs_index, detail=detail, watch=True)
                 else:
                     res = self._admit(route.level, c.flow_hash, 1, 0, 0, self._owner, now,
                                       fs_index=route.fs_index, detail=detail)
             else:
-                est = self._estimate(attrs, c)
-                if est.initial_seats != 1 or est.final_seats:
-                    est = clamp(est, route.max_seats)
                 res = self._admit(route.level, c.flow_hash, est.initial_seats, est.final_seats,
                                   est.additional_latency_ns, self._owner, now,
-                                  fs_index=route.fs_index, detail=detail, watch=watch)
+                                  fs_index=route.fs_index, detail=detail, watch=early)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1
@@ -171,12 +202,15 @@ class APFMiddleware:
             self.ctx.deliver(res.granted)
         outcome = res.outcome
         if outcome == EXECUTE:
-            return self._run(environ, start_response, res.slot, res.gen, route, watch)
+            return self._run(environ, start_response, res.slot, res.gen, route, early)
         if outcome == QUEUED:
-            return self._wait(environ, start_response, res.slot, res.gen, route, watch, now)
+            return self._wait(environ, start_response, res.slot, res.gen, route, early, now)
         return self._reject(start_response, route)
 
     def _classify_request(self, environ) -> tuple:
+        """(attributes, classification, route, detail, estimate or None for one seat, early):
+        everything a request shape decides. ``early``: seats go back when the app returns its
+        iterable (a watch, or a long-running cost)."""
         attrs = self._resolve(environ)
         c = self._classify(attrs)
         route = self._routes.get(c.flow_schema.name)
@@ -188,7 +222,40 @@ class APFMiddleware:
                 detail = self.ctx.encode_detail(attrs, c)
             except Exception:
                 detail = b""
-        return attrs, c, route, detail
+        est = self._shape_estimate(environ, attrs, c, route) if self._shape_costs else None
+        early = attrs.verb == "watch" or (est is not None and est.long_running)
+        return attrs, c, route, detail, est, early
+
+    def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
+        """The per-shape cost: Flask ``@cost`` > route file > ctx.estimator; None: one seat."""
+        get = environ.get
+        method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
+        path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
+        est = source = None
+        if self._view_costs is not None:
+            est, source = self._view_costs.lookup(method, path), "@cost"
+        if est is None and self._route_costs is not None:
+            est, source = self._route_costs.cost(method, path), "APF_ROUTES"
+        if est is None:
+            if self._one_seat:
+                return None
+            est, source = self._estimate(attrs, c), "estimator"
+        return self._clamped(est, route, f"{source} for {method} {path}")
+
+    def _clamped(self, est: WorkEstimate, route: _Route, source: str) -> WorkEstimate | None:
+        """``est`` within the level's max seats; None when that is plain one seat."""
+        if est == ONE_SEAT:
+            return None
+        out = clamp(est, route.max_seats)
+        if out.initial_seats != est.initial_seats or out.final_seats != est.final_seats:
+            key = (route.level_name, est.initial_seats, est.final_seats)
+            if key not in self._clamp_logged and len(self._clamp_logged) < 1024:
+                self._clamp_logged.add(key)
+                log.warning("apf: %s asks for %d seat(s) (final %d) but priority level %r admits "
+                            "at most %d seat(s) per request; clamped to %d (final %d)",
+                            source, est.initial_seats, est.final_seats, route.level_name,
+                            route.max_seats, out.initial_seats, out.final_seats)
+        return None if out == ONE_SEAT else out
 
     def _route(self, c) -> _Route:
         fs, pl = c.flow_schema, c.priority_level
@@ -199,7 +266,7 @@ class APFMiddleware:
         self._routes[fs.name] = route
         return route
 
-    def _wait(self, environ, start_response, slot, gen, route, watch, admitted_ns):
+    def _wait(self, environ, start_response, slot, gen, route, early, admitted_ns):
         ctx = self.ctx
         self.stats["queued"] += 1
         limit = ctx.queue_wait_limit_ns
@@ -229,7 +296,7 @@ class APFMiddleware:
             parking.unpark(w)
         outcome = w.outcome
         if outcome == GRANTED:
-            return self._run(environ, start_response, slot, gen, route, watch)
+            return self._run(environ, start_response, slot, gen, route, early)
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
         try:
             removed = ctx.ledger.cancel(slot, gen, self._clock(), reason)
@@ -243,7 +310,7 @@ class APFMiddleware:
                 self._finish(slot, gen)
                 self.stats["cancelled"] += 1
                 return self._reject(start_response, route)
-            return self._run(environ, start_response, slot, gen, route, watch)
+            return self._run(environ, start_response, slot, gen, route, early)
         if outcome == STOPPING:
             self.stats["stopping"] += 1
             start_response("503 Service Unavailable", [
@@ -282,7 +349,7 @@ class APFMiddleware:
         ])
         return [TOO_MANY]
 
-    def _run(self, environ, start_response, slot, gen, route, watch):
+    def _run(self, environ, start_response, slot, gen, route, early):
         headers = route.headers
         self.stats["served"] += 1
 
@@ -294,8 +361,9 @@ class APFMiddleware:
         except BaseException:
             self._finish(slot, gen)
             raise
-        if watch:
-            # Kubernetes: a watch holds its seats only for its initialization.
+        if early:
+            # Kubernetes: a watch holds its seats only for its initialization; so does any
+            # request declared long-running.
             self._finish(slot, gen)
             return result
         file_wrapper = environ.get("wsgi.file_wrapper")

@@ -57,6 +57,8 @@ class Settings:
     test_die_in_lock: int  # test only: a worker SIGKILLs itself in its Nth critical section
     # seconds between borrowing rounds; Kubernetes' 10 s unless changed for tests/experiments
     borrowing_period_s: float = DEFAULT_BORROWING_PERIOD_S
+    # "module:callable" (environ, attributes, classification) -> WorkEstimate | dict | None
+    work_estimator: str | None = None
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -127,6 +129,11 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         raise SettingsError("APF_REQUEST_INFO", request_info,
                             "must be 'module:callable', e.g. myapp.apf:request_attributes")
 
+    work_estimator = get("APF_WORK_ESTIMATOR")
+    if work_estimator is not None and not _IMPORT_SPEC.match(work_estimator):
+        raise SettingsError("APF_WORK_ESTIMATOR", work_estimator,
+                            "must be 'module:callable', e.g. myapp.apf:estimate")
+
     routes = get("APF_ROUTES")
     if routes is not None and not os.path.isfile(routes):
         raise SettingsError("APF_ROUTES", routes, "must be an existing YAML file of route rules")
@@ -178,6 +185,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         instance=instance,
         test_die_in_lock=die,
         borrowing_period_s=period,
+        work_estimator=work_estimator,
     )
 
 
