@@ -1,0 +1,113 @@
+"""Request costs on a real gunicorn (2 workers): a 4-seat route on an 8-seat level runs at
+most two at once across processes; a cost above the level's max seats is clamped; final seats
+stay taken after the response for the additional latency; a long-running stream gives its
+seats back once the app has returned its iterable, while the same stream without
+``long_running`` holds them until the body is sent. App: tests/apps/seats_app.py, config
+tests/apps/seats.yaml, route costs tests/apps/seats_routes.yaml."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import APPS
+
+ENV = {"APF_CONCURRENCY_LIMIT": "16", "APF_ROUTES": str(APPS / "seats_routes.yaml")}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    from tests.conftest import serve
+
+    with serve(tmp_path_factory.mktemp("seats"), workers=2, threads=8, env=ENV,
+               config=str(APPS / "seats.yaml"), args=("tests.apps.seats_app:app",)) as server:
+        yield server
+
+
+def _concurrent(srv, path: str, n: int) -> list[int]:
+    barrier = threading.Barrier(n)
+
+    def one(_):
+        barrier.wait()
+        return srv.request(path, timeout=20)[0]
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_four_seat_route_runs_two_at_a_time(srv) -> None:
+    srv.reset_counters()
+    statuses = _concurrent(srv, "/wide?ms=600", 5)
+    running, most = srv.counters()["heavy"]
+    assert running == 0
+    assert most == 2, statuses  # 8 seats / 4 per request, across both workers
+    assert statuses.count(200) >= 2
+    assert set(statuses) <= {200, 429}  # "wide" does not queue: the rest is rejected
+    assert statuses.count(429) >= 1
+    snap = srv.idle()
+    assert snap is not None
+
+
+def test_cost_above_max_seats_is_clamped(srv) -> None:
+    srv.reset_counters()
+    # "narrow" has 8 seats and Kubernetes' max seats 2: @cost(seats=4) is admitted as 2, so
+    # four run at once and the rest queue (all succeed).
+    statuses = _concurrent(srv, "/clamped?ms=500", 6)
+    assert statuses == [200] * 6
+    assert srv.counters()["light"][1] == 4
+    assert "admits at most 2 seat(s) per request; clamped to 2" in srv.log()
+    srv.idle()
+
+
+def test_final_seats_linger_after_the_response(srv) -> None:
+    srv.idle()
+    t0 = time.monotonic()
+    status, _, body = srv.request("/linger")
+    assert (status, body) == (200, b"lingering\n")
+    level = srv.level("narrow")
+    assert time.monotonic() - t0 < 0.8, "too slow to observe the 1 s tail"
+    assert level.seats_in_use == 2  # the 2 final seats, after the response
+    assert level.requests_executing == 0  # as Kubernetes: done executing, seats still held
+    (req,) = [r for r in level.requests]
+    assert (req.initial_seats, req.final_seats, req.additional_latency_ns) == (1, 2, 10**9)
+    # released by the owner's dispatcher once the second has passed
+    snap = srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
+    assert snap
+    assert time.monotonic() - t0 >= 0.9
+
+
+def _open_stream(srv, path: str):
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read1(64) == b"first\n"  # the stream has started (chunked)
+    return conn, resp
+
+
+def test_long_running_stream_releases_seats_once_the_app_returns(srv) -> None:
+    srv.idle()
+    conn, resp = _open_stream(srv, "/feed?gap=2")
+    try:
+        level = srv.level("narrow")
+        # mid-stream, the seats are back, the slot is gone
+        assert (level.seats_in_use, level.requests_executing) == (0, 0)
+        assert resp.read() == b"second\n"
+    finally:
+        conn.close()
+
+
+def test_regular_stream_holds_seats_until_the_body_is_sent(srv) -> None:
+    srv.idle()
+    conn, resp = _open_stream(srv, "/download?gap=1")
+    try:
+        level = srv.level("narrow")
+        assert (level.seats_in_use, level.requests_executing) == (2, 1)
+        assert resp.read() == b"second\n"
+    finally:
+        conn.close()
+    assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
