@@ -562,22 +562,8 @@ class Ledger:
 
     def _demand(self, lb: int, now: int) -> None:
         """``seatDemandIntegrator.Set(totSeatsInUse + totSeatsWaiting)``."""
-        w, f = self._w, self._f
-        x = float(w[lb + L_SEATS_IN_USE] + w[lb + L_SEATS_WAITING])
-        last = w[lb + L_I_LAST]
-        if now > last:
-            sec, nsec = divmod(now - last, 1_000_000_000)
-            dt = float(sec) + float(nsec) / 1e9  # Go's Duration.Seconds()
-            cur = f[lb + L_I_CUR]
-            f[lb + L_I_T] += dt
-            f[lb + L_I_X] += cur * dt
-            f[lb + L_I_XX] += cur * cur * dt
-            w[lb + L_I_LAST] = now
-        f[lb + L_I_CUR] = x
-        if x < f[lb + L_I_MIN]:
-            f[lb + L_I_MIN] = x
-        if x > f[lb + L_I_MAX]:
-            f[lb + L_I_MAX] = x
+        w = self._w
+        self._demand_x(lb, now, float(w[lb + L_SEATS_IN_USE] + w[lb + L_SEATS_WAITING]))
 
     def _demand_x(self, lb: int, now: int, x: float) -> None:
         f, w = self._f, self._w
