@@ -38,7 +38,7 @@ def clamped():
 
 
 @app.route("/linger")
-@cost(seats=1, final_seats=2, additional_latency="1s")
+@cost(seats=1, final_seats=2, additional_latency="2s")
 def linger():
     return "lingering\n"
 
