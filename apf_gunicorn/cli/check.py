@@ -16,10 +16,9 @@ import json
 import sys
 from typing import Any
 
+from apf_gunicorn.cli.common import load_or_report
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.limits import LevelLimits, compute_limits, nominal_sum
-from apf_gunicorn.flowcontrol.loader import load_configuration
-from apf_gunicorn.flowcontrol.validation import ConfigErrors
 
 DEFAULT_CONCURRENCY_LIMIT = 600
 
@@ -49,16 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_configuration(args.path)
-    except ConfigErrors as exc:
-        print(f"{args.path}: invalid configuration ({len(exc.errors)} errors):", file=sys.stderr)
-        for err in exc.errors:
-            print(f"  {err}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"apf-gunicorn check: cannot read {args.path}: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_or_report(args.path, "check")
+    if isinstance(cfg, int):
+        return cfg
     limits = compute_limits(cfg.priority_levels.values(), args.concurrency_limit)
     for warning in cfg.warnings():
         print(f"warning: {warning}", file=sys.stderr)

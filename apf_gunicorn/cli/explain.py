@@ -82,20 +82,11 @@ def render_text(attrs: RequestAttributes, result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apf_gunicorn.flowcontrol.loader import load_configuration
-    from apf_gunicorn.flowcontrol.validation import ConfigErrors
+    from apf_gunicorn.cli.common import load_or_report
 
-    where = args.config or "the built-in configuration"
-    try:
-        cfg = load_configuration(args.config)
-    except ConfigErrors as exc:
-        print(f"{where}: invalid configuration ({len(exc.errors)} errors):", file=sys.stderr)
-        for err in exc.errors:
-            print(f"  {err}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"apf-gunicorn explain: cannot read {where}: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_or_report(args.config, "explain")
+    if isinstance(cfg, int):
+        return cfg
     attrs = request_attributes(args)
     result = explanation(Classifier(cfg).classify(attrs))
     if args.json:
