@@ -67,9 +67,9 @@ def test_text_output_and_default_limit(capsys):
         "480",
         "1080",
         "72",
-        "64",
-        "6",
-        "10",
+        "16",
+        "4",
+        "3",
     ]
     assert lines["anonymous"][1:] == [
         "Limited/Queue",
@@ -79,9 +79,9 @@ def test_text_output_and_default_limit(capsys):
         "48",
         "96",
         "15",
-        "16",
-        "4",
-        "10",
+        "1",
+        "1",
+        "12",
     ]
 
 
