@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 2
+VERSION = 3
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -45,8 +45,8 @@ HEADER_WORDS = 32
     L_DISPATCHED, L_REJECTED, L_TIMEDOUT, L_CANCELLED,
     L_ACTIVE_QUEUES, L_QSEATS, L_EPOCH_OK, L_EPOCH_FAIL,
     L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
-    L_SERIAL,
-) = range(36)
+    L_SERIAL, L_REJECTED_SHADOW,
+) = range(37)
 LEVEL_WORDS = 40
 # float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
@@ -71,6 +71,9 @@ SLOT_WORDS = 23  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
 # S_HELD = the seats actually held once dispatched (after the final-seat cap)
 # S_STATS = 2 * (word address of the request's stats entry) + (1 if a watch else 0)
 # L_SERIAL = a number unique over the ledger's life for each level created (stats entries key)
+# L_REJECTED_SHADOW = a copy of L_REJECTED for lock-free readers, written with a plain word
+#   store: the fast paths rewrite L_R..L_I_LAST with struct.pack_into, which zero-fills before
+#   it writes, so a lock-free read of L_REJECTED itself could see 0 (gunicorn-ipc.md 3.5)
 
 FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}

@@ -474,10 +474,17 @@ class Ledger:
         if not exempt:
             w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
 
+    def _count_rejection(self, lb: int) -> None:
+        w = self._w
+        total = w[lb + L_REJECTED] + 1
+        w[lb + L_REJECTED] = total
+        w[lb + L.L_REJECTED_SHADOW] = total
+
     def rejected_total(self, level: int) -> int:
         """Cumulative rejections (every reason) of the level now at index ``level``; one word
-        read, no lock. Restarts at 0 if the index is reused by a new level."""
-        return self._w[self._lvb + level * LEVEL_WORDS + L_REJECTED]
+        read, no lock (from the shadow copy no fast path ever rewrites). Restarts at 0 if the
+        index is reused by a new level."""
+        return self._w[self._lvb + level * LEVEL_WORDS + L.L_REJECTED_SHADOW]
 
     def request_stats(self) -> list[RequestStats]:
         """Every stats entry as plain objects (under the lock), in creation order; the
@@ -1023,13 +1030,13 @@ class Ledger:
         w[eb + E_WORK_SUM] += ms
         desired = w[lb + L_DESIRED]
         if w[H_FREE_HEAD] == NIL:
-            w[lb + L_REJECTED] += 1
+            self._count_rejection(lb)
             self._note_rejection(eb, R_NO_SLOT, desired < 0)
             return AdmitResult(REJECTED, -1, 0, "no-slot", granted)
         if desired < 1:
             # queueless: exempt (always) or reject-type (concurrency-limit)
             if not self._can_accommodate(lb, ms):
-                w[lb + L_REJECTED] += 1
+                self._count_rejection(lb)
                 self._note_rejection(eb, R_CONCURRENCY_LIMIT, False)
                 return AdmitResult(REJECTED, -1, 0, "concurrency-limit", granted)
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
@@ -1112,7 +1119,7 @@ class Ledger:
         q = best_q
         qa = qbase + q * QUEUE_WORDS
         if in_use >= c and w[qa + Q_WAITING] >= w[lb + L_QLL]:
-            w[lb + L_REJECTED] += 1
+            self._count_rejection(lb)
             self._note_rejection(eb, R_QUEUE_FULL, False)
             return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
         s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al, now,
@@ -1301,7 +1308,7 @@ class Ledger:
         lb = self._lvb + w[sa + S_LEVEL] * LEVEL_WORDS
         self._sync(lb, now)
         self._drop_waiting(lb, s, sa, now)
-        w[lb + L_REJECTED] += 1
+        self._count_rejection(lb)
         w[lb + L_CANCELLED] += 1
         eb = w[sa + S_STATS] >> 1
         if reason == "time-out":
@@ -1392,7 +1399,7 @@ class Ledger:
                 synced.add(level)
             if state == WAITING:  # counted as a cancel
                 self._drop_waiting(lb, s, sa, now)
-                w[lb + L_REJECTED] += 1
+                self._count_rejection(lb)
                 w[lb + L_CANCELLED] += 1
                 eb = w[sa + S_STATS] >> 1
                 w[eb + E_REJECTED + R_CANCELLED] += 1
