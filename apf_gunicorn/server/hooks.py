@@ -306,6 +306,7 @@ def post_worker_init(worker) -> None:
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=lock)
     ledger.register_worker(index, os.getpid(), time.monotonic_ns())
     inbox = GrantInbox(m.token, index)
+    os.register_at_fork(after_in_child=_close_grant_socket_in_child)
     sender = GrantSender(m.token)
     parking = Parking()
 
@@ -334,6 +335,15 @@ def post_worker_init(worker) -> None:
                                      parking=parking, dispatcher=dispatcher, inbox=inbox,
                                      sender=sender, middleware=middleware, worker=worker)
     dispatcher.start()
+
+
+def _close_grant_socket_in_child() -> None:
+    """A process the application forks (multiprocessing, os.fork) must not keep this worker's
+    grant socket: it would hold the abstract name after the worker dies, and the replacement
+    worker's bind would fail (EADDRINUSE in post_worker_init halts the whole server)."""
+    w = state.WORKER
+    if w is not None and w.inbox is not None and os.getpid() != w.pid:
+        w.inbox.close()
 
 
 def level_max_seats(gen, settings) -> dict[str, int]:

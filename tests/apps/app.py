@@ -100,3 +100,14 @@ def stream():
 @app.route("/pid")
 def pid():
     return jsonify(pid=os.getpid())
+
+
+@app.route("/fork")
+def fork():
+    """Fork a child that outlives the request (as a lazily created multiprocessing pool does)."""
+    seconds = float(request.args.get("s", "30"))
+    child = os.fork()
+    if child == 0:
+        time.sleep(seconds)
+        os._exit(0)
+    return jsonify(child=child, pid=os.getpid())

@@ -1,0 +1,109 @@
+"""Review of the gunicorn integration under failure: one test per bug found, each failing
+before its fix (see the commit that adds it).
+
+Unit tests drive the hooks with small stand-ins for gunicorn's ``Arbiter`` and ``Worker`` and a
+real ledger in a bytearray; the others run a real gunicorn on 127.0.0.1 (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import time
+import types
+
+import pytest
+
+from apf_gunicorn.ledger.layout import Capacity
+from apf_gunicorn.ledger.ledger import Ledger
+from apf_gunicorn.ledger.lock import ProcessLock
+from apf_gunicorn.server import hooks, state
+from apf_gunicorn.server.master import MasterServices
+
+
+@pytest.fixture
+def master(monkeypatch):
+    """A MasterState over an in-memory ledger, installed as ``state.MASTER``."""
+    cap = Capacity(levels=4, queues=16, slots=32, workers=8, flow_schemas=8, stats_entries=16)
+    ledger = Ledger.create(mmap.mmap(-1, Ledger.size(cap)), cap, lock=ProcessLock(),
+                           owner_pid=os.getpid())
+    m = state.MasterState(settings=None, token="review", segment=None, ledger=ledger,
+                          capacity=cap, resolver=None, generation=None, master_pid=os.getpid())
+    monkeypatch.setattr(state, "MASTER", m)
+    return m
+
+
+def _server():
+    return types.SimpleNamespace(log=logging.getLogger("test.review"))
+
+
+def _fork(server, pid):
+    """What gunicorn does around a fork, seen from the master: pre_fork, then the pid."""
+    worker = types.SimpleNamespace(pid="[booting]", age=1)
+    hooks.pre_fork(server, worker)
+    worker.pid = pid
+    return worker
+
+
+def test_index_of_a_restarted_worker_is_freed_even_if_refresh_ran_while_it_booted(master):
+    """max_requests / SIGKILL restarts: the replacement worker reuses the dead worker's index.
+    The master's 1 s refresh must not copy the *dead* worker's pid (still in the ledger's worker
+    table, state GONE) onto the booting replacement: child_exit would then never free the
+    index, and every such restart would leak one index until the ledger's worker table
+    (256 entries) overflows."""
+    server = _server()
+    services = MasterServices(master, server.log)
+    now = time.monotonic_ns()
+
+    first = _fork(server, 1001)
+    assert first.apf_index == 0
+    master.ledger.register_worker(0, 1001, now)
+    hooks.child_exit(server, first)  # dies (max_requests); the ledger marks index 0 GONE
+
+    second = _fork(server, 1002)
+    assert second.apf_index == 0
+    services.refresh_workers()  # the master's tick while the replacement loads the app
+    assert master.workers[0] in (0, 1002)
+    hooks.child_exit(server, second)  # dies before (or after) registering
+
+    third = _fork(server, 1003)
+    assert third.apf_index == 0, f"index leaked: workers table {master.workers}"
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_process_the_app_forked_does_not_keep_the_grant_socket_from_the_next_worker(
+        server_factory):
+    """An app that forks (multiprocessing's default on Linux) gave the child the worker's grant
+    socket. After the worker died, the child still held the abstract name, the replacement
+    worker's bind failed with EADDRINUSE in post_worker_init, and gunicorn halted the whole
+    server ("Worker failed to boot")."""
+    import json
+
+    with server_factory(workers=1, threads=4) as srv:
+        status, _, body = srv.request("/fork?s=30")
+        assert status == 200
+        info = json.loads(body)
+        try:
+            _kill(info["pid"])  # the worker dies (OOM killer, timeout kill ...)
+            new = srv.wait_for(lambda: [p for p in srv.workers()
+                                        if p not in (info["pid"], info["child"])], 10)
+            assert srv.proc.poll() is None, f"gunicorn halted:\n{srv.log()}"
+            assert new, f"no replacement worker:\n{srv.log()}"
+
+            def serves():
+                try:
+                    return srv.request("/hello", timeout=2)[0] == 200
+                except OSError:
+                    return False
+            assert srv.wait_for(serves, 10), srv.log()
+            assert srv.proc.poll() is None, f"gunicorn halted:\n{srv.log()}"
+        finally:
+            _kill(info["child"])
