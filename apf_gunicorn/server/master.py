@@ -80,10 +80,15 @@ class MasterServices(threading.Thread):
     def refresh_workers(self) -> None:
         """Record the pid of every worker that registered itself in the ledger (the master
         learns a child's pid only after fork, where no hook runs)."""
+        from apf_gunicorn.ledger.layout import WORKER_ALIVE
+
         m = self.state
         try:
             with SERVICE_LOCK:
-                registered = {owner: pid for owner, pid, _st, _hb in m.ledger.workers()}
+                # Only live entries: a GONE entry is the dead previous holder of a reused index,
+                # and its pid on the booting replacement would keep child_exit from freeing it.
+                registered = {owner: pid for owner, pid, st, _hb in m.ledger.workers()
+                              if st == WORKER_ALIVE}
         except Exception:
             self.glog.exception("apf: reading the worker table failed")
             return
