@@ -21,6 +21,7 @@ from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import hooks, state
 from apf_gunicorn.server.master import MasterServices
+from tests.conftest import children
 
 
 @pytest.fixture
@@ -107,3 +108,84 @@ def test_a_process_the_app_forked_does_not_keep_the_grant_socket_from_the_next_w
             assert srv.proc.poll() is None, f"gunicorn halted:\n{srv.log()}"
         finally:
             _kill(info["child"])
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_admin_endpoint_comes_back_in_the_new_master_after_a_usr2_upgrade(server_factory,
+                                                                          tmp_path):
+    """USR2: the new master finds the admin port held by the old one and runs without it. Once
+    the operator stops the old master (the end of every upgrade), /metrics must come back: the
+    new master has to bind the port when it frees up, not stay without an endpoint for life."""
+    import http.client
+
+    from tests.conftest import free_port
+
+    aport = free_port()
+    pidfile = tmp_path / "gunicorn.pid"
+
+    def admin_ok() -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=2)
+            try:
+                conn.request("GET", "/healthz")
+                return conn.getresponse().status == 200
+            finally:
+                conn.close()
+        except OSError:
+            return False
+
+    with server_factory(workers=1, threads=4, env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}"},
+                        args=("--pid", str(pidfile))) as srv:
+        assert srv.wait_for(admin_ok, 5)
+        old = srv.pid
+        os.kill(old, signal.SIGUSR2)
+
+        def new_master():
+            for path in (pidfile, tmp_path / "gunicorn.pid.2"):  # gunicorn names it either way
+                try:
+                    pid = int(path.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    continue
+                if pid and pid != old:
+                    return pid
+            return 0
+        new = srv.wait_for(new_master, 20)
+        try:
+            assert new, srv.log()
+            def new_serves():
+                try:
+                    srv.request("/hello", timeout=2)
+                except OSError:
+                    return False
+                return any(children(c) == [] for c in children(new))  # a worker of the new master
+            assert srv.wait_for(new_serves, 20), srv.log()
+            os.kill(old, signal.SIGTERM)  # the operator ends the upgrade
+            srv.proc.wait(timeout=20)
+            assert srv.wait_for(admin_ok, 8), f"no admin endpoint after the upgrade:\n{srv.log()}"
+        finally:
+            if new:
+                _kill_master(new)
+
+
+def _kill_master(pid: int) -> None:
+    """TERM a master that is not our child and wait until it is gone (it unlinks its segment)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _pid_gone(pid):
+        time.sleep(0.1)
+    if not _pid_gone(pid):
+        _kill(pid)

@@ -130,17 +130,19 @@ class AdminServer:
     def port(self) -> int | None:
         return self._server.server_address[1] if self._server else None
 
-    def start(self) -> bool:
-        """Bind and serve in a daemon thread. Returns False (and logs why) when the address is
-        in use, e.g. by the old master during a USR2 upgrade."""
+    def start(self, quiet: bool = False) -> bool:
+        """Bind and serve in a daemon thread. Returns False (and logs why, unless ``quiet``)
+        when the address is in use, e.g. by the old master during a USR2 upgrade."""
         handler = type("Handler", (_Handler,), {"timeout": self.timeout})
         try:
             self._server = _Server(self.address, handler, self)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
+                if quiet:
+                    return False
                 log.error("apf admin endpoint: %s:%d is already in use (another gunicorn master, "
-                          "e.g. during a USR2 upgrade?); running without it. Set APF_ADMIN_BIND "
-                          "to another host:port or 'off'.", *self.address)
+                          "e.g. during a USR2 upgrade?); running without it until it is free. Set "
+                          "APF_ADMIN_BIND to another host:port or 'off'.", *self.address)
                 return False
             raise
         os.set_inheritable(self._server.fileno(), False)

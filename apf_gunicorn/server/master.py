@@ -57,6 +57,9 @@ class MasterServices(threading.Thread):
         self._stop_event = threading.Event()
         self.admin = None
         self.rounds = 0
+        # The admin port was taken (the old master of a USR2 upgrade): try again every tick,
+        # so the endpoint comes back once that master is gone.
+        self.admin_retry = False
 
     @property
     def period_s(self) -> float:
@@ -69,6 +72,9 @@ class MasterServices(threading.Thread):
         next_borrow = time.monotonic() + period
         while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic()))):
             self.refresh_workers()
+            if self.admin_retry:
+                with SERVICE_LOCK:  # no fork between binding and recording the listener
+                    self.start_admin(quiet=True)
             now = time.monotonic()
             if now >= next_borrow:
                 self.borrow_once()
@@ -120,10 +126,12 @@ class MasterServices(threading.Thread):
         except Exception:
             self.glog.exception("apf: borrowing round failed")
 
-    def start_admin(self) -> None:
-        """Bind the admin endpoint (main thread, before the first fork)."""
+    def start_admin(self, quiet: bool = False) -> None:
+        """Bind the admin endpoint (main thread, before the first fork; later from this
+        thread while the port is taken). ``quiet``: do not log the port being in use again."""
         bind = self.state.settings.admin_bind
-        if bind is None:
+        self.admin_retry = False
+        if bind is None or self.admin is not None:
             return
         try:
             from apf_gunicorn.server.admin import AdminServer
@@ -133,10 +141,12 @@ class MasterServices(threading.Thread):
         try:
             from apf_gunicorn.server import state
 
-            self.admin = AdminServer(bind, lambda: view_of_master_state(state.MASTER),
-                                     prefix=self.state.settings.metrics_prefix)
-            if not self.admin.start():
-                self.admin = None
+            admin = AdminServer(bind, lambda: view_of_master_state(state.MASTER),
+                                prefix=self.state.settings.metrics_prefix)
+            if admin.start(quiet=quiet):
+                self.admin = admin
+            else:
+                self.admin_retry = True
         except OSError as e:
             self.glog.warning("apf: admin endpoint not started on %s:%s: %s", *bind, e)
         except Exception:
