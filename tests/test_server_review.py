@@ -189,3 +189,15 @@ def _kill_master(pid: int) -> None:
         time.sleep(0.1)
     if not _pid_gone(pid):
         _kill(pid)
+
+
+def test_grant_socket_names_of_two_servers_never_collide():
+    """Two servers on one host, instances ``a`` (master pid 1234) and ``a1`` (master pid 234),
+    got the same token ``a1234``: the second server's workers failed to bind their grant
+    sockets (the server halts) or, bound first, received the other server's grants."""
+    from apf_gunicorn.server.channel import address, grant_token
+
+    pairs = [("a", 1234), ("a1", 234), ("", 11234), ("1", 1234), ("g", 1234), ("a_1", 234),
+             ("a", 1234_0), ("a-1", 234)]
+    names = {address(grant_token(inst, pid), 0) for inst, pid in pairs}
+    assert len(names) == len(pairs)

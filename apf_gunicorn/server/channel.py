@@ -28,6 +28,13 @@ MAX_DATAGRAM = 60_000
 _PAIRS_PER_DATAGRAM = 4000  # 2 ints of at most 9 bytes each, plus framing: well under 60 KB
 
 
+def grant_token(instance: str, master_pid: int) -> str:
+    """The per-server part of the socket names: one per master (USR2 runs two at once). The
+    pid is all digits and comes after the last ``_``, so two (instance, pid) pairs never give
+    the same token (``a`` + 1234 and ``a1`` + 234 did when they were simply concatenated)."""
+    return f"{instance}_{master_pid}"
+
+
 def address(token: str, index: int) -> bytes:
     return f"\0apf-{token}-w{index}".encode()
 

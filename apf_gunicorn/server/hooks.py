@@ -144,7 +144,7 @@ def on_starting(server) -> None:
     from apf_gunicorn.ledger.ledger import Ledger
     from apf_gunicorn.ledger.lock import ProcessLock
     from apf_gunicorn.server import shm
-    from apf_gunicorn.server.channel import GrantSender
+    from apf_gunicorn.server.channel import GrantSender, grant_token
 
     removed = shm.clean_stale_segments()
     if removed:
@@ -152,7 +152,7 @@ def on_starting(server) -> None:
     capacity = Capacity()
     pid = os.getpid()
     segment = shm.Segment.create(settings.instance, Ledger.size(capacity), pid)
-    token = f"{settings.instance or 'g'}{pid}"
+    token = grant_token(settings.instance, pid)
     ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock(), owner_pid=pid)
     configure_ledger(ledger, gen, time.monotonic_ns())
     state.MASTER = state.MasterState(
