@@ -201,3 +201,47 @@ def test_grant_socket_names_of_two_servers_never_collide():
              ("a", 1234_0), ("a-1", 234)]
     names = {address(grant_token(inst, pid), 0) for inst, pid in pairs}
     assert len(names) == len(pairs)
+
+
+def test_dispatcher_survives_a_failing_delivery():
+    """One unexpected exception in the dispatcher loop (here: sending the grants a lock repair
+    left behind fails) ended the thread for good: no more cross-worker grants, no backstop
+    scan, no lingering-seat releases, so every later parked request waited out its limit and
+    the lingering seats were never returned."""
+    from apf_gunicorn.server.channel import GrantInbox, GrantSender
+    from apf_gunicorn.server.dispatcher import GRANTED, Dispatcher, Parking
+
+    class Ledger:
+        pending_grants = [(3, 1, 1)]
+
+        def owned_slots(self, owner):
+            return []
+
+    calls = []
+
+    def deliver(granted):
+        calls.append(list(granted))
+        if len(calls) == 1:
+            raise OSError(1, "Operation not permitted")
+
+    token = f"review{os.getpid()}"
+    inbox = GrantInbox(token, 0)
+    parking = Parking()
+    d = Dispatcher(parking, inbox, Ledger(), owner=0, deliver=deliver, alive=lambda: True)
+    d.start()
+    sender = GrantSender(token)
+    try:
+        deadline = time.monotonic() + 2
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls, "the dispatcher never ticked"
+        time.sleep(0.05)
+        w = parking.park(4, 2)
+        sender.send(0, [[4, 2]])
+        assert w.event.wait(2) and w.outcome == GRANTED, "the dispatcher thread died"
+        parking.unpark(w)
+    finally:
+        d.stop()
+        d.join(2)
+        sender.close()
+        inbox.close()

@@ -247,20 +247,26 @@ class Dispatcher(threading.Thread):
                 if not self._running:
                     return
                 raise
-            for fd, _ev in events:
-                if fd == inbox_fd:
-                    self.parking.grant_many(self.inbox.receive())
-                elif fd == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except OSError:
-                        pass
-                else:
-                    self.parking.disconnected(fd)
-            self._due_lingers()
-            if time.monotonic() >= next_tick:
+            try:
+                for fd, _ev in events:
+                    if fd == inbox_fd:
+                        self.parking.grant_many(self.inbox.receive())
+                    elif fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except OSError:
+                            pass
+                    else:
+                        self.parking.disconnected(fd)
+                self._due_lingers()
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + TICK_S
+                    self._tick()
+            except Exception:
+                # This thread is the only one that wakes parked requests and returns lingering
+                # seats: log and go on, never die. (The backstop scan redoes a lost grant.)
+                log.exception("apf: dispatcher step failed")
                 next_tick = time.monotonic() + TICK_S
-                self._tick()
 
     def _due_lingers(self) -> None:
         now = self.clock()
