@@ -245,3 +245,18 @@ def test_dispatcher_survives_a_failing_delivery():
         d.join(2)
         sender.close()
         inbox.close()
+
+
+def test_worker_indices_beyond_the_ledger_worker_table_are_not_handed_out(master):
+    """pre_fork handed out index N >= Capacity.workers (e.g. -w 200 then HUP: 400 live
+    indices for 256 entries); register_worker/reap_worker then wrote past the worker table
+    into the stats table of the shared ledger, silently corrupting the counters."""
+    server = _server()
+    cap = master.capacity.workers
+    forked = [_fork(server, 2000 + i) for i in range(cap)]
+    assert [w.apf_index for w in forked] == list(range(cap))
+    extra = _fork(server, 3000)
+    assert extra.apf_index is None  # this worker serves without APF (logged), nothing corrupted
+    hooks.child_exit(server, extra)  # and its exit is harmless
+    hooks.child_exit(server, forked[3])
+    assert _fork(server, 3001).apf_index == 3

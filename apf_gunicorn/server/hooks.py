@@ -149,7 +149,8 @@ def on_starting(server) -> None:
     removed = shm.clean_stale_segments()
     if removed:
         server.log.info("apf: removed stale shared memory of dead servers: %s", ", ".join(removed))
-    capacity = Capacity()
+    # Room for every worker index: during a HUP old and new workers live side by side.
+    capacity = Capacity(workers=max(Capacity().workers, 4 * server.cfg.workers + 16))
     pid = os.getpid()
     segment = shm.Segment.create(settings.instance, Ledger.size(capacity), pid)
     token = grant_token(settings.instance, pid)
@@ -201,6 +202,11 @@ def pre_fork(server, worker) -> None:
     index = 0
     while index in m.workers:
         index += 1
+    if index >= m.capacity.workers:
+        # The ledger's worker table is full (TTIN, or a HUP doubling many workers): an index
+        # past it would overwrite other tables. This worker serves without APF (logged there).
+        worker.apf_index = None
+        return
     m.workers[index] = 0
     worker.apf_index = index
 
@@ -300,7 +306,13 @@ def post_worker_init(worker) -> None:
     from apf_gunicorn.server.dispatcher import Dispatcher, Parking
     from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 
-    index = worker.apf_index
+    index = getattr(worker, "apf_index", None)
+    if index is None:
+        worker.log.error("apf: the ledger's worker table (%d entries) is full; this worker "
+                         "(pid %s) serves WITHOUT priority and fairness. Restart the server "
+                         "to size the table for the new number of workers.",
+                         m.capacity.workers, os.getpid())
+        return
     gen = m.generation
     lock = _worker_lock(_die_after(m.settings, worker))
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=lock)
