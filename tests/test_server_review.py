@@ -260,3 +260,28 @@ def test_worker_indices_beyond_the_ledger_worker_table_are_not_handed_out(master
     hooks.child_exit(server, extra)  # and its exit is harmless
     hooks.child_exit(server, forked[3])
     assert _fork(server, 3001).apf_index == 3
+
+
+def test_a_configuration_larger_than_the_ledger_fails_start_cleanly(server_factory, tmp_path):
+    """A valid configuration with more priority levels than the ledger holds (64): the ledger's
+    ValueError escaped on_starting after the segment was created, so gunicorn died with a
+    traceback instead of an "apf:" error, and /dev/shm kept the segment."""
+    docs = []
+    for i in range(70):
+        docs.append(f"""apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {{name: pl{i}}}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 10
+    limitResponse: {{type: Reject}}
+""")
+    cfg = tmp_path / "many.yaml"
+    cfg.write_text("---\n".join(docs))
+    with server_factory(workers=1, threads=4, config=str(cfg), expect_fail=True,
+                        boot_timeout=20) as srv:
+        assert srv.proc.returncode not in (0, None)
+        log = srv.log()
+        assert srv.shm_entries() == [], "segment left in /dev/shm"
+        assert "apf: " in log and "Traceback" not in log, log

@@ -154,8 +154,13 @@ def on_starting(server) -> None:
     pid = os.getpid()
     segment = shm.Segment.create(settings.instance, Ledger.size(capacity), pid)
     token = grant_token(settings.instance, pid)
-    ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock(), owner_pid=pid)
-    configure_ledger(ledger, gen, time.monotonic_ns())
+    try:
+        ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock(),
+                               owner_pid=pid)
+        configure_ledger(ledger, gen, time.monotonic_ns())
+    except Exception as e:  # e.g. more levels than the ledger holds: no traceback, no leak
+        segment.unlink()
+        _fail(server, [f"the configuration does not fit the ledger: {e}"])
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
