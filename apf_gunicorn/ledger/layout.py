@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 3
+VERSION = 4  # 4: level record reordered for the fast paths
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -37,15 +37,17 @@ MUTEX_BYTES = 64
 HEADER_WORDS = 32
 
 # -- level record -----------------------------------------------------------------------------
+# Ordered for the fast paths (ledger.py): each reads one prefix of the record and writes back
+# one run from L_R: finish the 13 fields L_R..L_I_LAST, admit those and L_ROBIN..L_DISPATCHED.
+# Nothing after L_DISPATCHED is on the per-request path.
 (
     L_USED, L_QUIESCING, L_NAME_LEN, L_DESIRED, L_HAND, L_QLL, L_C,
-    L_QBASE, L_QCAP, L_NQ, L_TBASE, L_TP,
-    L_R, L_LAST_NS, L_ROBIN, L_ENQUEUES,
-    L_WAITING, L_EXECUTING, L_SEATS_IN_USE, L_SEATS_WAITING,
-    L_DISPATCHED, L_REJECTED, L_TIMEDOUT, L_CANCELLED,
-    L_ACTIVE_QUEUES, L_QSEATS, L_EPOCH_OK, L_EPOCH_FAIL,
+    L_QBASE, L_QCAP, L_NQ, L_TBASE, L_TP, L_SERIAL,
+    L_WAITING, L_SEATS_WAITING,
+    L_R, L_LAST_NS, L_EXECUTING, L_SEATS_IN_USE, L_ACTIVE_QUEUES, L_QSEATS,
     L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
-    L_SERIAL, L_REJECTED_SHADOW,
+    L_ROBIN, L_ENQUEUES, L_DISPATCHED,
+    L_REJECTED, L_TIMEDOUT, L_CANCELLED, L_EPOCH_OK, L_EPOCH_FAIL, L_REJECTED_SHADOW,
 ) = range(37)
 LEVEL_WORDS = 40
 # float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
@@ -72,8 +74,9 @@ SLOT_WORDS = 23  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
 # S_STATS = 2 * (word address of the request's stats entry) + (1 if a watch else 0)
 # L_SERIAL = a number unique over the ledger's life for each level created (stats entries key)
 # L_REJECTED_SHADOW = a copy of L_REJECTED for lock-free readers, written with a plain word
-#   store: the fast paths rewrite L_R..L_I_LAST with struct.pack_into, which zero-fills before
-#   it writes, so a lock-free read of L_REJECTED itself could see 0 (gunicorn-ipc.md 3.5)
+#   store and never inside a struct.pack_into run (which zero-fills before it writes, so a
+#   lock-free read of a word in the run could see 0, gunicorn-ipc.md 3.5); the fast paths'
+#   runs end at L_DISPATCHED, before both
 
 FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}

@@ -110,6 +110,7 @@ from apf_gunicorn.ledger.layout import (
 )
 from apf_gunicorn.ledger.lock import NullLock
 from apf_gunicorn.ledger.seatseconds import (
+    EXACT_BOUND,
     HIGH_R,
     R_DECREMENT,
     U64,
@@ -148,8 +149,10 @@ EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 # Whole-record reads and writes for the fast paths: one struct call instead of a dozen word
 # accesses. Field types follow layout.py (uint64 R, SeatSeconds and hash; float64 integrator).
-_LEVEL = struct.Struct("<12qQ15q6d2q")  # L_USED .. L_SERIAL
-_HOT = struct.Struct("<Q15q6dq")  # L_R .. L_I_LAST, what the fast paths write back
+_LEVEL = struct.Struct("<15qQ5q6d4q")  # L_USED .. L_DISPATCHED, what admit reads
+_LEVEL_FIN = struct.Struct("<15qQ5q6dq")  # L_USED .. L_I_LAST, what finish reads
+_HOT = struct.Struct("<Q5q6dq")  # L_R .. L_I_LAST, what finish writes back
+_HOT_ADMIT = struct.Struct("<Q5q6d4q")  # L_R .. L_DISPATCHED, what admit writes back
 _SLOT = struct.Struct("<12q4Q2qQ4q")  # S_STATE .. S_STATS
 _SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
 _FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
@@ -164,7 +167,12 @@ def _seconds(ns: int) -> float:
     Below one second that is ``ns / 1e9`` exactly (0.0 + x == x), which the fast paths use."""
     sec, nsec = divmod(ns, 1_000_000_000)
     return float(sec) + float(nsec) / 1e9
-if not (_LEVEL.size == (L.L_SERIAL + 1) * 8 and _HOT.size == (L_I_LAST - L_R + 1) * 8
+if not ((L.L_SERIAL, L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_SEATS_IN_USE,
+         L_ACTIVE_QUEUES, L_QSEATS, L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
+         L_ROBIN, L_ENQUEUES, L_DISPATCHED) == tuple(range(12, 31))
+        and _LEVEL.size == (L_DISPATCHED + 1) * 8 and _LEVEL_FIN.size == (L_I_LAST + 1) * 8
+        and _HOT.size == (L_I_LAST - L_R + 1) * 8
+        and _HOT_ADMIT.size == (L_DISPATCHED - L_R + 1) * 8
         and _SLOT.size == SLOT_WORDS * 8 and (S_STATE, S_NEXT) == (0, 6)
         and H_FREE_COUNT == H_FREE_HEAD + 1):
     raise ImportError("ledger fast-path record formats do not match layout.py")
@@ -920,18 +928,22 @@ class Ledger:
             # (something waiting: the slow path, without paying for the record read first)
             if 0 <= level < self._nlevels and not w[lb + L_WAITING]:
                 mv = self._mv
-                (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp,
-                 r, last, _robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
-                 timedout, cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx, cur,
-                 ilast, serial) = _LEVEL.unpack_from(mv, lb * 8)
+                (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp, serial,
+                 waiting, sw, r, last, executing, in_use, active, qseats, it, ix, ixx, imn, imx,
+                 cur, ilast, _robin, enq, dispatched) = _LEVEL.unpack_from(mv, lb * 8)
                 head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
                 fast = (used and desired > 0 and not waiting and head != NIL and in_use < c
                         and (in_use + ms <= c or (ms > c and executing == 0)))
                 if fast and now > last:  # syncTimeLocked
                     if active:
                         seats = qseats if qseats < c else c
-                        nr = (r + (seats_ns_times(seats, now - last) if active == 1
-                                   else _std(seats / active, now - last))) & U64
+                        if active == 1:  # seats_ns_times inline: (x + 5) // 10 when exact
+                            x = seats * (now - last)
+                            nr = ((x + 5) // 10 if 0 <= x < EXACT_BOUND
+                                  else seats_ns_times(seats, now - last))
+                        else:
+                            nr = _std(seats / active, now - last)
+                        nr = (r + nr) & U64
                         fast = not (nr >= HIGH_R and nr >= r)  # the epoch advance: slow path
                         r = nr
                     last = now
@@ -998,10 +1010,9 @@ class Ledger:
                     _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL,
                                     initial, final, al, ms, held, iw, fw, tw, r, now, now, h,
                                     fs_index, enq, dlen, 2 * eb + (1 if watch else 0))
-                    _HOT.pack_into(mv, (lb + L_R) * 8, r, last, q, enq + 1, waiting,
-                                   executing + 1, in_use + held, sw, dispatched + 1, rejected,
-                                   timedout, cancelled, active, qseats + held, eok, efail, it,
-                                   ix, ixx, imn, imx, cur, ilast)
+                    _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
+                                         in_use + held, active, qseats + held, it, ix, ixx, imn,
+                                         imx, cur, ilast, q, enq + 1, dispatched + 1)
                     res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
             if res is None:
                 res = self._admit_slow(level, flow_hash, initial_seats, final_seats,
@@ -1168,15 +1179,19 @@ class Ledger:
                 elif al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]:
                     lb = self._lvb + level * LEVEL_WORDS
                     (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
-                     r, last, robin, enq, waiting, executing, in_use, sw, dispatched, rejected,
-                     timedout, cancelled, active, qseats, eok, efail, it, ix, ixx, imn, imx,
-                     cur, ilast, _serial) = _LEVEL.unpack_from(mv, lb * 8)
+                     _serial, waiting, sw, r, last, executing, in_use, active, qseats, it, ix,
+                     ixx, imn, imx, cur, ilast) = _LEVEL_FIN.unpack_from(mv, lb * 8)
                     fast = not (waiting or quiescing or (q != NIL and nq > desired))
                     if fast and now > last:  # syncTimeLocked
                         if active:
                             seats = qseats if qseats < c else c
-                            nr = (r + (seats_ns_times(seats, now - last) if active == 1
-                                       else _std(seats / active, now - last))) & U64
+                            if active == 1:  # seats_ns_times inline, as in admit
+                                x = seats * (now - last)
+                                nr = ((x + 5) // 10 if 0 <= x < EXACT_BOUND
+                                      else seats_ns_times(seats, now - last))
+                            else:
+                                nr = _std(seats / active, now - last)
+                            nr = (r + nr) & U64
                             fast = not (nr >= HIGH_R and nr >= r)  # epoch advance: slow path
                             r = nr
                         last = now
@@ -1195,7 +1210,13 @@ class Ledger:
                                 active -= 1
                             # nextDispatchR -= initial*(G - S): usually negative, so the
                             # uint64 wraparound adds
-                            corr = seats_ns_times(initial, self._service_ns - ran)
+                            x = initial * (self._service_ns - ran)  # seats_ns_times inline
+                            if 0 <= x < EXACT_BOUND:
+                                corr = (x + 5) // 10
+                            elif -EXACT_BOUND < x < 0:
+                                corr = -((5 - x) // 10) & U64
+                            else:
+                                corr = seats_ns_times(initial, self._service_ns - ran)
                             u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
                             w[qa + Q_SEATS] -= held
                             qseats -= held
@@ -1215,10 +1236,8 @@ class Ledger:
                         head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
                         _SLOT_FREE.pack_into(mv, sa * 8, FREE, gen, owner, level, NIL, NIL, head)
                         _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, slot, nfree + 1)
-                        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, robin, enq, waiting,
-                                       executing - 1, in_use, sw, dispatched, rejected, timedout,
-                                       cancelled, active, qseats, eok, efail, it, ix, ixx, imn,
-                                       imx, cur, ilast)
+                        _HOT.pack_into(mv, (lb + L_R) * 8, r, last, executing - 1, in_use,
+                                       active, qseats, it, ix, ixx, imn, imx, cur, ilast)
                         linger = 0
             if linger < 0:
                 linger = self._finish_slow(slot, gen, now, granted)
