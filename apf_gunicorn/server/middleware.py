@@ -426,7 +426,17 @@ class _Body:
             mw = self._mw
             if mw is not None:
                 self._mw = None
-                mw._finish(self._slot, self._gen)
+                # APFMiddleware._finish inline: this runs once per request
+                slot, gen = self._slot, self._gen
+                try:
+                    granted, linger_until = mw._finish_ledger(slot, gen, mw._clock())
+                except Exception:
+                    log.exception("apf: finish failed for slot %d", slot)
+                else:
+                    if granted:
+                        mw._deliver(granted)
+                    if linger_until:
+                        mw.ctx.add_linger(linger_until, slot, gen)
 
     def __del__(self):
         # A server that never calls close() must not leak seats.
