@@ -285,3 +285,33 @@ spec:
         log = srv.log()
         assert srv.shm_entries() == [], "segment left in /dev/shm"
         assert "apf: " in log and "Traceback" not in log, log
+
+
+def test_index_is_freed_when_a_restart_happens_during_the_refresh(master, monkeypatch):
+    """The same leak through a narrower window: the master thread read the worker table (the
+    old worker still ALIVE), then the main thread reaped that worker and forked its
+    replacement on the same index, then the refresh copied the old pid onto the replacement.
+    child_exit must free an index by which worker holds it, not by a pid learned on the side."""
+    server = _server()
+    services = MasterServices(master, server.log)
+    now = time.monotonic_ns()
+    first = _fork(server, 1001)
+    master.ledger.register_worker(0, 1001, now)
+    forked = []
+    real = master.ledger.workers
+
+    def workers_then_restart():
+        table = real()
+        hooks.child_exit(server, first)  # the main thread runs while this thread is here
+        forked.append(_fork(server, 1002))
+        return table
+
+    monkeypatch.setattr(master.ledger, "workers", workers_then_restart)
+    services.refresh_workers()
+    monkeypatch.setattr(master.ledger, "workers", real)
+    second = forked[0]
+    assert second.apf_index == 0
+    hooks.child_exit(server, second)
+    assert _fork(server, 1003).apf_index == 0, f"index leaked: {master.workers}"
+    hooks.child_exit(server, first)  # a late duplicate for the old worker frees nothing
+    assert _fork(server, 1004).apf_index == 1, "the live worker's index was freed"

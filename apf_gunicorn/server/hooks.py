@@ -219,8 +219,12 @@ def pre_fork(server, worker) -> None:
 def child_exit(server, worker) -> None:
     m = state.MASTER
     index = getattr(worker, "apf_index", None)
-    if m is None or index is None:
+    if m is None or index is None or getattr(worker, "apf_reaped", False):
         return
+    # Once per worker: the index is this worker's until now (pre_fork gave it, nothing else
+    # frees it), so free it whatever pid the master thread learned for it; a second call
+    # (gunicorn's worker_exit in the master, then child_exit) must not reap a successor.
+    worker.apf_reaped = True
     try:
         granted = m.ledger.reap_worker(index, time.monotonic_ns())
         if granted:
@@ -229,8 +233,7 @@ def child_exit(server, worker) -> None:
         server.log.exception("apf: reclaiming the seats of worker %s (pid %s) failed",
                              index, worker.pid)
     finally:
-        if m.workers.get(index) in (0, worker.pid):
-            m.workers.pop(index, None)
+        m.workers.pop(index, None)
     _metrics_process_dead(worker.pid)
 
 
