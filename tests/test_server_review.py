@@ -315,3 +315,23 @@ def test_index_is_freed_when_a_restart_happens_during_the_refresh(master, monkey
     assert _fork(server, 1003).apf_index == 0, f"index leaked: {master.workers}"
     hooks.child_exit(server, first)  # a late duplicate for the old worker frees nothing
     assert _fork(server, 1004).apf_index == 1, "the live worker's index was freed"
+
+
+def test_refresh_does_not_bring_back_an_index_child_exit_just_freed(master):
+    """refresh_workers iterated a copy of the index table and wrote pids back into it; a worker
+    reaped by the main thread in between (its index popped) came back with its dead pid, and
+    nothing would ever free that index again."""
+    server = _server()
+    services = MasterServices(master, server.log)
+    worker = _fork(server, 1001)
+    master.ledger.register_worker(0, 1001, time.monotonic_ns())
+
+    class Racing(dict):
+        def items(self):
+            snapshot = list(super().items())
+            hooks.child_exit(server, worker)  # the main thread reaps it right after the copy
+            return snapshot
+
+    master.workers = Racing(master.workers)
+    services.refresh_workers()
+    assert 0 not in master.workers, f"index resurrected: {dict(master.workers)}"

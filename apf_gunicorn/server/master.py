@@ -99,7 +99,9 @@ class MasterServices(threading.Thread):
             self.glog.exception("apf: reading the worker table failed")
             return
         for index, pid in list(m.workers.items()):
-            if not pid and registered.get(index):
+            # Re-read: the main thread may have reaped the worker (popped its index) since the
+            # copy; writing then would bring the index back with a dead pid, never freed.
+            if not pid and registered.get(index) and m.workers.get(index) == 0:
                 m.workers[index] = registered[index]
 
     def borrow_once(self) -> None:
