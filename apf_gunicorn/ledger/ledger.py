@@ -297,6 +297,9 @@ class Ledger:
         self._service_ns = self._w[H_SERVICE_NS]  # G; fixed once the ledger is created
         self._nlevels = lay.cap.levels
         self._nslots = lay.cap.slots
+        self._detail_bytes = lay.cap.detail_bytes
+        self._details = lay.details
+        self._detail_stride = lay.detail_stride
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
 
@@ -1001,8 +1004,8 @@ class Ledger:
                     w[qa + Q_SEATS] += held
                     u[qa + Q_NDR] = (ndr + tw) & U64
                     if detail:
-                        d = detail[: self._lay.cap.detail_bytes]
-                        off = self._lay.details + head * self._lay.detail_stride
+                        d = detail[: self._detail_bytes]
+                        off = self._details + head * self._detail_stride
                         mv[off:off + len(d)] = d
                         dlen = len(d)
                     else:
