@@ -335,3 +335,45 @@ def test_refresh_does_not_bring_back_an_index_child_exit_just_freed(master):
     master.workers = Racing(master.workers)
     services.refresh_workers()
     assert 0 not in master.workers, f"index resurrected: {dict(master.workers)}"
+
+
+def test_max_requests_restarts_reuse_worker_indices_on_real_gunicorn(server_factory):
+    """End to end for the index leak: a worker restarted by max_requests again and again must
+    keep getting index 0 (one worker), whatever the master's 1 s refresh saw while it booted."""
+    with server_factory(workers=1, threads=4, args=("--max-requests", "2")) as srv:
+        restarts = 0
+        deadline = time.monotonic() + 40
+        while restarts < 12 and time.monotonic() < deadline:
+            before = srv.workers()
+            try:
+                srv.request("/hello", timeout=5)
+                srv.request("/hello", timeout=5)
+            except OSError:
+                pass
+            srv.wait_for(lambda b=before: srv.workers() and srv.workers() != b, 5)
+            restarts += 1
+            time.sleep(0.4)  # let the master's refresh tick land while workers boot
+        owners = sorted(o for o, _pid, st, _hb in _ledger_workers(srv) if st == 1)
+        indices = sorted(o for o, _pid, _st, _hb in _ledger_workers(srv))
+        assert owners and max(indices) <= 1, f"indices in use grew to {indices}:\n{srv.log()}"
+
+
+def _ledger_workers(srv):
+    import mmap as _mmap
+
+    import posix_ipc
+
+    from apf_gunicorn.server import shm
+
+    name = shm.segment_name(srv.instance, srv.pid)
+    mem = posix_ipc.SharedMemory("/" + name)
+    mm = _mmap.mmap(mem.fd, mem.size)
+    mem.close_fd()
+    view = memoryview(mm)[shm.HEADER_SIZE:]
+    led = Ledger.attach(view, lock=ProcessLock())
+    try:
+        return led.workers()
+    finally:
+        led.close()
+        view.release()
+        mm.close()
