@@ -3,6 +3,7 @@ load below the concurrency limit (every request takes the fast path), paired run
 
     .venv/bin/python benchmarks/bench_server.py [--duration 4] [--rounds 2] [--workers 2]
                                                 [--threads 64] [--connections 16]
+    .venv/bin/python benchmarks/bench_server.py --micro-only [--baseline DIR [--reps 20]]
 
 Uses ``wrk`` when installed (``apt-get install -y wrk``), else a Python load generator (which
 is itself CPU-bound on 2 cores, so its ratios are less sharp). Prints, per round and as the
@@ -253,7 +254,49 @@ def micro(config_path: str, n: int = 50_000) -> tuple[float, float]:
         seg.unlink()
 
 
+def _micro_child(root: str, config_path: str) -> None:
+    """--serve: run ``micro`` of the checkout at ``root`` once per line of stdin (n)."""
+    sys.path.insert(0, root)
+    import apf_gunicorn
+
+    if not apf_gunicorn.__file__.startswith(root):
+        raise SystemExit(f"imported {apf_gunicorn.__file__}, not the checkout at {root}")
+    for line in sys.stdin:
+        bare, apf = micro(config_path, n=int(line))
+        print(apf - bare, flush=True)
+
+
+def micro_ab(baseline: str, config_path: str, reps: int, n: int = 4000) -> None:
+    """Added µs per request of this checkout and of ``baseline`` (another checkout, e.g.
+    ``git worktree add /tmp/base <commit>``), one child process each, measured in turns so
+    both see the same machine load; prints min and median of ``reps`` turns each."""
+    me = Path(__file__).resolve()
+    roots = [str(ROOT), str(Path(baseline).resolve())]
+    kids = [subprocess.Popen([sys.executable, str(me), "--serve", root, config_path],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for root in roots]
+    added: list[list[float]] = [[], []]
+    try:
+        for i in range(reps):
+            for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+                kids[k].stdin.write(f"{n}\n")
+                kids[k].stdin.flush()
+                added[k].append(float(kids[k].stdout.readline()))
+    finally:
+        for kid in kids:
+            kid.stdin.close()
+            kid.wait(30)
+    for name, vals in (("this checkout", added[0]), (baseline, added[1])):
+        print(f"added µs per request, {name}: min {min(vals):.2f}, median "
+              f"{statistics.median(vals):.2f} ({reps} turns)")
+    print(f"ratio this/baseline: min {min(added[0]) / min(added[1]):.3f}, median "
+          f"{statistics.median(added[0]) / statistics.median(added[1]):.3f}")
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--serve"]:
+        _micro_child(sys.argv[2], sys.argv[3])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -262,10 +305,16 @@ def main(argv=None) -> int:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--micro-only", action="store_true",
                     help="only the in-process CPU cost per request")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="with --micro-only: compare with the checkout in DIR, in turns")
+    ap.add_argument("--reps", type=int, default=20, help="--baseline: turns each")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
+        if args.baseline:
+            micro_ab(args.baseline, config_path, args.reps)
+            return 0
         bare_us, apf_us = micro(config_path)
         print(f"in-process CPU per request: app alone {bare_us:.2f} µs, through APF "
               f"{apf_us:.2f} µs, added {apf_us - bare_us:.2f} µs (fast path, real shm ledger)")
