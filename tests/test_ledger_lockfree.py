@@ -25,6 +25,7 @@ def test_rejected_total_never_goes_backwards_while_another_process_runs_the_fast
     seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
     mm = mmap.mmap(seg.fd, size)
     seg.close_fd()
+    led = None
     try:
         led = Ledger.create(mm, CAP, lock=ProcessLock())
         levels, _ = led.configure([LevelSpec("r", 0, 0, 0, 1)], ["fs"], 0)
@@ -63,7 +64,8 @@ def test_rejected_total_never_goes_backwards_while_another_process_runs_the_fast
         assert os.waitstatus_to_exitcode(status) == 0
         assert reads > 10_000
         assert seen_low == 0, f"{seen_low} of {reads} lock-free reads saw a torn total"
-        led.close()
     finally:
+        posix_ipc.unlink_shared_memory(name)  # first: closing the mmap fails while views live
+        if led is not None:
+            led.close()
         mm.close()
-        posix_ipc.unlink_shared_memory(name)
