@@ -31,13 +31,13 @@ user function, falling back to it when the function fails.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .hookspec import import_callable
 from .objects import RequestAttributes
 
 log = logging.getLogger(__name__)
@@ -410,18 +410,5 @@ def load_request_info_hook(spec: str, fallback: Resolver | None = None) -> Hooke
     Raises :class:`HookError` naming the spec when it cannot be imported or is not callable.
     ``fallback`` answers when the hook fails (default: a built-in resolver trusting no proxy).
     """
-    module_name, sep, attr_path = spec.strip().partition(":")
-    if not sep or not module_name or not attr_path:
-        raise HookError(f"APF_REQUEST_INFO={spec!r}: expected 'module:callable'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise HookError(f"APF_REQUEST_INFO={spec!r}: cannot import {module_name!r}: {exc}") from exc
-    for attr in attr_path.split("."):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            raise HookError(f"APF_REQUEST_INFO={spec!r}: {module_name!r} has no {attr_path!r}") from None
-    if not callable(obj):
-        raise HookError(f"APF_REQUEST_INFO={spec!r}: {attr_path!r} is not callable")
+    obj = import_callable(spec, "APF_REQUEST_INFO", HookError)
     return HookedResolver(obj, fallback or RequestInfoResolver(), name=spec)

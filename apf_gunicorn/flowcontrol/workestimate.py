@@ -27,12 +27,12 @@ A per-shape estimator is any callable ``(RequestAttributes, Classification) -> W
 from __future__ import annotations
 
 import datetime
-import importlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.hookspec import import_callable
 
 log = logging.getLogger("apf_gunicorn.workestimate")
 
@@ -229,20 +229,5 @@ def load_estimator_hook(spec: str) -> EstimatorHook:
 
     Raises :class:`HookLoadError` naming the spec when it cannot be imported or is not callable.
     """
-    module_name, sep, attr_path = spec.strip().partition(":")
-    if not sep or not module_name or not attr_path:
-        raise HookLoadError(f"APF_WORK_ESTIMATOR={spec!r}: expected 'module:callable'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise HookLoadError(f"APF_WORK_ESTIMATOR={spec!r}: cannot import {module_name!r}: "
-                            f"{exc}") from exc
-    for attr in attr_path.split("."):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            raise HookLoadError(f"APF_WORK_ESTIMATOR={spec!r}: {module_name!r} has no "
-                                f"{attr_path!r}") from None
-    if not callable(obj):
-        raise HookLoadError(f"APF_WORK_ESTIMATOR={spec!r}: {attr_path!r} is not callable")
+    obj = import_callable(spec, "APF_WORK_ESTIMATOR", HookLoadError)
     return EstimatorHook(obj, name=spec)
