@@ -497,17 +497,22 @@ class Ledger:
         index is reused by a new level."""
         return self._w[self._lvb + level * LEVEL_WORDS + L.L_REJECTED_SHADOW]
 
-    def request_stats(self) -> list[RequestStats]:
-        """Every stats entry as plain objects (under the lock), in creation order; the
-        catch-all entry is included only once something was counted in it."""
-        self.pending_grants.extend(self._enter(None))
+    def _locked(self, now: int | None, fn, *args):
+        """``fn(*args)`` under the lock, for calls that return no grants of their own: grants a
+        repair finds on entry go to :attr:`pending_grants`."""
+        self.pending_grants.extend(self._enter(now))
         try:
-            out = self._request_stats()
+            out = fn(*args)
         except BaseException:
             self._lock.release()
             raise
         self._leave_ok()
         return out
+
+    def request_stats(self) -> list[RequestStats]:
+        """Every stats entry as plain objects (under the lock), in creation order; the
+        catch-all entry is included only once something was counted in it."""
+        return self._locked(None, self._request_stats)
 
     def _request_stats(self) -> list[RequestStats]:
         w, f, lay = self._w, self._f, self._lay
@@ -1313,14 +1318,7 @@ class Ledger:
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
         """Remove a waiting request (``time-out`` or ``cancelled``). No dispatch follows, as
         in Kubernetes. False: it is no longer waiting (already granted: run and finish it)."""
-        self.pending_grants.extend(self._enter(now))
-        try:
-            removed = self._cancel(slot, gen, now, reason)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return removed
+        return self._locked(now, self._cancel, slot, gen, now, reason)
 
     def _cancel(self, s: int, gen: int, now: int, reason: str) -> bool:
         sa = self._slot_if(s, gen, WAITING)
@@ -1671,14 +1669,7 @@ class Ledger:
 
     def flow_schema_names(self) -> list[str]:
         """Interned FlowSchema names; a slot's ``fs_index`` indexes this list."""
-        self.pending_grants.extend(self._enter(None))
-        try:
-            out = self._fs_names_locked()
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return out
+        return self._locked(None, self._fs_names_locked)
 
     def level_indices(self) -> dict[str, int]:
         """{level name: index} of the levels in the ledger (cached per config generation)."""
@@ -1731,14 +1722,7 @@ class Ledger:
 
     def snapshot(self, now: int) -> Snapshot:
         """A consistent view of every level, queue and request (for dumps and metrics)."""
-        self.pending_grants.extend(self._enter(now))
-        try:
-            snap = self._snapshot(now)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return snap
+        return self._locked(now, self._snapshot, now)
 
     def _snapshot(self, now: int) -> Snapshot:
         w, u = self._w, self._u
