@@ -245,3 +245,64 @@ def test_ledger_collector_exact_gauges() -> None:
 def test_ledger_collector_before_configuration_is_empty() -> None:
     col = LedgerCollector("apf", lambda: MasterView())
     assert _scrape(col) == {}
+
+
+def _wind_to_high_r(led, level: int, underflow: bool) -> None:
+    """Put level's R just below Kubernetes' highR with one executing and one waiting request on
+    one queue (as tests/test_ledger_k8s.py does); the next time sync advances the epoch.
+    With ``underflow`` the busy queue's nextDispatchR is below rDecrement, so winding it back
+    underflows and the advance counts as failed."""
+    from apf_gunicorn.ledger import layout as L
+    from apf_gunicorn.ledger.seatseconds import HIGH_R, R_DECREMENT
+
+    lb = led._lb(level)
+    w, u = led._w, led._u
+    base = HIGH_R - 10
+    u[lb + L.L_R] = base
+    ndr = R_DECREMENT - 1 if underflow else base + 100
+    for q in range(w[lb + L.L_NQ]):
+        qa = led._qa(lb, q)
+        if w[qa + L.Q_WAITING] or w[qa + L.Q_EXECUTING]:
+            u[qa + L.Q_NDR] = ndr
+            s = w[qa + L.Q_HEAD]
+            while s != L.NIL:
+                u[led._sa(s) + L.S_ARRIVAL_R] = base
+                s = w[led._sa(s) + L.S_NEXT]
+    led._rebuild_tree(lb)
+
+
+def test_epoch_advance_total_follows_the_ledger() -> None:
+    from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec
+
+    cap = Capacity(levels=4, queues=16, slots=16, workers=2, flow_schemas=2, detail_bytes=16)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, _ = led.configure([LevelSpec("busy", 3, 1, 100, 1), LevelSpec("idle", 3, 1, 100, 1)],
+                              ["fs"], 0)
+    busy = levels["busy"]
+    view = MasterView(ledger=led, workers=1, clock=lambda: 0)
+    col = LedgerCollector("apf", lambda: view)
+    key_ok = _k("apf_epoch_advance_total", priority_level="busy", success="true")
+    key_fail = _k("apf_epoch_advance_total", priority_level="busy", success="false")
+    got = _scrape(col)
+    # every level has its success="true" series from the start; "false" only once it happened
+    assert got[key_ok] == 0
+    assert got[_k("apf_epoch_advance_total", priority_level="idle", success="true")] == 0
+    assert not any('"success": "false"' in k for k in got)
+
+    a = led.admit(busy, 0, 1, 0, 0, 0, 0)
+    b = led.admit(busy, 0, 1, 0, 0, 0, 0)
+    assert (a.outcome, b.outcome) == (EXECUTE, QUEUED)
+    _wind_to_high_r(led, busy, underflow=False)
+    led.admit(busy, 99, 1, 0, 0, 0, 100)  # the time sync crosses highR: a clean advance
+    got = _scrape(col)
+    assert got[key_ok] == 1
+    assert key_fail not in got
+    assert got[_k("apf_epoch_advance_total", priority_level="idle", success="true")] == 0
+
+    _wind_to_high_r(led, busy, underflow=True)
+    led.admit(busy, 7, 1, 0, 0, 0, 1_000_000)
+    got = _scrape(col)
+    assert got[key_ok] == 1
+    assert got[key_fail] == 1
+    snap_level = next(lv for lv in led.snapshot(0).levels if lv.name == "busy")
+    assert (snap_level.epoch_advances, snap_level.epoch_advance_failures) == (1, 1)

@@ -11,7 +11,7 @@ per request by this module:
   (a dead worker's counts are already in shared memory) and never go backwards.
 * :class:`LedgerCollector`: instantaneous values (executing and waiting requests and seats,
   limits, demand statistics, ``seat_fair_frac``) from ``ledger.snapshot()`` and the borrowing
-  state.
+  state, plus the snapshot's cumulative ``epoch_advance_total{priority_level, success}``.
 * A courtesy for the application's own metrics: when the *user* runs prometheus-client's
   multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts), ``/metrics``
   also serves the aggregate of those files, and :func:`mark_process_dead` (``child_exit``)
@@ -163,7 +163,8 @@ def view_of_master_state(m: Any) -> MasterView:
 
 
 class LedgerCollector:
-    """Gauges read from ``ledger.snapshot()`` and the borrowing state at scrape time."""
+    """Gauges read from ``ledger.snapshot()`` and the borrowing state at scrape time, and the
+    epoch-advance and configuration-reload counters."""
 
     def __init__(self, prefix: str, state_provider: Callable[[], MasterView]) -> None:
         self.prefix = prefix
@@ -237,6 +238,22 @@ class LedgerCollector:
         yield current
         yield current_r
 
+        from prometheus_client.core import CounterMetricFamily
+
+        # Kubernetes' epoch_advance_total: R wound back by rDecrement to avoid overflow;
+        # success="false" when a queue's or request's R would have underflowed. "true" is
+        # exported for every level (0 until the first advance, which takes years of busy
+        # time), "false" only once it happened.
+        epochs = CounterMetricFamily(f"{p}_epoch_advance", "Number of times the queueset's "
+                                     "progress meter jumped backward",
+                                     labels=["priority_level", "success"])
+        for lv in snap.levels:
+            epochs.add_metric([lv.name, "true"], float(getattr(lv, "epoch_advances", 0)))
+            failures = getattr(lv, "epoch_advance_failures", 0)
+            if failures:
+                epochs.add_metric([lv.name, "false"], float(failures))
+        yield epochs
+
         if view.level_limits:
             fam = {
                 "nominal": G(f"{p}_nominal_limit_seats", "Nominal number of execution seats "
@@ -273,8 +290,6 @@ class LedgerCollector:
                      "to each priority level that can use it")
             frac.add_metric([], float(getattr(states, "fair_frac", 0.0)))
             yield frac
-
-        from prometheus_client.core import CounterMetricFamily
 
         reloads = CounterMetricFamily(f"{p}_config_reload_errors", "Configuration reloads "
                                       "rejected because the new configuration was invalid")
