@@ -193,3 +193,65 @@ def test_accepts_a_master_state(served) -> None:
         assert 'myapp_current_limit_seats{priority_level="workload-low"}' in text
     finally:
         admin.stop()
+
+
+def _admin_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+
+
+def test_connection_flood_is_capped_and_recovers(served) -> None:
+    from apf_gunicorn.server.admin import MAX_CONNECTIONS
+
+    _, view = served
+    # a long socket timeout, so the held connections stay held for the whole test
+    admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=30.0)
+    assert admin.start()
+    held: list[socket.socket] = []
+    try:
+        before = _admin_threads()
+        for i in range(MAX_CONNECTIONS):  # idle and slowloris connections fill every slot
+            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
+            if i % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            held.append(s)
+        start = time.monotonic()
+        for _ in range(3 * MAX_CONNECTIONS):  # the flood beyond the cap: each answered at once
+            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
+            held.append(s)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):  # the server closes after the 503
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 503 "), reply
+            assert reply.endswith(b"too many admin connections, try again\n")
+        assert time.monotonic() - start < 5.0
+        # accepted in order: the first MAX_CONNECTIONS hold one handler thread each, no more
+        assert _admin_threads() - before == MAX_CONNECTIONS
+        assert admin._server.refused == 3 * MAX_CONNECTIONS
+
+        start = time.monotonic()
+        try:
+            status, body = get(admin, "/metrics")
+            assert (status, body) == (503, "too many admin connections, try again\n")
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            pass  # refused is fine too, as long as it is prompt
+        assert time.monotonic() - start < 2.0
+    finally:
+        for s in held:
+            s.close()
+    try:
+        # the flood is over: the handler threads see EOF and end, and scrapes are served again
+        deadline = time.monotonic() + 5.0
+        while True:
+            status, text = get(admin, "/metrics")
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 200 and "apf_current_limit_seats" in text
+        while _admin_threads() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _admin_threads() == before
+    finally:
+        admin.stop()

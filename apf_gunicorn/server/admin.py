@@ -20,7 +20,11 @@ metrics prefix). Paths:
 * anything else: 404.
 
 Each connection gets its own thread with a socket timeout, so a slow or malformed client costs
-one thread for at most ``timeout`` seconds and never stops the server. The listening socket is
+one thread for at most ``timeout`` seconds of silence and never stops the server. At most
+``max_connections`` (:data:`MAX_CONNECTIONS`, 16) are served at once: the accept loop answers
+any further connection ``503`` and closes it without starting a thread, so a connection flood
+or slowloris cannot grow the master's thread count; scrapes are served again as soon as the
+held connections close or time out. The listening socket is
 close-on-exec (Python's default), so a USR2 re-exec does not inherit it; forked workers close
 it in ``post_fork`` through :meth:`close_in_child`. A second master (USR2) finding the port
 taken logs a clear message and runs without an admin endpoint.
@@ -45,6 +49,13 @@ log = logging.getLogger("apf_gunicorn.admin")
 DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
 TEXT = "text/plain; charset=utf-8"
+# Concurrent connections (= handler threads) the endpoint serves; more are answered BUSY at
+# once, from the accept loop, so a flood cannot grow the master's thread count.
+MAX_CONNECTIONS = 16
+_BUSY_BODY = b"too many admin connections, try again\n"
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
+        % (len(_BUSY_BODY), _BUSY_BODY))
 
 
 def parse_bind(bind: str | tuple[str, int]) -> tuple[str, int]:
@@ -62,10 +73,45 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True  # SO_REUSEADDR: rebind right after a restart
     request_queue_size = 64
 
-    def __init__(self, addr: tuple[str, int], handler: type, admin: AdminServer) -> None:
+    def __init__(self, addr: tuple[str, int], handler: type, admin: AdminServer,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.admin = admin
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0  # connections answered BUSY since start
         super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Runs in the accept loop: a thread only while a connection slot is free.
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread
+        except BaseException:
+            self._slots.release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """Answer 503 and close without blocking the accept loop on the client."""
+        try:
+            request.setblocking(False)
+            try:  # read what already arrived, so closing does not reset the connection
+                request.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                pass
+            request.send(BUSY)
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("admin: error serving %s", client_address, exc_info=True)
@@ -106,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
 class AdminServer:
     def __init__(self, bind: str | tuple[str, int], state_provider: Any,
                  prefix: str | None = None, metrics_source: Any = None,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
         if not isinstance(bind, str | tuple) and isinstance(state_provider, str | tuple):
             bind, state_provider = state_provider, bind  # tolerate (state, bind)
         self.address = parse_bind(bind)
@@ -119,6 +165,7 @@ class AdminServer:
         self.state_provider = state_provider
         self.prefix = prefix or "apf"
         self.timeout = timeout
+        self.max_connections = max_connections
         self._metrics_source = metrics_source
         self._registry: Any = None
         self._server: _Server | None = None
@@ -135,7 +182,7 @@ class AdminServer:
         when the address is in use, e.g. by the old master during a USR2 upgrade."""
         handler = type("Handler", (_Handler,), {"timeout": self.timeout})
         try:
-            self._server = _Server(self.address, handler, self)
+            self._server = _Server(self.address, handler, self, self.max_connections)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 if quiet:
