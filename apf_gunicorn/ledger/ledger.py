@@ -1260,7 +1260,7 @@ class Ledger:
         sa = self._slot_if(s, gen, EXECUTING)
         if sa < 0:
             return 0
-        w, u = self._w, self._u
+        w = self._w
         level = w[sa + S_LEVEL]
         lb = self._lvb + level * LEVEL_WORDS
         if now > w[lb + L_LAST_NS]:
@@ -1271,19 +1271,7 @@ class Ledger:
         w[hist + bisect_left(_DUR, ran)] += 1
         if ran > 0:
             self._f[hist + ND] += ran / 1e9
-        w[lb + L_EXECUTING] -= 1
-        q = w[sa + S_QUEUE]
-        if q != NIL:
-            qa = self._qa(lb, q)
-            ex = w[qa + Q_EXECUTING] - 1
-            w[qa + Q_EXECUTING] = ex
-            if ex == 0 and w[qa + Q_WAITING] == 0:
-                w[lb + L_ACTIVE_QUEUES] -= 1
-            # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
-            corr = seats_ns_times(w[sa + S_INITIAL], w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
-            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
-            if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
-                self._touch(lb, q)
+        self._end_main_phase(lb, sa, now)
         al = w[sa + S_AL]
         if al <= 0:
             self._release_seats(lb, level, s, sa, now)
@@ -1296,6 +1284,26 @@ class Ledger:
         if w[lb + L_QUIESCING]:
             self._maybe_drop(lb)
         return linger
+
+    def _end_main_phase(self, lb: int, sa: int, now: int) -> None:
+        """``finishRequestLocked``'s bookkeeping for a request whose main phase ended (finished,
+        or its worker died): one fewer executing, and its queue's nextDispatchR corrected by the
+        actual service time."""
+        w, u = self._w, self._u
+        w[lb + L_EXECUTING] -= 1
+        q = w[sa + S_QUEUE]
+        if q == NIL:
+            return
+        qa = self._qa(lb, q)
+        ex = w[qa + Q_EXECUTING] - 1
+        w[qa + Q_EXECUTING] = ex
+        if ex == 0 and w[qa + Q_WAITING] == 0:
+            w[lb + L_ACTIVE_QUEUES] -= 1
+        # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
+        corr = seats_ns_times(w[sa + S_INITIAL], w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+        u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+        if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
+            self._touch(lb, q)
 
     def release(self, slot: int, gen: int, now: int) -> list:
         """The additional latency is over: free the lingering seats and dispatch."""
@@ -1404,7 +1412,7 @@ class Ledger:
         return granted
 
     def _reap(self, owner: int, now: int) -> None:
-        w, u = self._w, self._u
+        w = self._w
         synced = set()
         states, owners = self._slot_columns(S_STATE, S_OWNER)
         for s in range(len(states)):
@@ -1426,18 +1434,7 @@ class Ledger:
                 self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])
                 continue
             if state == EXECUTING:
-                w[lb + L_EXECUTING] -= 1
-                q = w[sa + S_QUEUE]
-                if q != NIL:
-                    qa = self._qa(lb, q)
-                    ex = w[qa + Q_EXECUTING] - 1
-                    w[qa + Q_EXECUTING] = ex
-                    if ex == 0 and w[qa + Q_WAITING] == 0:
-                        w[lb + L_ACTIVE_QUEUES] -= 1
-                    corr = seats_ns_times(w[sa + S_INITIAL],
-                                          w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
-                    u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
-                    self._touch(lb, q)
+                self._end_main_phase(lb, sa, now)
             self._release_seats(lb, level, s, sa, now)
 
     def _dispatch_every_level(self, now: int, granted: list) -> None:
