@@ -509,6 +509,18 @@ class Ledger:
         self._leave_ok()
         return out
 
+    def _granting(self, now: int, fn, *args) -> list:
+        """``fn(granted, *args)`` under the lock; returns ``granted``: what a repair found on
+        entry plus what ``fn`` dispatched."""
+        granted = self._enter(now)
+        try:
+            fn(granted, *args)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._leave_ok()
+        return granted
+
     def request_stats(self) -> list[RequestStats]:
         """Every stats entry as plain objects (under the lock), in creation order; the
         catch-all entry is included only once something was counted in it."""
@@ -1307,21 +1319,17 @@ class Ledger:
 
     def release(self, slot: int, gen: int, now: int) -> list:
         """The additional latency is over: free the lingering seats and dispatch."""
-        granted = self._enter(now)
-        try:
-            sa = self._slot_if(slot, gen, LINGERING)
-            if sa >= 0:
-                level = self._w[sa + S_LEVEL]
-                lb = self._lvb + level * LEVEL_WORDS
-                self._sync(lb, now)
-                self._release_seats(lb, level, slot, sa, now)
-                self._dispatch_all(lb, now, granted)
-                self._maybe_drop(lb)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return granted
+        return self._granting(now, self._release, slot, gen, now)
+
+    def _release(self, granted: list, slot: int, gen: int, now: int) -> None:
+        sa = self._slot_if(slot, gen, LINGERING)
+        if sa >= 0:
+            level = self._w[sa + S_LEVEL]
+            lb = self._lvb + level * LEVEL_WORDS
+            self._sync(lb, now)
+            self._release_seats(lb, level, slot, sa, now)
+            self._dispatch_all(lb, now, granted)
+            self._maybe_drop(lb)
 
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
         """Remove a waiting request (``time-out`` or ``cancelled``). No dispatch follows, as
@@ -1384,32 +1392,24 @@ class Ledger:
 
     def owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
         """[(slot, gen, state)] held by ``owner`` (the dispatcher's 100 ms backstop scan)."""
-        self.pending_grants.extend(self._enter(None))
-        try:
-            states, owners, gens = self._slot_columns(S_STATE, S_OWNER, S_GEN)
-            out = [(s, gens[s], L.STATE_NAMES[st]) for s, st in enumerate(states)
-                   if st != FREE and owners[s] == owner]
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return out
+        return self._locked(None, self._owned_slots, owner)
+
+    def _owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
+        states, owners, gens = self._slot_columns(S_STATE, S_OWNER, S_GEN)
+        return [(s, gens[s], L.STATE_NAMES[st]) for s, st in enumerate(states)
+                if st != FREE and owners[s] == owner]
 
     def reap_worker(self, owner: int, now: int) -> list:
         """Drop everything worker ``owner`` had (waits, executions, lingering seats) and
         dispatch what that frees. Idempotent."""
-        granted = self._enter(now)
-        try:
-            self._reap(owner, now)
-            self._dispatch_every_level(now, granted)
-            wa = self._lay.worker(owner)
-            if self._w[wa + L.W_STATE] != L.WORKER_FREE:
-                self._w[wa + L.W_STATE] = L.WORKER_GONE
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return granted
+        return self._granting(now, self._reap_worker, owner, now)
+
+    def _reap_worker(self, granted: list, owner: int, now: int) -> None:
+        self._reap(owner, now)
+        self._dispatch_every_level(now, granted)
+        wa = self._lay.worker(owner)
+        if self._w[wa + L.W_STATE] != L.WORKER_FREE:
+            self._w[wa + L.W_STATE] = L.WORKER_GONE
 
     def _reap(self, owner: int, now: int) -> None:
         w = self._w
@@ -1476,7 +1476,7 @@ class Ledger:
         for name in fs_list:
             if len(name.encode("utf-8")) > L.NAME_BYTES - 3:
                 raise ValueError(f"flow schema name {name!r} is longer than 253 bytes")
-        got = self._enter(now)
+        got = self._enter(now)  # repair grants and dispatches both go where the caller asked
         try:
             result = self._configure(specs, fs_list, now, got)
         except BaseException:
@@ -1639,19 +1639,15 @@ class Ledger:
 
     def set_limits(self, limits: dict[int, int], now: int) -> list:
         """Change concurrency limits (borrowing); dispatches what a higher limit allows."""
-        granted = self._enter(now)
-        try:
-            w = self._w
-            for level, c in limits.items():
-                lb = self._lb(level)
-                self._sync(lb, now)
-                w[lb + L_C] = int(c)
-                self._dispatch_all(lb, now, granted)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return granted
+        return self._granting(now, self._set_limits, limits, now)
+
+    def _set_limits(self, granted: list, limits: dict[int, int], now: int) -> None:
+        w = self._w
+        for level, c in limits.items():
+            lb = self._lb(level)
+            self._sync(lb, now)
+            w[lb + L_C] = int(c)
+            self._dispatch_all(lb, now, granted)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -1671,50 +1667,31 @@ class Ledger:
     def level_indices(self) -> dict[str, int]:
         """{level name: index} of the levels in the ledger (cached per config generation)."""
         if self._w[L.H_GENERATION] != self._names_gen:
-            self.pending_grants.extend(self._enter(None))
-            try:
-                self._names = self._level_names_locked()
-                self._names_gen = self._w[L.H_GENERATION]
-            except BaseException:
-                self._lock.release()
-                raise
-            self._leave_ok()
+            self._names, self._names_gen = self._locked(
+                None, lambda: (self._level_names_locked(), self._w[L.H_GENERATION]))
         return dict(self._names)
 
     def take_demand_stats(self, level: int, now: int) -> DemandStats:
         """Kubernetes ``Integrator.Reset()``: results since the last take, then restart
         (min and max restart at the current value). Does not sync R."""
-        self.pending_grants.extend(self._enter(now))
-        try:
-            lb = self._lb(level)
-            f = self._f
-            self._demand_x(lb, now, f[lb + L_I_CUR])
-            t, x, xx = f[lb + L_I_T], f[lb + L_I_X], f[lb + L_I_XX]
-            stats = _results(t, x, xx, f[lb + L_I_MIN], f[lb + L_I_MAX])
+        return self._locked(now, self._demand_results, level, now, True)
+
+    def demand_stats(self, level: int, now: int) -> DemandStats:
+        """Kubernetes ``Integrator.GetResults()``: cumulative since the last take, no reset."""
+        return self._locked(now, self._demand_results, level, now, False)
+
+    def _demand_results(self, level: int, now: int, reset: bool) -> DemandStats:
+        lb = self._lb(level)
+        f = self._f
+        self._demand_x(lb, now, f[lb + L_I_CUR])
+        stats = _results(f[lb + L_I_T], f[lb + L_I_X], f[lb + L_I_XX], f[lb + L_I_MIN],
+                         f[lb + L_I_MAX])
+        if reset:
             f[lb + L_I_T] = 0.0
             f[lb + L_I_X] = 0.0
             f[lb + L_I_XX] = 0.0
             f[lb + L_I_MIN] = f[lb + L_I_CUR]
             f[lb + L_I_MAX] = f[lb + L_I_CUR]
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
-        return stats
-
-    def demand_stats(self, level: int, now: int) -> DemandStats:
-        """Kubernetes ``Integrator.GetResults()``: cumulative since the last take, no reset."""
-        self.pending_grants.extend(self._enter(now))
-        try:
-            lb = self._lb(level)
-            f = self._f
-            self._demand_x(lb, now, f[lb + L_I_CUR])
-            stats = _results(f[lb + L_I_T], f[lb + L_I_X], f[lb + L_I_XX], f[lb + L_I_MIN],
-                             f[lb + L_I_MAX])
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
         return stats
 
     def snapshot(self, now: int) -> Snapshot:
