@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.apps.procs import children, free_port  # noqa: E402
+
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 
 # One queuing level that every request lands in; with the limit set high enough no request
@@ -61,20 +63,6 @@ spec:
     nonResourceRules:
     - {verbs: ["*"], nonResourceURLs: ["*"]}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 def rss_kib(pid: int) -> int:

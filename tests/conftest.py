@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,23 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.apps.procs import children, free_port  # noqa: F401 - tests import these from here
+
 ROOT = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "apps"
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 class Server:
