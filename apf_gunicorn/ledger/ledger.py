@@ -22,7 +22,9 @@ the number of queues (incremental rate inputs and a min-segment tree of head vir
 from __future__ import annotations
 
 import math
+import os
 import struct
+import weakref
 from array import array
 from bisect import bisect_left
 from typing import NamedTuple
@@ -108,7 +110,7 @@ from apf_gunicorn.ledger.layout import (
     Capacity,
     Layout,
 )
-from apf_gunicorn.ledger.lock import NullLock
+from apf_gunicorn.ledger.lock import NullLock, ProcessLock
 from apf_gunicorn.ledger.seatseconds import (
     EXACT_BOUND,
     HIGH_R,
@@ -177,6 +179,30 @@ if not ((L.L_SERIAL, L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_
         and H_FREE_COUNT == H_FREE_HEAD + 1):
     raise ImportError("ledger fast-path record formats do not match layout.py")
 DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
+
+
+def _load_accelerator():
+    """The C fast paths (``_fastpath.c``), or None: not built (no compiler at install time),
+    switched off with ``APF_NO_ACCELERATOR=1``, or compiled for another layout."""
+    if os.environ.get("APF_NO_ACCELERATOR", "") not in ("", "0"):
+        return None
+    try:
+        from apf_gunicorn.ledger import _fastpath
+    except ImportError:
+        return None
+    expected = (H_FREE_HEAD, H_FREE_COUNT, L.H_HOLDER_PID, H_DIRTY, L.H_MUTEX, LEVEL_WORDS,
+                QUEUE_WORDS, SLOT_WORDS,
+                (L.L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L.L_SERIAL,
+                 L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_SEATS_IN_USE,
+                 L_ACTIVE_QUEUES, L_QSEATS, L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR,
+                 L_I_LAST, L_ROBIN, L_ENQUEUES, L_DISPATCHED),
+                (Q_NDR, Q_EXECUTING, Q_SEATS), tuple(range(SLOT_WORDS)), FREE, EXECUTING, NIL)
+    if _fastpath.LAYOUT != expected or (S_STATE, S_STATS) != (0, SLOT_WORDS - 1):
+        return None
+    return _fastpath
+
+
+_ACCEL = _load_accelerator()
 
 
 class LevelSpec(NamedTuple):
@@ -302,6 +328,7 @@ class Ledger:
         self._detail_stride = lay.detail_stride
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
+        self._fp = None  # the C fast paths, once bound (_accelerate)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -313,8 +340,9 @@ class Ledger:
     @classmethod
     def create(cls, buf, cap: Capacity | None = None, lock=None,
                service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS,
-               owner_pid: int = 0) -> Ledger:
-        """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part."""
+               owner_pid: int = 0, accelerate: bool = True) -> Ledger:
+        """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part.
+        ``accelerate``: use the C fast paths when they are built (see :attr:`accelerated`)."""
         cap = cap or Capacity()
         lay = Layout(cap)
         if len(memoryview(buf).cast("B")) < lay.size:
@@ -342,11 +370,13 @@ class Ledger:
         led._service_ns = service_estimate_ns
         led._name_stats_entry(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
+        if accelerate:
+            led._accelerate()
         w[L.H_MAGIC] = L.MAGIC  # last: a reader never sees a half-formatted ledger as valid
         return led
 
     @classmethod
-    def attach(cls, buf, lock=None) -> Ledger:
+    def attach(cls, buf, lock=None, accelerate: bool = True) -> Ledger:
         """Wrap a buffer some other process (or object) formatted with :meth:`create`."""
         head = memoryview(buf).cast("B")[: L.HEADER_WORDS * L.WORD].cast("q")
         if head[L.H_MAGIC] != L.MAGIC or head[L.H_VERSION] != L.VERSION:
@@ -358,10 +388,53 @@ class Ledger:
         head.release()
         led = cls(buf, lock, Layout(cap))
         led._lock.bind(led._mv, led._w, False)
+        if accelerate:
+            led._accelerate()
         return led
+
+    def _accelerate(self) -> None:
+        """Bind the C fast paths to this buffer and lock, when they are built and the lock is
+        one they can take themselves: a ``NullLock``, or a ``ProcessLock`` whose acquire and
+        release are not overridden (a subclass that hooks them, like the tests' dying lock,
+        keeps the Python paths). Rebound in a forked child, where the lock has a new
+        threading lock and pid."""
+        lock = self._lock
+        if _ACCEL is None or type(lock) not in (NullLock, ProcessLock):
+            return
+        if type(lock) is ProcessLock:
+            tl = lock._tlock
+            mode, acq, rel, pid = 1, tl.acquire, tl.release, lock._pid
+        else:
+            mode, acq, rel, pid = 0, None, None, 0
+        old = self._fp
+        self._fp = _ACCEL.FastPath(
+            self._mv, mode, acq, rel, pid, self._stats_at, AdmitResult, EXECUTE,
+            (self._lvb, self._qb, self._sb, self._nlevels, self._nslots, self._service_ns,
+             self._details, self._detail_stride, self._detail_bytes, E_WORK_SUM, E_WAIT_X,
+             E_EXEC_R, EXEC_STRIDE, ND),
+            (*_WORK_AT, _WORK_INF), tuple(_DUR))
+        if old is not None:
+            old.close()
+        elif mode == 1:
+            ref = weakref.ref(self)
+
+            def _after_fork() -> None:  # runs after the lock's own hook (registered earlier)
+                me = ref()
+                if me is not None and me._fp is not None:
+                    me._accelerate()
+
+            os.register_at_fork(after_in_child=_after_fork)
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether admit and finish run their fast paths in C (``_fastpath.c``)."""
+        return self._fp is not None
 
     def close(self) -> None:
         """Release the views so the underlying mmap can be closed."""
+        fp, self._fp = self._fp, None
+        if fp is not None:
+            fp.close()
         unbind = getattr(self._lock, "unbind", None)
         if unbind:
             unbind()
@@ -934,9 +1007,24 @@ class Ledger:
         request) is inline: computed in locals from one read of the level record and written
         back in one go. Every other case, and the rare epoch advance, goes to
         :meth:`_admit_slow` before the fast path has written anything; both leave exactly the
-        same state."""
+        same state. With the C fast paths bound, they run first (see ``_fastpath.c`` for the
+        hand-over protocol)."""
+        fp = self._fp
+        if fp is None:
+            dead = self._lock.acquire()
+        else:
+            res = fp.admit(level, flow_hash, initial_seats, final_seats, additional_latency_ns,
+                           owner, now, fs_index, detail, watch)
+            if type(res) is AdmitResult:
+                return res
+            # None: nothing done, lock free; else the lock is held (-1, or a dead holder's pid)
+            dead = self._lock.acquire() if res is None else (None if res < 0 else res)
+        return self._admit_locked(dead, level, flow_hash, initial_seats, final_seats,
+                                  additional_latency_ns, owner, now, fs_index, detail, watch)
+
+    def _admit_locked(self, dead, level, flow_hash, initial_seats, final_seats,
+                      additional_latency_ns, owner, now, fs_index, detail, watch) -> AdmitResult:
         lock = self._lock
-        dead = lock.acquire()
         w = self._w
         granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
         w[H_DIRTY] = 1  # cleared only when the operation completes
@@ -1180,9 +1268,20 @@ class Ledger:
 
         The fast path (no lingering, nothing waiting in the level, no queue to remove, not
         quiescing) is inline, computed in locals and written back in one go like
-        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`."""
+        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`. The C fast path first,
+        when bound, as in :meth:`admit`."""
+        fp = self._fp
+        if fp is None:
+            dead = self._lock.acquire()
+        else:
+            res = fp.finish(slot, gen, now)
+            if type(res) is tuple:
+                return res
+            dead = self._lock.acquire() if res is None else (None if res < 0 else res)
+        return self._finish_locked(dead, slot, gen, now)
+
+    def _finish_locked(self, dead, slot: int, gen: int, now: int) -> tuple[list, int]:
         lock = self._lock
-        dead = lock.acquire()
         w = self._w
         granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
         w[H_DIRTY] = 1

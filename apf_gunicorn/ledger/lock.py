@@ -8,9 +8,13 @@ shared mutex, ``Ledger.attach`` only binds)::
 ``ProcessLock`` is a process-local ``threading.Lock`` (so the threads of one process queue on
 the GIL-friendly lock) followed by a *robust, process-shared* pthread mutex that lives in the
 ledger header. The mutex is taken with ``pthread_mutex_trylock`` called through
-``ctypes.PyDLL`` (the GIL stays held, ~0.15 µs) and ``time.sleep(0)`` backoff: a blocking
-``pthread_mutex_lock`` with the GIL held would freeze the whole process while another process
-holds the mutex. When the previous holder died holding it, trylock returns ``EOWNERDEAD``;
+``ctypes.PyDLL`` (the GIL stays held, ~0.15 µs). When another process holds it: a few more
+trylocks (a holder on the other core lets go within microseconds), then a blocking
+``pthread_mutex_lock`` through ``ctypes.CDLL``, which releases the GIL, so the process's other
+threads keep working while the holder, perhaps descheduled, finishes. (A blocking call with the
+GIL held would freeze the whole process; the ``time.sleep(0)`` retry loop used before cost GIL
+hand-offs and a convoy on the threading lock under load.) When the previous holder died
+holding it, the lock call returns ``EOWNERDEAD`` (the kernel also wakes a blocked waiter);
 ``acquire`` then reports the dead holder's pid so the ledger repairs before anything else and
 calls ``consistent()``.
 
@@ -36,14 +40,13 @@ import errno
 import mmap
 import os
 import threading
-import time
 import weakref
 
 from apf_gunicorn.ledger.layout import H_HOLDER_PID, H_MUTEX, MUTEX_BYTES, WORD
 
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
-_SPINS_BEFORE_SLEEP = 200
+_SPINS = 20  # trylock attempts (~0.15 µs each) before a blocking wait
 
 
 class NullLock:
@@ -86,8 +89,19 @@ def _libc_fast() -> ctypes.PyDLL:
     return lib
 
 
+def _libc_blocking() -> ctypes.CDLL:
+    """``pthread_mutex_lock`` for the contended path: ``CDLL`` releases the GIL around the
+    call, so waiting for another process's holder never stops this process's threads."""
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    lib = ctypes.CDLL(name)
+    lib.pthread_mutex_lock.restype = ctypes.c_int
+    lib.pthread_mutex_lock.argtypes = [ctypes.c_void_p]
+    return lib
+
+
 _LIBC: ctypes.PyDLL | None = None
 _LIBC_FAST: ctypes.PyDLL | None = None
+_LIBC_BLOCKING: ctypes.CDLL | None = None
 
 
 def _backing_is_mmap(buf) -> bool:
@@ -100,16 +114,17 @@ def _backing_is_mmap(buf) -> bool:
 class ProcessLock:
     """``threading.Lock`` + robust process-shared pthread mutex in the ledger header."""
 
-    def __init__(self, spin_sleep_s: float = 50e-6) -> None:
-        global _LIBC, _LIBC_FAST
+    def __init__(self) -> None:
+        global _LIBC, _LIBC_FAST, _LIBC_BLOCKING
         if _LIBC is None:
             _LIBC = _libc()
             _LIBC_FAST = _libc_fast()
+            _LIBC_BLOCKING = _libc_blocking()
         self._lib = _LIBC
         self._trylock = _LIBC_FAST.pthread_mutex_trylock  # called with self._ref only
         self._unlock = _LIBC_FAST.pthread_mutex_unlock
+        self._lock_blocking = _LIBC_BLOCKING.pthread_mutex_lock  # releases the GIL
         self._tlock = threading.Lock()
-        self._spin_sleep_s = spin_sleep_s
         self._mutex = None
         self._addr = None
         self._ref = None  # ctypes.byref(self._mutex): the argument of trylock/unlock
@@ -201,26 +216,29 @@ class ProcessLock:
         return self._acquire_slow(rc)
 
     def _acquire_slow(self, rc: int) -> int | None:
-        ref = self._ref
-        trylock = self._trylock
-        spins = 0
-        while True:
-            if rc == 0:
-                self._words[H_HOLDER_PID] = self._pid
-                return None
-            if rc == errno.EBUSY:
-                spins += 1
-                # sleep(0) yields the GIL; after a while back off for real so a descheduled
-                # holder in another process gets the CPU
-                time.sleep(0 if spins < _SPINS_BEFORE_SLEEP else self._spin_sleep_s)
+        """Contended, or the holder died. A few more trylocks with the GIL held (a holder
+        running on the other core lets go within microseconds), then ``pthread_mutex_lock``
+        through ``ctypes.CDLL``, which releases the GIL: this process's other threads keep
+        serving while the holder, perhaps descheduled, finishes. Only one thread per process
+        waits here; the others wait on the threading lock, which releases the GIL too."""
+        if rc == errno.EBUSY:
+            trylock = self._trylock
+            ref = self._ref
+            for _ in range(_SPINS):
                 rc = trylock(ref)
-                continue
-            if rc == errno.EOWNERDEAD:
-                dead = int(self._words[H_HOLDER_PID])
-                self._words[H_HOLDER_PID] = self._pid
-                return dead
-            self._tlock.release()
-            raise OSError(rc, f"pthread_mutex_trylock: {os.strerror(rc)}")
+                if rc != errno.EBUSY:
+                    break
+            else:
+                rc = self._lock_blocking(self._addr)
+        if rc == 0:
+            self._words[H_HOLDER_PID] = self._pid
+            return None
+        if rc == errno.EOWNERDEAD:
+            dead = int(self._words[H_HOLDER_PID])
+            self._words[H_HOLDER_PID] = self._pid
+            return dead
+        self._tlock.release()
+        raise OSError(rc, f"pthread_mutex_lock: {os.strerror(rc)}")
 
     def consistent(self) -> None:
         _check(self._lib.pthread_mutex_consistent(self._addr), "pthread_mutex_consistent")

@@ -1,0 +1,697 @@
+/* The ledger's two per-request fast paths in C: ``admit`` of a request that runs at once and
+ * ``finish`` of one that leaves nothing behind. Optional: ``ledger.py`` has the same paths in
+ * Python and uses this module only when it imports and its layout matches (``LAYOUT``).
+ *
+ * Why C: in Python the two paths are ~1,000 bytecodes per request under the ledger lock; a
+ * forced GIL switch or a preemption inside them stalls every other worker waiting for the
+ * lock, and their cost is most of APF's overhead (docs/server.md, "Overhead"). Here they are
+ * a few hundred machine instructions with the GIL held throughout, so no other thread of the
+ * process can run inside the critical section.
+ *
+ * Contract (ledger.py relies on it): each call either completes the operation exactly as the
+ * Python fast path would (same words written, same float operations in the same order) and
+ * returns its result, or returns
+ *   None  - nothing done, no lock held: run the Python operation from the start;
+ *   -1    - the lock is held (fast-path conditions not met, or the ledger is dirty): run the
+ *           Python operation from just after its lock acquire, dead=None;
+ *   pid   - (>= 0) the lock is held and its previous holder died: the same, dead=pid.
+ * Nothing is written before the call knows it will complete. Locking mirrors
+ * ``ProcessLock.acquire``: the process's threading.Lock (without blocking), then
+ * ``pthread_mutex_trylock`` on the robust mutex in the ledger header; with lock mode 0 (a
+ * ``NullLock``) there is no locking.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* layout.py, checked against LAYOUT at import */
+enum {
+    H_FREE_HEAD = 12, H_FREE_COUNT = 13, H_HOLDER_PID = 15, H_DIRTY = 16, H_MUTEX = 24,
+    LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 23,
+    L_USED = 0, L_QUIESCING = 1, L_DESIRED = 3, L_HAND = 4, L_C = 6, L_QBASE = 7, L_NQ = 9,
+    L_SERIAL = 12, L_WAITING = 13, L_SEATS_WAITING = 14, L_R = 15, L_LAST_NS = 16,
+    L_EXECUTING = 17, L_SEATS_IN_USE = 18, L_ACTIVE_QUEUES = 19, L_QSEATS = 20, L_I_T = 21,
+    L_I_X = 22, L_I_XX = 23, L_I_MIN = 24, L_I_MAX = 25, L_I_CUR = 26, L_I_LAST = 27,
+    L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30,
+    Q_NDR = 0, Q_EXECUTING = 7, Q_SEATS = 8,
+    S_STATE = 0, S_GEN = 1, S_OWNER = 2, S_LEVEL = 3, S_QUEUE = 4, S_PREV = 5, S_NEXT = 6,
+    S_INITIAL = 7, S_FINAL = 8, S_AL = 9, S_MAX_SEATS = 10, S_HELD = 11, S_INIT_WORK = 12,
+    S_FINAL_WORK = 13, S_TOTAL_WORK = 14, S_ARRIVAL_R = 15, S_ARRIVAL_NS = 16, S_START_NS = 17,
+    S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22,
+    ST_FREE = 0, ST_EXECUTING = 2, NIL = -1,
+};
+
+#define EXACT_BOUND ((__int128)1 << 50)
+#define HIGH_R (((uint64_t)-1 / 2) + ((uint64_t)-1 / 2) / 2)
+#define MAX_DUR 64
+#define MAX_HAND 64
+#define SEATS_LIMIT ((int64_t)1 << 31)
+#define AL_LIMIT ((int64_t)1 << 62)
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int have_view;
+    char *base;
+    int64_t *w;
+    uint64_t *u;
+    double *f;
+    pthread_mutex_t *mutex;
+    int lock_mode;
+    PyObject *tl_acquire;
+    PyObject *tl_release;
+    int64_t pid;
+    PyObject *stats_at;      /* dict: (serial << 32) | fs -> stats entry word address */
+    PyTypeObject *result_type; /* AdmitResult */
+    PyObject *execute;       /* "execute" */
+    PyObject *empty;         /* "" */
+    int64_t lvb, qb, sb, nlevels, nslots, service_ns, details, detail_stride, detail_bytes;
+    int64_t e_work_sum, e_wait_x, e_exec_r, exec_stride, nd;
+    int64_t work_at[102];    /* bucket word for 0..100 seats; [101] for more */
+    int64_t dur[MAX_DUR];
+    int ndur;
+} FastPath;
+
+/* -- locking ---------------------------------------------------------------------------- */
+
+/* 1: locked, *dead = -1 or the dead holder's pid; 0: not locked (nothing held). */
+static int
+take_lock(FastPath *self, int64_t *dead)
+{
+    *dead = -1;
+    if (self->lock_mode == 0)
+        return 1;
+    PyObject *ok = PyObject_CallOneArg(self->tl_acquire, Py_False);
+    if (ok == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int got = (ok == Py_True);
+    Py_DECREF(ok);
+    if (!got)
+        return 0;
+    int rc = pthread_mutex_trylock(self->mutex);
+    if (rc == 0) {
+        self->w[H_HOLDER_PID] = self->pid;
+        return 1;
+    }
+    if (rc == EOWNERDEAD) {
+        *dead = self->w[H_HOLDER_PID];
+        self->w[H_HOLDER_PID] = self->pid;
+        return 1;
+    }
+    PyObject *r = PyObject_CallNoArgs(self->tl_release);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    return 0;
+}
+
+static void
+drop_lock(FastPath *self)
+{
+    if (self->lock_mode == 0)
+        return;
+    self->w[H_HOLDER_PID] = 0;
+    pthread_mutex_unlock(self->mutex);
+    PyObject *r = PyObject_CallNoArgs(self->tl_release);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+}
+
+/* -- arithmetic, as seatseconds.py -------------------------------------------------------- */
+
+/* seats_ns_times where it is exact in integers; 0 when outside that range (caller declines) */
+static int
+exact_seats_ns(int64_t seats, int64_t ns, uint64_t *out)
+{
+    __int128 x = (__int128)seats * (__int128)ns;
+    if (x >= 0 && x < EXACT_BOUND) {
+        *out = (uint64_t)((x + 5) / 10);
+        return 1;
+    }
+    if (x < 0 && x > -EXACT_BOUND) {
+        *out = (uint64_t)(-(int64_t)((5 - x) / 10));
+        return 1;
+    }
+    return 0;
+}
+
+/* seats_times_duration(float seats, ns): Go's math.Round(seats * ns / 10) as int64 -> uint64 */
+static uint64_t
+seats_times_duration(double seats, int64_t ns)
+{
+    double x = seats * (double)ns / 10;
+    const double two63 = 9223372036854775808.0;
+    if (x >= -two63 && x < two63) {
+        int64_t t = (int64_t)x;
+        double d = x - (double)t;
+        if (d >= 0.5) {
+            if (t == INT64_MAX)
+                return (uint64_t)INT64_MIN;
+            t += 1;
+        }
+        else if (d <= -0.5)
+            t -= 1;
+        return (uint64_t)t;
+    }
+    return (uint64_t)INT64_MIN;
+}
+
+/* the virtual clock advance of syncTimeLocked; 0: not on the fast path (caller declines) */
+static int
+advance_r(int64_t qseats, int64_t c, int64_t active, int64_t dt, uint64_t *r)
+{
+    int64_t seats = qseats < c ? qseats : c;
+    uint64_t nr;
+    if (active == 1) {
+        __int128 x = (__int128)seats * (__int128)dt;
+        if (!(x >= 0 && x < EXACT_BOUND))
+            return 0;
+        nr = (uint64_t)((x + 5) / 10);
+    }
+    else
+        nr = seats_times_duration((double)seats / (double)active, dt);
+    nr = *r + nr;
+    if (nr >= HIGH_R && nr >= *r)
+        return 0; /* the epoch advance: Python's slow path */
+    *r = nr;
+    return 1;
+}
+
+static double
+go_seconds(int64_t dt)
+{
+    if (dt < 1000000000)
+        return (double)dt / 1e9;
+    int64_t sec = dt / 1000000000, nsec = dt % 1000000000;
+    return (double)sec + (double)nsec / 1e9;
+}
+
+static int64_t
+deal_card(uint64_t h, int64_t deck, int64_t k)
+{
+    int64_t rem[MAX_HAND];
+    for (int64_t i = 0; i <= k; i++) {
+        uint64_t d = (uint64_t)(deck - i);
+        rem[i] = (int64_t)(h % d);
+        h /= d;
+    }
+    int64_t card = rem[k];
+    for (int64_t j = k; j > 0; j--)
+        if (card >= rem[j - 1])
+            card += 1;
+    return card;
+}
+
+static int
+as_i64(PyObject *o, int64_t *out)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (overflow)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* the lock stays held: Python continues the operation after its lock acquire */
+static PyObject *
+declined(int64_t dead)
+{
+    return PyLong_FromLongLong(dead);
+}
+
+/* -- admit -------------------------------------------------------------------------------- */
+
+static PyObject *
+fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t level, initial, final, al, owner, now, fs_index, dead;
+    if (nargs != 10 || !self->have_view)
+        Py_RETURN_NONE;
+    if (!as_i64(args[0], &level) || !as_i64(args[2], &initial) || !as_i64(args[3], &final)
+        || !as_i64(args[4], &al) || !as_i64(args[5], &owner) || !as_i64(args[6], &now)
+        || !as_i64(args[7], &fs_index) || !PyLong_Check(args[1]) || !PyBytes_CheckExact(args[8]))
+        Py_RETURN_NONE;
+    if (initial < 0 || initial >= SEATS_LIMIT || final < 0 || final >= SEATS_LIMIT || al < 0
+        || al >= AL_LIMIT)
+        Py_RETURN_NONE;
+    uint64_t h = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (h == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int watch = PyObject_IsTrue(args[9]);
+    if (watch < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!take_lock(self, &dead))
+        Py_RETURN_NONE;
+    int64_t *w = self->w;
+    uint64_t *u = self->u;
+    double *f = self->f;
+    if (dead >= 0 || w[H_DIRTY] || level < 0 || level >= self->nlevels)
+        return declined(dead);
+    int64_t lb = self->lvb + level * LEVEL_WORDS;
+    if (w[lb + L_WAITING])
+        return declined(-1);
+    int64_t ms = initial >= final ? initial : final;
+    int64_t used = w[lb + L_USED], desired = w[lb + L_DESIRED], hs = w[lb + L_HAND];
+    int64_t c = w[lb + L_C], qbase = w[lb + L_QBASE], serial = w[lb + L_SERIAL];
+    int64_t sw = w[lb + L_SEATS_WAITING];
+    uint64_t r = u[lb + L_R];
+    int64_t last = w[lb + L_LAST_NS], executing = w[lb + L_EXECUTING];
+    int64_t in_use = w[lb + L_SEATS_IN_USE], active = w[lb + L_ACTIVE_QUEUES];
+    int64_t qseats = w[lb + L_QSEATS];
+    double it = f[lb + L_I_T], ix = f[lb + L_I_X], ixx = f[lb + L_I_XX];
+    double imn = f[lb + L_I_MIN], imx = f[lb + L_I_MAX], cur = f[lb + L_I_CUR];
+    int64_t ilast = w[lb + L_I_LAST], enq = w[lb + L_ENQUEUES];
+    int64_t dispatched = w[lb + L_DISPATCHED];
+    int64_t head = w[H_FREE_HEAD], nfree = w[H_FREE_COUNT];
+    /* Python's fast-path test, narrowed: no final-seat cap, and a sane record */
+    if (!(used && desired > 0 && head != NIL && in_use < c && in_use + ms <= c))
+        return declined(-1);
+    if (final > c || hs < 1 || hs > desired || hs > MAX_HAND || head < 0
+        || head >= self->nslots || enq < 0 || serial < 0 || serial >= ((int64_t)1 << 31))
+        return declined(-1);
+    if (now > last) {
+        if (active && !advance_r(qseats, c, active, now - last, &r))
+            return declined(-1);
+        last = now;
+    }
+    uint64_t iw, fw = 0;
+    if (!exact_seats_ns(initial, self->service_ns, &iw))
+        return declined(-1);
+    if (final && al && !exact_seats_ns(final, al, &fw))
+        return declined(-1);
+    /* the stats entry must exist already (Python creates it) */
+    PyObject *key = PyLong_FromUnsignedLongLong(((uint64_t)serial << 32)
+                                                | ((uint64_t)fs_index & 0xFFFFFFFFu));
+    if (key == NULL) {
+        PyErr_Clear();
+        return declined(-1);
+    }
+    PyObject *ebo = PyDict_GetItemWithError(self->stats_at, key);
+    Py_DECREF(key);
+    int64_t eb;
+    if (ebo == NULL || !as_i64(ebo, &eb)) {
+        PyErr_Clear();
+        return declined(-1);
+    }
+    int64_t sa = self->sb + head * SLOT_WORDS;
+    int64_t gen = w[sa + S_GEN] + 1;
+    /* every allocation before the first write */
+    PyObject *granted = PyList_New(0);
+    PyObject *slot_o = PyLong_FromLongLong(head);
+    PyObject *gen_o = PyLong_FromLongLong(gen);
+    PyObject *res = self->result_type->tp_alloc(self->result_type, 5);
+    if (granted == NULL || slot_o == NULL || gen_o == NULL || res == NULL) {
+        Py_XDECREF(granted);
+        Py_XDECREF(slot_o);
+        Py_XDECREF(gen_o);
+        Py_XDECREF(res);
+        PyErr_Clear();
+        return declined(-1);
+    }
+    Py_INCREF(self->execute);
+    Py_INCREF(self->empty);
+    PyTuple_SET_ITEM(res, 0, self->execute);
+    PyTuple_SET_ITEM(res, 1, slot_o);
+    PyTuple_SET_ITEM(res, 2, gen_o);
+    PyTuple_SET_ITEM(res, 3, self->empty);
+    PyTuple_SET_ITEM(res, 4, granted);
+
+    w[eb + (ms < 101 ? self->work_at[ms] : self->work_at[101])] += 1;
+    w[eb + self->e_work_sum] += ms;
+    w[eb + self->e_wait_x] += 1; /* dispatched at arrival: a 0 s wait */
+    int64_t q = deal_card(h, desired, enq % hs);
+    int64_t qa = self->qb + (qbase + q) * QUEUE_WORDS;
+    w[H_FREE_HEAD] = w[sa + S_NEXT];
+    w[H_FREE_COUNT] = nfree - 1;
+    uint64_t tw = iw + fw;
+    int64_t ex = w[qa + Q_EXECUTING];
+    uint64_t ndr = ex == 0 ? r : u[qa + Q_NDR];
+    if (ndr < r)
+        ndr = r;
+    if (now > ilast) {
+        double dt = go_seconds(now - ilast);
+        it += dt;
+        ix += cur * dt;
+        ixx += cur * cur * dt;
+        ilast = now;
+    }
+    cur = (double)(in_use + sw + ms);
+    if (cur < imn)
+        imn = cur;
+    if (cur > imx)
+        imx = cur;
+    int64_t held = ms;
+    if (ex == 0)
+        active += 1;
+    w[qa + Q_EXECUTING] = ex + 1;
+    w[qa + Q_SEATS] += held;
+    u[qa + Q_NDR] = ndr + tw;
+    int64_t dlen = 0;
+    Py_ssize_t blen = PyBytes_GET_SIZE(args[8]);
+    if (blen > 0) {
+        dlen = blen < self->detail_bytes ? blen : self->detail_bytes;
+        memcpy(self->base + self->details + head * self->detail_stride,
+               PyBytes_AS_STRING(args[8]), (size_t)dlen);
+    }
+    w[sa + S_STATE] = ST_EXECUTING;
+    w[sa + S_GEN] = gen;
+    w[sa + S_OWNER] = owner;
+    w[sa + S_LEVEL] = level;
+    w[sa + S_QUEUE] = q;
+    w[sa + S_PREV] = NIL;
+    w[sa + S_NEXT] = NIL;
+    w[sa + S_INITIAL] = initial;
+    w[sa + S_FINAL] = final;
+    w[sa + S_AL] = al;
+    w[sa + S_MAX_SEATS] = ms;
+    w[sa + S_HELD] = held;
+    u[sa + S_INIT_WORK] = iw;
+    u[sa + S_FINAL_WORK] = fw;
+    u[sa + S_TOTAL_WORK] = tw;
+    u[sa + S_ARRIVAL_R] = r;
+    w[sa + S_ARRIVAL_NS] = now;
+    w[sa + S_START_NS] = now;
+    u[sa + S_HASH] = h;
+    w[sa + S_FS] = fs_index;
+    w[sa + S_SEQ] = enq;
+    w[sa + S_DETAIL_LEN] = dlen;
+    w[sa + S_STATS] = 2 * eb + (watch ? 1 : 0);
+    u[lb + L_R] = r;
+    w[lb + L_LAST_NS] = last;
+    w[lb + L_EXECUTING] = executing + 1;
+    w[lb + L_SEATS_IN_USE] = in_use + held;
+    w[lb + L_ACTIVE_QUEUES] = active;
+    w[lb + L_QSEATS] = qseats + held;
+    f[lb + L_I_T] = it;
+    f[lb + L_I_X] = ix;
+    f[lb + L_I_XX] = ixx;
+    f[lb + L_I_MIN] = imn;
+    f[lb + L_I_MAX] = imx;
+    f[lb + L_I_CUR] = cur;
+    w[lb + L_I_LAST] = ilast;
+    w[lb + L_ROBIN] = q;
+    w[lb + L_ENQUEUES] = enq + 1;
+    w[lb + L_DISPATCHED] = dispatched + 1;
+    drop_lock(self);
+    return res;
+}
+
+/* -- finish ------------------------------------------------------------------------------- */
+
+static PyObject *
+fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t slot, gen, now, dead;
+    if (nargs != 3 || !self->have_view)
+        Py_RETURN_NONE;
+    if (!as_i64(args[0], &slot) || !as_i64(args[1], &gen) || !as_i64(args[2], &now))
+        Py_RETURN_NONE;
+    if (!take_lock(self, &dead))
+        Py_RETURN_NONE;
+    int64_t *w = self->w;
+    uint64_t *u = self->u;
+    double *f = self->f;
+    if (dead >= 0 || w[H_DIRTY] || slot < 0 || slot >= self->nslots)
+        return declined(dead);
+    int64_t sa = self->sb + slot * SLOT_WORDS;
+    int64_t state = w[sa + S_STATE], sgen = w[sa + S_GEN], owner = w[sa + S_OWNER];
+    int64_t level = w[sa + S_LEVEL], q = w[sa + S_QUEUE], initial = w[sa + S_INITIAL];
+    int64_t al = w[sa + S_AL], held = w[sa + S_HELD], start = w[sa + S_START_NS];
+    int64_t st = w[sa + S_STATS];
+    if (sgen != gen || state != ST_EXECUTING || al > 0 || level < 0 || level >= self->nlevels
+        || st < 0)
+        return declined(-1);
+    int64_t lb = self->lvb + level * LEVEL_WORDS;
+    int64_t quiescing = w[lb + L_QUIESCING], desired = w[lb + L_DESIRED], c = w[lb + L_C];
+    int64_t qbase = w[lb + L_QBASE], nq = w[lb + L_NQ], waiting = w[lb + L_WAITING];
+    int64_t sw = w[lb + L_SEATS_WAITING];
+    uint64_t r = u[lb + L_R];
+    int64_t last = w[lb + L_LAST_NS], executing = w[lb + L_EXECUTING];
+    int64_t in_use = w[lb + L_SEATS_IN_USE], active = w[lb + L_ACTIVE_QUEUES];
+    int64_t qseats = w[lb + L_QSEATS];
+    double it = f[lb + L_I_T], ix = f[lb + L_I_X], ixx = f[lb + L_I_XX];
+    double imn = f[lb + L_I_MIN], imx = f[lb + L_I_MAX], cur = f[lb + L_I_CUR];
+    int64_t ilast = w[lb + L_I_LAST];
+    if (waiting || quiescing || (q != NIL && nq > desired))
+        return declined(-1);
+    if (now > last) {
+        if (active && !advance_r(qseats, c, active, now - last, &r))
+            return declined(-1);
+        last = now;
+    }
+    int64_t ran = now - start;
+    int64_t hist = (st >> 1) + self->e_exec_r + (st & 1) * self->exec_stride;
+    int b = 0;
+    while (b < self->ndur && self->dur[b] < ran) /* bisect_left */
+        b++;
+    uint64_t corr = 0;
+    if (q != NIL && !exact_seats_ns(initial, self->service_ns - ran, &corr))
+        return declined(-1);
+    PyObject *granted = PyList_New(0);
+    PyObject *res = granted ? PyTuple_New(2) : NULL;
+    if (res == NULL) {
+        Py_XDECREF(granted);
+        PyErr_Clear();
+        return declined(-1);
+    }
+    PyTuple_SET_ITEM(res, 0, granted);
+    PyTuple_SET_ITEM(res, 1, PyLong_FromLong(0)); /* a cached small int: cannot fail */
+
+    w[hist + b] += 1;
+    if (ran > 0)
+        f[hist + self->nd] += (double)ran / 1e9;
+    if (q != NIL) {
+        int64_t qa = self->qb + (qbase + q) * QUEUE_WORDS;
+        int64_t ex = w[qa + Q_EXECUTING] - 1;
+        w[qa + Q_EXECUTING] = ex;
+        if (ex == 0)
+            active -= 1;
+        u[qa + Q_NDR] = u[qa + Q_NDR] - corr;
+        w[qa + Q_SEATS] -= held;
+        qseats -= held;
+    }
+    in_use -= held;
+    if (now > ilast) {
+        double dt = go_seconds(now - ilast);
+        it += dt;
+        ix += cur * dt;
+        ixx += cur * cur * dt;
+        ilast = now;
+    }
+    cur = (double)(in_use + sw);
+    if (cur < imn)
+        imn = cur;
+    if (cur > imx)
+        imx = cur;
+    int64_t head = w[H_FREE_HEAD], nfree = w[H_FREE_COUNT];
+    w[sa + S_STATE] = ST_FREE;
+    w[sa + S_GEN] = gen;
+    w[sa + S_OWNER] = owner;
+    w[sa + S_LEVEL] = level;
+    w[sa + S_QUEUE] = NIL;
+    w[sa + S_PREV] = NIL;
+    w[sa + S_NEXT] = head;
+    w[H_FREE_HEAD] = slot;
+    w[H_FREE_COUNT] = nfree + 1;
+    u[lb + L_R] = r;
+    w[lb + L_LAST_NS] = last;
+    w[lb + L_EXECUTING] = executing - 1;
+    w[lb + L_SEATS_IN_USE] = in_use;
+    w[lb + L_ACTIVE_QUEUES] = active;
+    w[lb + L_QSEATS] = qseats;
+    f[lb + L_I_T] = it;
+    f[lb + L_I_X] = ix;
+    f[lb + L_I_XX] = ixx;
+    f[lb + L_I_MIN] = imn;
+    f[lb + L_I_MAX] = imx;
+    f[lb + L_I_CUR] = cur;
+    w[lb + L_I_LAST] = ilast;
+    drop_lock(self);
+    return res;
+}
+
+/* -- the object ----------------------------------------------------------------------------- */
+
+static int
+fill_i64(PyObject *seq, int64_t *out, Py_ssize_t n, const char *what)
+{
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a tuple of %zd ints", what, n);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+        if (out[i] == -1 && PyErr_Occurred())
+            return 0;
+    }
+    return 1;
+}
+
+static int
+fp_init(FastPath *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *buf, *tl_acquire, *tl_release, *stats_at, *result_type, *execute, *consts;
+    PyObject *work_at, *dur;
+    int lock_mode;
+    long long pid;
+    static char *kwlist[] = {"buffer", "lock_mode", "tl_acquire", "tl_release", "pid",
+                             "stats_at", "result_type", "execute", "consts", "work_at",
+                             "dur", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiOOLO!O!UOOO", kwlist, &buf, &lock_mode,
+                                     &tl_acquire, &tl_release, &pid, &PyDict_Type, &stats_at,
+                                     &PyType_Type, &result_type, &execute, &consts, &work_at,
+                                     &dur))
+        return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "result_type must be a tuple subclass");
+        return -1;
+    }
+    int64_t c[14];
+    if (!fill_i64(consts, c, 14, "consts") || !fill_i64(work_at, self->work_at, 102, "work_at"))
+        return -1;
+    if (!PyTuple_Check(dur) || PyTuple_GET_SIZE(dur) > MAX_DUR) {
+        PyErr_SetString(PyExc_ValueError, "dur: a tuple of at most 64 bounds");
+        return -1;
+    }
+    self->ndur = (int)PyTuple_GET_SIZE(dur);
+    if (!fill_i64(dur, self->dur, self->ndur, "dur"))
+        return -1;
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->have_view = 1;
+    self->base = (char *)self->view.buf;
+    self->w = (int64_t *)self->view.buf;
+    self->u = (uint64_t *)self->view.buf;
+    self->f = (double *)self->view.buf;
+    self->mutex = (pthread_mutex_t *)(self->base + H_MUTEX * 8);
+    self->lock_mode = lock_mode;
+    self->pid = pid;
+    Py_INCREF(tl_acquire);
+    self->tl_acquire = tl_acquire;
+    Py_INCREF(tl_release);
+    self->tl_release = tl_release;
+    Py_INCREF(stats_at);
+    self->stats_at = stats_at;
+    Py_INCREF(result_type);
+    self->result_type = (PyTypeObject *)result_type;
+    Py_INCREF(execute);
+    self->execute = execute;
+    self->empty = PyUnicode_FromString("");
+    if (self->empty == NULL)
+        return -1;
+    self->lvb = c[0];
+    self->qb = c[1];
+    self->sb = c[2];
+    self->nlevels = c[3];
+    self->nslots = c[4];
+    self->service_ns = c[5];
+    self->details = c[6];
+    self->detail_stride = c[7];
+    self->detail_bytes = c[8];
+    self->e_work_sum = c[9];
+    self->e_wait_x = c[10];
+    self->e_exec_r = c[11];
+    self->exec_stride = c[12];
+    self->nd = c[13];
+    return 0;
+}
+
+static PyObject *
+fp_close(FastPath *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->have_view) {
+        self->have_view = 0;
+        PyBuffer_Release(&self->view);
+    }
+    Py_RETURN_NONE;
+}
+
+static void
+fp_dealloc(FastPath *self)
+{
+    if (self->have_view)
+        PyBuffer_Release(&self->view);
+    Py_XDECREF(self->tl_acquire);
+    Py_XDECREF(self->tl_release);
+    Py_XDECREF(self->stats_at);
+    Py_XDECREF((PyObject *)self->result_type);
+    Py_XDECREF(self->execute);
+    Py_XDECREF(self->empty);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef fp_methods[] = {
+    {"admit", (PyCFunction)(void (*)(void))fp_admit, METH_FASTCALL,
+     "admit(level, flow_hash, initial, final, al, owner, now, fs_index, detail, watch)"},
+    {"finish", (PyCFunction)(void (*)(void))fp_finish, METH_FASTCALL,
+     "finish(slot, gen, now)"},
+    {"close", (PyCFunction)fp_close, METH_NOARGS, "Release the buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FastPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "apf_gunicorn.ledger._fastpath.FastPath",
+    .tp_basicsize = sizeof(FastPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The ledger's admit/finish fast paths over one ledger buffer.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)fp_init,
+    .tp_dealloc = (destructor)fp_dealloc,
+    .tp_methods = fp_methods,
+};
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "The seat ledger's per-request fast paths in C.", -1,
+    NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    if (PyType_Ready(&FastPathType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&fastpath_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&FastPathType);
+    if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
+        Py_DECREF(&FastPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *layout = Py_BuildValue(
+        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii)",
+        H_FREE_HEAD, H_FREE_COUNT, H_HOLDER_PID, H_DIRTY, H_MUTEX, LEVEL_WORDS, QUEUE_WORDS,
+        SLOT_WORDS,
+        L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L_SERIAL, L_WAITING,
+        L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_SEATS_IN_USE, L_ACTIVE_QUEUES,
+        L_QSEATS, L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST, L_ROBIN,
+        L_ENQUEUES, L_DISPATCHED,
+        Q_NDR, Q_EXECUTING, Q_SEATS,
+        S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT, S_INITIAL, S_FINAL, S_AL,
+        S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
+        S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
+        ST_FREE, ST_EXECUTING, NIL);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
