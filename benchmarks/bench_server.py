@@ -1,14 +1,16 @@
 """Overhead of APF on gunicorn: bare gthread vs gthread + apf_gunicorn, same workers and threads,
 load below the concurrency limit (every request takes the fast path), paired runs in one go.
 
-    .venv/bin/python benchmarks/bench_server.py [--duration 4] [--rounds 2] [--workers 2]
+    .venv/bin/python benchmarks/bench_server.py [--duration 2] [--rounds 10] [--workers 2]
                                                 [--threads 64] [--connections 16]
     .venv/bin/python benchmarks/bench_server.py --micro-only [--baseline DIR [--reps 20]]
 
 Uses ``wrk`` when installed (``apt-get install -y wrk``), else a Python load generator (which
-is itself CPU-bound on 2 cores, so its ratios are less sharp). Prints, per round and as the
-median: throughput ratio (APF / bare), p50 and p99 latency added, and each worker's RSS with
-and without APF after all its threads were started. Everything binds 127.0.0.1; every server is
+is itself CPU-bound on 2 cores, so its ratios are less sharp). Both servers run at once and
+are loaded in turns (order alternating), so a change in the machine's load hits both alike.
+Prints, per round and over all rounds: throughput ratio (APF / bare), the workers' CPU time
+per request (from /proc), p50 and p99 latency added, and each worker's RSS with and without
+APF after all its threads were started. Everything binds 127.0.0.1; every server is
 stopped and its /dev/shm segment checked.
 """
 
@@ -165,17 +167,34 @@ def pyload(port: int, duration: float, connections: int) -> dict:
             "p99": lats[int(len(lats) * 0.99)]}
 
 
-def measure(apf: bool, args, config_path: str, load) -> dict:
-    srv = Server(apf, args.workers, args.threads, config_path)
-    try:
-        load(srv.port, 1.0, args.connections)  # warm-up
-        result = load(srv.port, args.duration, args.connections)
-        # start every thread of every worker, then read the workers' RSS
-        load(srv.port, 1.0, args.workers * args.threads)
-        result["rss_kib"] = sorted(rss_kib(p) for p in children(srv.proc.pid))
-        return result
-    finally:
-        srv.stop()
+def cpu_ticks(pids: list[int]) -> int:
+    """utime + stime of these processes, in clock ticks."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total
+
+
+def measure(srv: Server, args, load) -> dict:
+    """One wrk run against a running server, with its workers' CPU time per request."""
+    pids = children(srv.proc.pid)
+    before = cpu_ticks(pids)
+    result = load(srv.port, args.duration, args.connections)
+    ticks = cpu_ticks(pids) - before
+    served = result["rps"] * args.duration
+    result["cpu_us"] = ticks / os.sysconf("SC_CLK_TCK") * 1e6 / served if served else float("nan")
+    return result
+
+
+def worker_rss(srv: Server, args, load) -> list[int]:
+    """Start every thread of every worker, then read the workers' RSS (KiB)."""
+    load(srv.port, 1.0, args.workers * args.threads)
+    return sorted(rss_kib(p) for p in children(srv.proc.pid))
 
 
 def micro(config_path: str, n: int = 50_000) -> tuple[float, float]:
@@ -286,8 +305,8 @@ def main(argv=None) -> int:
         _micro_child(sys.argv[2], sys.argv[3])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--connections", type=int, default=16)
@@ -311,31 +330,52 @@ def main(argv=None) -> int:
     load = wrk if shutil.which("wrk") else pyload
     print(f"load generator: {'wrk' if load is wrk else 'python (install wrk for sharper numbers)'}; "
           f"{args.workers} workers x {args.threads} threads, {args.connections} connections, "
-          f"{args.duration:g} s per run, {args.rounds} paired rounds")
+          f"{args.rounds} rounds of {args.duration:g} s on each server, both servers up, "
+          f"order alternating")
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
-        ratios, d50, d99, rss_bare, rss_apf = [], [], [], [], []
-        for i in range(args.rounds):
-            bare = measure(False, args, config_path, load)
-            apf = measure(True, args, config_path, load)
-            ratios.append(apf["rps"] / bare["rps"])
-            d50.append(apf["p50"] - bare["p50"])
-            d99.append(apf["p99"] - bare["p99"])
-            rss_bare += bare["rss_kib"]
-            rss_apf += apf["rss_kib"]
-            print(f"round {i + 1}: bare {bare['rps']:.0f} req/s (p50 {bare['p50'] * 1e3:.2f} ms, "
-                  f"p99 {bare['p99'] * 1e3:.2f} ms) | apf {apf['rps']:.0f} req/s "
-                  f"(p50 {apf['p50'] * 1e3:.2f} ms, p99 {apf['p99'] * 1e3:.2f} ms) | "
-                  f"ratio {ratios[-1]:.3f}")
-        rb, ra = statistics.median(rss_bare) / 1024, statistics.median(rss_apf) / 1024
-        print(f"\nthroughput ratio (median): {statistics.median(ratios):.3f}  (target >= 0.90)")
-        print(f"p50 added: {statistics.median(d50) * 1e3:+.2f} ms   "
-              f"p99 added: {statistics.median(d99) * 1e3:+.2f} ms")
-        print(f"worker RSS at {args.threads} threads: bare {rb:.1f} MiB, apf {ra:.1f} MiB, "
-              f"added {ra - rb:+.1f} MiB  (target <= 15 MiB)")
-        print(f"  per worker, bare: {[round(k / 1024, 1) for k in rss_bare]}")
-        print(f"  per worker, apf:  {[round(k / 1024, 1) for k in rss_apf]}")
+        bare = Server(False, args.workers, args.threads, config_path)
+        try:
+            apf = Server(True, args.workers, args.threads, config_path)
+        except BaseException:
+            bare.stop()
+            raise
+        try:
+            for srv in (bare, apf):
+                load(srv.port, 1.0, args.connections)  # warm-up
+            runs: dict[str, list[dict]] = {"bare": [], "apf": []}
+            for i in range(args.rounds):
+                order = (("bare", bare), ("apf", apf))
+                for name, srv in (order if i % 2 == 0 else order[::-1]):
+                    runs[name].append(measure(srv, args, load))
+                b, a = runs["bare"][-1], runs["apf"][-1]
+                print(f"round {i + 1}: bare {b['rps']:.0f} req/s ({b['cpu_us']:.0f} µs CPU/req, "
+                      f"p50 {b['p50'] * 1e3:.2f} ms, p99 {b['p99'] * 1e3:.2f} ms) | apf "
+                      f"{a['rps']:.0f} req/s ({a['cpu_us']:.0f} µs CPU/req, p50 "
+                      f"{a['p50'] * 1e3:.2f} ms, p99 {a['p99'] * 1e3:.2f} ms) | ratio "
+                      f"{a['rps'] / b['rps']:.3f}")
+            rss_bare = worker_rss(bare, args, load)
+            rss_apf = worker_rss(apf, args, load)
+        finally:
+            apf.stop()
+            bare.stop()
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    ratios = [a["rps"] / b["rps"] for a, b in zip(runs["apf"], runs["bare"], strict=True)]
+    total = sum(r["rps"] for r in runs["apf"]) / sum(r["rps"] for r in runs["bare"])
+    cpu_b, cpu_a = med("bare", "cpu_us"), med("apf", "cpu_us")
+    print(f"\nthroughput ratio APF/bare: median of rounds {statistics.median(ratios):.3f}, "
+          f"all requests {total:.3f}  (target >= 0.90)")
+    print(f"worker CPU per request (median): bare {cpu_b:.0f} µs, apf {cpu_a:.0f} µs, "
+          f"ratio {cpu_b / cpu_a:.3f} (bare/apf: the throughput a CPU-bound server keeps)")
+    print(f"p50 added: {(med('apf', 'p50') - med('bare', 'p50')) * 1e3:+.2f} ms   "
+          f"p99 added: {(med('apf', 'p99') - med('bare', 'p99')) * 1e3:+.2f} ms  (medians)")
+    rb, ra = statistics.median(rss_bare) / 1024, statistics.median(rss_apf) / 1024
+    print(f"worker RSS at {args.threads} threads: bare {rb:.1f} MiB, apf {ra:.1f} MiB, "
+          f"added {ra - rb:+.1f} MiB  (target <= 15 MiB)")
     return 0
 
 
