@@ -192,6 +192,19 @@ go_seconds(int64_t dt)
     return (double)sec + (double)nsec / 1e9;
 }
 
+/* the seat-demand integrator's Set(): accumulate the old value over the time since the last */
+static inline void
+integrate(double *it, double *ix, double *ixx, double cur, int64_t *ilast, int64_t now)
+{
+    if (now > *ilast) {
+        double dt = go_seconds(now - *ilast);
+        *it += dt;
+        *ix += cur * dt;
+        *ixx += cur * cur * dt;
+        *ilast = now;
+    }
+}
+
 static int64_t
 deal_card(uint64_t h, int64_t deck, int64_t k)
 {
@@ -343,13 +356,7 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t ndr = ex == 0 ? r : u[qa + Q_NDR];
     if (ndr < r)
         ndr = r;
-    if (now > ilast) {
-        double dt = go_seconds(now - ilast);
-        it += dt;
-        ix += cur * dt;
-        ixx += cur * cur * dt;
-        ilast = now;
-    }
+    integrate(&it, &ix, &ixx, cur, &ilast, now);
     cur = (double)(in_use + sw + ms);
     if (cur < imn)
         imn = cur;
@@ -486,13 +493,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         qseats -= held;
     }
     in_use -= held;
-    if (now > ilast) {
-        double dt = go_seconds(now - ilast);
-        it += dt;
-        ix += cur * dt;
-        ixx += cur * cur * dt;
-        ilast = now;
-    }
+    integrate(&it, &ix, &ixx, cur, &ilast, now);
     cur = (double)(in_use + sw);
     if (cur < imn)
         imn = cur;
