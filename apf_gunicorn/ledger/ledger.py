@@ -196,8 +196,12 @@ def _load_accelerator():
                  L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_SEATS_IN_USE,
                  L_ACTIVE_QUEUES, L_QSEATS, L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR,
                  L_I_LAST, L_ROBIN, L_ENQUEUES, L_DISPATCHED),
-                (Q_NDR, Q_EXECUTING, Q_SEATS), tuple(range(SLOT_WORDS)), FREE, EXECUTING, NIL)
-    if _fastpath.LAYOUT != expected or (S_STATE, S_STATS) != (0, SLOT_WORDS - 1):
+                (Q_NDR, Q_EXECUTING, Q_SEATS),
+                (S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT, S_INITIAL, S_FINAL,
+                 S_AL, S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
+                 S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
+                FREE, EXECUTING, NIL)
+    if _fastpath.LAYOUT != expected:
         return None
     return _fastpath
 
