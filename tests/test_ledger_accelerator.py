@@ -13,7 +13,6 @@ import mmap
 import os
 import random
 import threading
-import time
 
 import pytest
 
@@ -180,33 +179,86 @@ def _shm_ledger():
     return Ledger.create(mm, CAP, lock=ProcessLock()), mm
 
 
-def test_process_lock_mode_takes_and_releases_both_locks() -> None:
+def test_process_lock_mode_takes_and_releases_the_mutex() -> None:
     led, mm = _shm_ledger()
     try:
         assert led.accelerated
         levels, _ = led.configure([LevelSpec("a", 4, 1, 10, 2)], ["fs"], 0)
-        res = led.admit(levels["a"], 1, 1, 0, 0, 0, 1)
-        res = led.admit(levels["a"], 1, 1, 0, 0, 0, 2)  # the C path (stats entry exists)
+        a = levels["a"]
+        res = led.admit(a, 1, 1, 0, 0, 0, 1)
+        res = led.admit(a, 1, 1, 0, 0, 0, 2)  # the C path (stats entry exists)
         assert res.outcome == EXECUTE
         assert led._w[L.H_HOLDER_PID] == 0
-        assert not led._lock._tlock.locked()
         assert led.finish(res.slot, res.gen, 3) == ([], 0)
-        assert not led._lock._tlock.locked() and led._w[L.H_HOLDER_PID] == 0
-        # another thread of this process holds the threading lock: the C path steps aside
-        # and the Python path waits for it
-        led._lock._tlock.acquire()
-        done = []
-        t = threading.Thread(target=lambda: done.append(led.admit(levels["a"], 1, 1, 0, 0, 0,
-                                                                  4)))
+        assert led._w[L.H_HOLDER_PID] == 0
+        # another thread of this process holds the mutex: the C path steps aside without
+        # writing anything, and the call waits for the mutex (GIL released) in Python
+        held, go = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            led._lock.acquire()
+            held.set()
+            go.wait(10)
+            led._lock.release()
+
+        t = threading.Thread(target=holder)
         t.start()
-        time.sleep(0.05)
-        assert not done
-        led._lock._tlock.release()
-        t.join(5)
+        assert held.wait(10)
+        before = bytes(led._mv)
+        assert led._fp.admit(a, 1, 1, 0, 0, 0, 4, 0, b"", False) is None
+        assert bytes(led._mv) == before
+        done = []
+        waiter = threading.Thread(target=lambda: done.append(led.admit(a, 1, 1, 0, 0, 0, 4)))
+        waiter.start()
+        waiter.join(0.05)
+        assert not done  # (the mutex word now has its waiters bit set)
+        go.set()
+        t.join(10)
+        waiter.join(10)
         assert done and done[0].outcome == EXECUTE
+        assert led._w[L.H_HOLDER_PID] == 0
     finally:
         led.close()
         mm.close()
+
+
+def test_the_c_entries_hand_over_and_take_keywords() -> None:
+    """``admit``/``finish`` are the C entries; a call with keywords and a decline both reach
+    the Python paths with the same results as a pure-Python ledger."""
+    fast, slow = _pair()
+    assert type(fast.admit) is not type(slow.admit)  # the C entry vs the bound method
+    counted = _Counted(fast)
+    for led in (fast, slow):
+        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 1)], ["fs"], 0)
+    a = levels["a"]
+    got = [led.admit(a, 5, 1, 0, 0, 0, 1, fs_index=0, detail=b"k", watch=False)
+           for led in (fast, slow)]
+    assert got[0] == got[1] and got[0].outcome == EXECUTE and counted.admits == 1
+    queued = [led.admit(a, 6, 1, 0, 0, 0, 2) for led in (fast, slow)]  # limit 1: queues
+    assert queued[0] == queued[1] and queued[0].outcome == QUEUED and counted.admits == 2
+    fin = [led.finish(slot=got[0].slot, gen=got[0].gen, now=3) for led in (fast, slow)]
+    assert fin[0] == fin[1] and fin[0][0] and counted.finishes == 1
+    _same(fast, slow, "keyword calls and declines")
+    with pytest.raises(TypeError):
+        fast.admit(a, 5)
+    assert fast._w[L.H_HOLDER_PID] == 0 and not fast._w[L.H_DIRTY]
+
+
+def test_an_unclosed_accelerated_ledger_is_collected() -> None:
+    import gc
+    import weakref
+
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
+    if not led.accelerated:
+        pytest.skip("the C fast paths are not built")
+    ref = weakref.ref(led)
+    del led
+    gc.collect()
+    assert ref() is None
+    # and close() drops the C entries: the methods answer again
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
+    led.close()
+    assert "admit" not in vars(led) and "finish" not in vars(led)
 
 
 def test_forked_child_rebinds_the_c_paths() -> None:
@@ -220,7 +272,7 @@ def test_forked_child_rebinds_the_c_paths() -> None:
         if pid == 0:
             code = 1
             try:
-                # the child's copy of the ledger: new threading lock and pid in the C paths
+                # the child's copy of the ledger: its own pid in the C paths
                 assert led.accelerated
                 assert led._fp is not None
                 for i in range(50):

@@ -15,9 +15,15 @@
  *   -1    - the lock is held (fast-path conditions not met, or the ledger is dirty): run the
  *           Python operation from just after its lock acquire, dead=None;
  *   pid   - (>= 0) the lock is held and its previous holder died: the same, dead=pid.
- * Nothing is written before the call knows it will complete. Locking mirrors
- * ``ProcessLock.acquire``: the process's threading.Lock (without blocking), then
- * ``pthread_mutex_trylock`` on the robust mutex in the ledger header; with lock mode 0 (a
+ * Nothing is written before the call knows it will complete.
+ *
+ * ``admit_call`` and ``finish_call`` are the same with the hand-over done here: on a decline
+ * they call the resume functions given to ``set_resume`` (``Ledger._admit_resume`` and
+ * ``_finish_resume``) with the decline value first, then the call's own arguments; a call
+ * with keywords goes there directly (value None). ``Ledger`` installs them as its ``admit``
+ * and ``finish``, which saves a Python frame per operation. Locking mirrors
+ * ``ProcessLock.acquire`` without its waits: ``pthread_mutex_trylock`` on the robust mutex in
+ * the ledger header (busy: return None, and Python waits for it); with lock mode 0 (a
  * ``NullLock``) there is no locking.
  */
 #define PY_SSIZE_T_CLEAN
@@ -61,13 +67,13 @@ typedef struct {
     double *f;
     pthread_mutex_t *mutex;
     int lock_mode;
-    PyObject *tl_acquire;
-    PyObject *tl_release;
     int64_t pid;
     PyObject *stats_at;      /* dict: (serial << 32) | fs -> stats entry word address */
     PyTypeObject *result_type; /* AdmitResult */
     PyObject *execute;       /* "execute" */
     PyObject *empty;         /* "" */
+    PyObject *admit_resume;  /* Ledger._admit_resume(decline, *args, **kw), or NULL */
+    PyObject *finish_resume; /* Ledger._finish_resume(decline, *args, **kw), or NULL */
     int64_t lvb, qb, sb, nlevels, nslots, service_ns, details, detail_stride, detail_bytes;
     int64_t e_work_sum, e_wait_x, e_exec_r, exec_stride, nd;
     int64_t work_at[102];    /* bucket word for 0..100 seats; [101] for more */
@@ -84,15 +90,6 @@ take_lock(FastPath *self, int64_t *dead)
     *dead = -1;
     if (self->lock_mode == 0)
         return 1;
-    PyObject *ok = PyObject_CallOneArg(self->tl_acquire, Py_False);
-    if (ok == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int got = (ok == Py_True);
-    Py_DECREF(ok);
-    if (!got)
-        return 0;
     int rc = pthread_mutex_trylock(self->mutex);
     if (rc == 0) {
         self->w[H_HOLDER_PID] = self->pid;
@@ -103,10 +100,6 @@ take_lock(FastPath *self, int64_t *dead)
         self->w[H_HOLDER_PID] = self->pid;
         return 1;
     }
-    PyObject *r = PyObject_CallNoArgs(self->tl_release);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
     return 0;
 }
 
@@ -117,10 +110,6 @@ drop_lock(FastPath *self)
         return;
     self->w[H_HOLDER_PID] = 0;
     pthread_mutex_unlock(self->mutex);
-    PyObject *r = PyObject_CallNoArgs(self->tl_release);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
 }
 
 /* -- arithmetic, as seatseconds.py -------------------------------------------------------- */
@@ -528,6 +517,72 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- the object ----------------------------------------------------------------------------- */
 
+/* -- the calls with their hand-over ------------------------------------------------------ */
+
+#define MAX_RESUME_ARGS 15
+
+static PyObject *
+resume(PyObject *fn, PyObject *decline, PyObject *const *args, Py_ssize_t nargs,
+       PyObject *kwnames)
+{
+    PyObject *stack[MAX_RESUME_ARGS + 1];
+    Py_ssize_t n = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the ledger is closed");
+        return NULL;
+    }
+    if (n > MAX_RESUME_ARGS) {
+        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        return NULL;
+    }
+    stack[0] = decline;
+    memcpy(stack + 1, args, n * sizeof(PyObject *));
+    return PyObject_Vectorcall(fn, stack, nargs + 1, kwnames);
+}
+
+static PyObject *
+fp_admit_call(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *res;
+    if (kwnames == NULL) {
+        res = fp_admit(self, args, nargs);
+        if (res == NULL || Py_IS_TYPE(res, self->result_type))
+            return res;
+    }
+    else
+        res = Py_NewRef(Py_None);
+    PyObject *out = resume(self->admit_resume, res, args, nargs, kwnames);
+    Py_DECREF(res);
+    return out;
+}
+
+static PyObject *
+fp_finish_call(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *res;
+    if (kwnames == NULL) {
+        res = fp_finish(self, args, nargs);
+        if (res == NULL || PyTuple_CheckExact(res))
+            return res;
+    }
+    else
+        res = Py_NewRef(Py_None);
+    PyObject *out = resume(self->finish_resume, res, args, nargs, kwnames);
+    Py_DECREF(res);
+    return out;
+}
+
+static PyObject *
+fp_set_resume(FastPath *self, PyObject *args)
+{
+    PyObject *a, *f;
+    if (!PyArg_ParseTuple(args, "OO", &a, &f))
+        return NULL;
+    Py_XSETREF(self->admit_resume, Py_NewRef(a));
+    Py_XSETREF(self->finish_resume, Py_NewRef(f));
+    Py_RETURN_NONE;
+}
+
 static int
 fill_i64(PyObject *seq, int64_t *out, Py_ssize_t n, const char *what)
 {
@@ -546,15 +601,14 @@ fill_i64(PyObject *seq, int64_t *out, Py_ssize_t n, const char *what)
 static int
 fp_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *buf, *tl_acquire, *tl_release, *stats_at, *result_type, *execute, *consts;
+    PyObject *buf, *stats_at, *result_type, *execute, *consts;
     PyObject *work_at, *dur;
     int lock_mode;
     long long pid;
-    static char *kwlist[] = {"buffer", "lock_mode", "tl_acquire", "tl_release", "pid",
+    static char *kwlist[] = {"buffer", "lock_mode", "pid",
                              "stats_at", "result_type", "execute", "consts", "work_at",
                              "dur", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiOOLO!O!UOOO", kwlist, &buf, &lock_mode,
-                                     &tl_acquire, &tl_release, &pid, &PyDict_Type, &stats_at,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiLO!O!UOOO", kwlist, &buf, &lock_mode, &pid, &PyDict_Type, &stats_at,
                                      &PyType_Type, &result_type, &execute, &consts, &work_at,
                                      &dur))
         return -1;
@@ -582,10 +636,6 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
     self->mutex = (pthread_mutex_t *)(self->base + H_MUTEX * 8);
     self->lock_mode = lock_mode;
     self->pid = pid;
-    Py_INCREF(tl_acquire);
-    self->tl_acquire = tl_acquire;
-    Py_INCREF(tl_release);
-    self->tl_release = tl_release;
     Py_INCREF(stats_at);
     self->stats_at = stats_at;
     Py_INCREF(result_type);
@@ -619,16 +669,35 @@ fp_close(FastPath *self, PyObject *Py_UNUSED(ignored))
         self->have_view = 0;
         PyBuffer_Release(&self->view);
     }
+    Py_CLEAR(self->admit_resume);
+    Py_CLEAR(self->finish_resume);
     Py_RETURN_NONE;
+}
+
+static int
+fp_traverse(FastPath *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->admit_resume);
+    Py_VISIT(self->finish_resume);
+    Py_VISIT(self->stats_at);
+    return 0;
+}
+
+static int
+fp_clear(FastPath *self)
+{
+    Py_CLEAR(self->admit_resume);
+    Py_CLEAR(self->finish_resume);
+    return 0;
 }
 
 static void
 fp_dealloc(FastPath *self)
 {
+    PyObject_GC_UnTrack(self);
+    fp_clear(self);
     if (self->have_view)
         PyBuffer_Release(&self->view);
-    Py_XDECREF(self->tl_acquire);
-    Py_XDECREF(self->tl_release);
     Py_XDECREF(self->stats_at);
     Py_XDECREF((PyObject *)self->result_type);
     Py_XDECREF(self->execute);
@@ -641,6 +710,12 @@ static PyMethodDef fp_methods[] = {
      "admit(level, flow_hash, initial, final, al, owner, now, fs_index, detail, watch)"},
     {"finish", (PyCFunction)(void (*)(void))fp_finish, METH_FASTCALL,
      "finish(slot, gen, now)"},
+    {"admit_call", (PyCFunction)(void (*)(void))fp_admit_call, METH_FASTCALL | METH_KEYWORDS,
+     "admit, handing a decline to the admit resume function"},
+    {"finish_call", (PyCFunction)(void (*)(void))fp_finish_call, METH_FASTCALL | METH_KEYWORDS,
+     "finish, handing a decline to the finish resume function"},
+    {"set_resume", (PyCFunction)fp_set_resume, METH_VARARGS,
+     "set_resume(admit_resume, finish_resume)"},
     {"close", (PyCFunction)fp_close, METH_NOARGS, "Release the buffer."},
     {NULL, NULL, 0, NULL},
 };
@@ -649,7 +724,10 @@ static PyTypeObject FastPathType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "apf_gunicorn.ledger._fastpath.FastPath",
     .tp_basicsize = sizeof(FastPath),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)fp_traverse,
+    .tp_clear = (inquiry)fp_clear,
+    .tp_free = PyObject_GC_Del,
     .tp_doc = "The ledger's admit/finish fast paths over one ledger buffer.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)fp_init,

@@ -400,23 +400,26 @@ class Ledger:
         """Bind the C fast paths to this buffer and lock, when they are built and the lock is
         one they can take themselves: a ``NullLock``, or a ``ProcessLock`` whose acquire and
         release are not overridden (a subclass that hooks them, like the tests' dying lock,
-        keeps the Python paths). Rebound in a forked child, where the lock has a new
-        threading lock and pid."""
+        keeps the Python paths). Rebound in a forked child, where the lock has a new pid.
+
+        ``admit`` and ``finish`` then become the C entries that do the hand-over themselves
+        (instance attributes shadowing the methods, which remain the reference): they call
+        :meth:`_admit_resume`/:meth:`_finish_resume` on a decline, one Python frame fewer per
+        request than the methods."""
         lock = self._lock
         if _ACCEL is None or type(lock) not in (NullLock, ProcessLock):
             return
-        if type(lock) is ProcessLock:
-            tl = lock._tlock
-            mode, acq, rel, pid = 1, tl.acquire, tl.release, lock._pid
-        else:
-            mode, acq, rel, pid = 0, None, None, 0
+        mode, pid = (1, lock._pid) if type(lock) is ProcessLock else (0, 0)
         old = self._fp
         self._fp = _ACCEL.FastPath(
-            self._mv, mode, acq, rel, pid, self._stats_at, AdmitResult, EXECUTE,
+            self._mv, mode, pid, self._stats_at, AdmitResult, EXECUTE,
             (self._lvb, self._qb, self._sb, self._nlevels, self._nslots, self._service_ns,
              self._details, self._detail_stride, self._detail_bytes, E_WORK_SUM, E_WAIT_X,
              E_EXEC_R, EXEC_STRIDE, ND),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
+        self._fp.set_resume(self._admit_resume, self._finish_resume)
+        self.admit = self._fp.admit_call
+        self.finish = self._fp.finish_call
         if old is not None:
             old.close()
         elif mode == 1:
@@ -438,6 +441,8 @@ class Ledger:
         """Release the views so the underlying mmap can be closed."""
         fp, self._fp = self._fp, None
         if fp is not None:
+            self.__dict__.pop("admit", None)
+            self.__dict__.pop("finish", None)
             fp.close()
         unbind = getattr(self._lock, "unbind", None)
         if unbind:
@@ -1026,6 +1031,15 @@ class Ledger:
         return self._admit_locked(dead, level, flow_hash, initial_seats, final_seats,
                                   additional_latency_ns, owner, now, fs_index, detail, watch)
 
+    def _admit_resume(self, decline, level: int, flow_hash: int, initial_seats: int,
+                      final_seats: int, additional_latency_ns: int, owner: int, now: int,
+                      fs_index: int = 0, detail: bytes = b"", watch: bool = False) -> AdmitResult:
+        """Where the C ``admit_call`` hands over: ``decline`` as ``_fastpath.c`` returns it."""
+        dead = (self._lock.acquire() if decline is None
+                else (None if decline < 0 else decline))
+        return self._admit_locked(dead, level, flow_hash, initial_seats, final_seats,
+                                  additional_latency_ns, owner, now, fs_index, detail, watch)
+
     def _admit_locked(self, dead, level, flow_hash, initial_seats, final_seats,
                       additional_latency_ns, owner, now, fs_index, detail, watch) -> AdmitResult:
         lock = self._lock
@@ -1282,6 +1296,12 @@ class Ledger:
             if type(res) is tuple:
                 return res
             dead = self._lock.acquire() if res is None else (None if res < 0 else res)
+        return self._finish_locked(dead, slot, gen, now)
+
+    def _finish_resume(self, decline, slot: int, gen: int, now: int) -> tuple[list, int]:
+        """Where the C ``finish_call`` hands over (see :meth:`_admit_resume`)."""
+        dead = (self._lock.acquire() if decline is None
+                else (None if decline < 0 else decline))
         return self._finish_locked(dead, slot, gen, now)
 
     def _finish_locked(self, dead, slot: int, gen: int, now: int) -> tuple[list, int]:
