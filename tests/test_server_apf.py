@@ -53,11 +53,19 @@ def test_fairness_light_client_keeps_its_share(server_factory):
         mixed_n = sum(s == 200 for c in mixed for s in c.statuses)
         mixed_bad = [s for c in mixed for s in c.statuses if s != 200]
         heavy_n = sum(len(c.statuses) for c in heavy)
+        # A closed-loop client's throughput is 1 / (latency + pause): compared over every
+        # request, not as counts in a 3 s window, where one request more or less is 2.5%.
+        solo_cycle = statistics.mean(lat for c in solo for lat in c.latencies) + 0.1
+        mixed_cycle = statistics.mean(lat for c in mixed for lat in c.latencies) + 0.1
+        share = solo_cycle / mixed_cycle
         print(f"light solo {solo_n}, light under flood {mixed_n} ({mixed_n / solo_n:.0%}), "
-              f"heavy {heavy_n}, light p50 {statistics.median(c.latencies[0] for c in mixed):.3f}s")
+              f"throughput kept {share:.1%} (cycle {solo_cycle * 1000:.1f} -> "
+              f"{mixed_cycle * 1000:.1f} ms), heavy {heavy_n}, "
+              f"light p50 {statistics.median(c.latencies[0] for c in mixed):.3f}s")
         assert heavy_n > 2 * mixed_n  # the flood really flooded
         assert not mixed_bad, "no light request rejected"
-        assert mixed_n >= 0.9 * solo_n
+        assert share >= 0.9
+        assert mixed_n >= 0.8 * solo_n  # (the counts agree, within their coarseness)
         assert srv.idle() is not None
 
 

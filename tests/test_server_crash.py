@@ -76,14 +76,22 @@ def test_worker_killed_while_holding_the_ledger_lock(server_factory):
     env = {"APF_TEST_DIE_IN_LOCK": "40"}
     with server_factory(workers=2, threads=16, env=env) as srv:
         first = set(srv.workers())
-        clients = [Client(srv.port, "/work?ms=20", user=f"d{i}", count=20, timeout=10)
+        stop = threading.Event()
+        clients = [Client(srv.port, "/work?ms=20", user=f"d{i}", stop=stop, timeout=10)
                    for i in range(12)]
-        run_clients(clients, timeout=60)
-        # The worker also takes the lock for its 100 ms backstop scans, so it reaches its Nth
-        # critical section even if little load landed on it; on a loaded machine that may be
-        # after the clients are done.
-        assert srv.wait_for(lambda: "was sent SIGKILL" in srv.log(), timeout=15), \
-            "the dying worker did not die"
+        for c in clients:
+            c.start()
+        # Load until the worker has died: on a loaded machine the first worker may get few of
+        # the connections and reach its Nth critical section late. (It also takes the lock
+        # for its 100 ms backstop scans while requests wait.)
+        try:
+            died = srv.wait_for(lambda: "was sent SIGKILL" in srv.log(), timeout=30)
+        finally:
+            stop.set()
+            run_clients([], timeout=0)
+            for c in clients:
+                c.join(15)
+        assert died, "the dying worker did not die"
         assert not first <= set(srv.workers()), "a replacement worker was started"
         served = sum(s == 200 for c in clients for s in c.statuses)
         print(f"{served} served around the holder's death")
