@@ -1,0 +1,162 @@
+"""APF's overhead in machine instructions: a real gunicorn worker under callgrind, bare vs APF.
+
+    .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR]
+
+Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
+pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
+and environment give the same count whatever else the machine runs. This benchmark starts one
+gunicorn (1 worker, 8 threads, the example app, the same config as bench_server.py) under
+``valgrind --tool=callgrind``, warms it up, zeroes the worker's counters, sends ``--requests``
+requests over 4 keep-alive connections, dumps the counters and divides: user-space
+instructions per request in the worker (all its threads), for bare gthread and for APF; with
+``--baseline DIR`` also for APF in another checkout (``git worktree add DIR <commit>``; its C
+extension is compiled on the fly when a compiler is present), which compares this commit with
+that one. Kernel time and cache effects are not counted: this is the CPU work APF adds, the
+one part of its overhead this code controls. Needs valgrind (``apt-get install -y valgrind``);
+takes about a minute per server. Everything binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.bench_server import BENCH_CONFIG  # noqa: E402
+from tests.apps.procs import children, free_port  # noqa: E402
+
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+CONNECTIONS = 4
+
+
+def _get(conn: http.client.HTTPConnection) -> None:
+    conn.request("GET", "/hello")
+    resp = conn.getresponse()
+    resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"GET /hello answered {resp.status}")
+
+
+def _load(port: int, n: int) -> None:
+    def one() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for _ in range(n // CONNECTIONS):
+            _get(conn)
+        conn.close()
+
+    threads = [threading.Thread(target=one) for _ in range(CONNECTIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _build_extension(root: Path) -> None:
+    """Compile a baseline checkout's C fast paths in place (pip would reinstall the venv's)."""
+    src = root / "apf_gunicorn" / "ledger" / "_fastpath.c"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    out = src.with_name("_fastpath" + suffix)
+    if src.exists() and not out.exists() and shutil.which("gcc"):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-ffp-contract=off",
+                        "-fno-strict-aliasing", f"-I{sysconfig.get_paths()['include']}",
+                        str(src), "-o", str(out)], check=True)
+
+
+def instructions_per_request(root: Path, apf: bool, config_path: str, requests: int,
+                             out_dir: str) -> float:
+    port = free_port()
+    instance = "benchi" + uuid.uuid4().hex[:8]
+    env = dict(os.environ, PYTHONPATH=str(root), APF_INSTANCE=instance, APF_ADMIN_BIND="off",
+               APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="64")
+    conf = ["-c", "python:apf_gunicorn.conf"] if apf else ["-k", "gthread",
+                                                          "--no-control-socket"]
+    prefix = os.path.join(out_dir, f"cg.{instance}")
+    cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes",
+           f"--callgrind-out-file={prefix}.%p", sys.executable, GUNICORN, *conf, "-w", "1",
+           "--threads", "8", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+           "--timeout", "600", "tests.apps.app:app"]
+    proc = subprocess.Popen(cmd, cwd=str(root), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                _get(http.client.HTTPConnection("127.0.0.1", port, timeout=60))
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the server under valgrind did not start") from None
+                time.sleep(1)
+        _load(port, 200)  # warm-up: threads started, caches filled, shapes classified
+        workers = [p for p in children(proc.pid) if p != proc.pid]
+        if len(workers) != 1:
+            raise RuntimeError(f"expected one worker, found {workers}")
+        worker = workers[0]
+        subprocess.run(["callgrind_control", "-z", str(worker)], check=True,
+                       capture_output=True)
+        _load(port, requests)
+        subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
+                       capture_output=True)
+        dumps = sorted(glob.glob(f"{prefix}.{worker}.*"), key=os.path.getmtime)
+        text = Path(dumps[-1]).read_text()
+        total = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
+        return total / (requests // CONNECTIONS * CONNECTIONS)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"apf_{instance}_")]
+        if left:
+            print(f"WARNING: /dev/shm entries left behind: {left}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--baseline", metavar="DIR", help="also APF in the checkout in DIR")
+    args = ap.parse_args(argv)
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = os.path.join(tmp, "bench.yaml")
+        Path(config_path).write_text(BENCH_CONFIG)
+        runs = [("bare", ROOT, False), ("apf", ROOT, True)]
+        if args.baseline:
+            base = Path(args.baseline).resolve()
+            _build_extension(base)
+            runs.append((f"apf@{base}", base, True))
+        counts = {name: instructions_per_request(root, apf, config_path, args.requests, tmp)
+                  for name, root, apf in runs}
+    bare = counts["bare"]
+    print(f"user-space instructions per request in the worker ({args.requests} requests, "
+          f"1 worker x 8 threads, callgrind):")
+    for name, n in counts.items():
+        extra = "" if name == "bare" else (f"  added {n - bare:+,.0f} ({n / bare - 1:+.1%}); "
+                                           f"bare/apf {bare / n:.3f}")
+        print(f"  {name:12s} {n:12,.0f}{extra}")
+    if args.baseline:
+        print(f"this commit vs baseline: {counts['apf'] - counts[runs[2][0]]:+,.0f} "
+              f"instructions per request")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
