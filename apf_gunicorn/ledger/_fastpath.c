@@ -559,36 +559,37 @@ resume(PyObject *fn, PyObject *decline, PyObject *const *args, Py_ssize_t nargs,
     return PyObject_Vectorcall(fn, stack, nargs + 1, kwnames);
 }
 
+/* ``core``'s result when it is a ``done`` (the operation completed), else ``fn``'s */
 static PyObject *
-fp_admit_call(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+call_or_resume(FastPath *self, PyObject *(*core)(FastPath *, PyObject *const *, Py_ssize_t),
+               PyTypeObject *done, PyObject *fn, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames)
 {
     PyObject *res;
     if (kwnames == NULL) {
-        res = fp_admit(self, args, nargs);
-        if (res == NULL || Py_IS_TYPE(res, self->result_type))
+        res = core(self, args, nargs);
+        if (res == NULL || Py_IS_TYPE(res, done))
             return res;
     }
     else
         res = Py_NewRef(Py_None);
-    PyObject *out = resume(self->admit_resume, res, args, nargs, kwnames);
+    PyObject *out = resume(fn, res, args, nargs, kwnames);
     Py_DECREF(res);
     return out;
 }
 
 static PyObject *
+fp_admit_call(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return call_or_resume(self, fp_admit, self->result_type, self->admit_resume, args, nargs,
+                          kwnames);
+}
+
+static PyObject *
 fp_finish_call(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *res;
-    if (kwnames == NULL) {
-        res = fp_finish(self, args, nargs);
-        if (res == NULL || PyTuple_CheckExact(res))
-            return res;
-    }
-    else
-        res = Py_NewRef(Py_None);
-    PyObject *out = resume(self->finish_resume, res, args, nargs, kwnames);
-    Py_DECREF(res);
-    return out;
+    return call_or_resume(self, fp_finish, &PyTuple_Type, self->finish_resume, args, nargs,
+                          kwnames);
 }
 
 static PyObject *

@@ -1021,20 +1021,12 @@ class Ledger:
         request) is inline: computed in locals from one read of the level record and written
         back in one go. Every other case, and the rare epoch advance, goes to
         :meth:`_admit_slow` before the fast path has written anything; both leave exactly the
-        same state. With the C fast paths bound, they run first (see ``_fastpath.c`` for the
-        hand-over protocol)."""
-        fp = self._fp
-        if fp is None:
-            dead = self._lock.acquire()
-        else:
-            res = fp.admit(level, flow_hash, initial_seats, final_seats, additional_latency_ns,
-                           owner, now, fs_index, detail, watch)
-            if type(res) is AdmitResult:
-                return res
-            # None: nothing done, lock free; else the lock is held (-1, or a dead holder's pid)
-            dead = self._lock.acquire() if res is None else (None if res < 0 else res)
-        return self._admit_locked(dead, level, flow_hash, initial_seats, final_seats,
-                                  additional_latency_ns, owner, now, fs_index, detail, watch)
+        same state. With the C fast paths bound, the ledger's ``admit`` is their entry
+        ``admit_call`` instead (see :meth:`_accelerate`), which hands what it does not
+        complete to :meth:`_admit_resume`; this method is then the reference."""
+        return self._admit_locked(self._lock.acquire(), level, flow_hash, initial_seats,
+                                  final_seats, additional_latency_ns, owner, now, fs_index,
+                                  detail, watch)
 
     def _admit_resume(self, decline, level: int, flow_hash: int, initial_seats: int,
                       final_seats: int, additional_latency_ns: int, owner: int, now: int,
@@ -1291,17 +1283,9 @@ class Ledger:
 
         The fast path (no lingering, nothing waiting in the level, no queue to remove, not
         quiescing) is inline, computed in locals and written back in one go like
-        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`. The C fast path first,
-        when bound, as in :meth:`admit`."""
-        fp = self._fp
-        if fp is None:
-            dead = self._lock.acquire()
-        else:
-            res = fp.finish(slot, gen, now)
-            if type(res) is tuple:
-                return res
-            dead = self._lock.acquire() if res is None else (None if res < 0 else res)
-        return self._finish_locked(dead, slot, gen, now)
+        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`. With the C fast paths
+        bound, the C entry ``finish_call`` replaces it, as for :meth:`admit`."""
+        return self._finish_locked(self._lock.acquire(), slot, gen, now)
 
     def _finish_resume(self, decline, slot: int, gen: int, now: int) -> tuple[list, int]:
         """Where the C ``finish_call`` hands over (see :meth:`_admit_resume`)."""

@@ -58,8 +58,7 @@ class ApfThreadWorker(ThreadWorker):
     def enqueue_req(self, conn):
         conn.apf_enqueued_ns = monotonic_ns()
         ThreadWorker.enqueue_req(self, conn)
-        if self._accepting and (self.nr_conns - len(self.keepalived_conns)
-                                - len(self.pending_conns)) >= self.apf_accept_limit:
+        if self._accepting and self.apf_busy >= self.apf_accept_limit:
             self.set_accept_enabled(False)
 
     def handle(self, conn):
