@@ -112,3 +112,108 @@ def test_threads_of_two_processes_exclude_each_other(shm_ledger) -> None:
     assert snap.dispatched == 2 * threads * per_thread
     assert snap.seats_in_use == 0 and snap.requests_executing == 0
     assert verify(led) == []
+
+
+@pytest.fixture(params=["wait_unlocked", "ctypes"])
+def wait_mode(request, monkeypatch):
+    """The contended wait with the C helper, and the pure-ctypes fallback."""
+    from apf_gunicorn.ledger import lock as lock_mod
+
+    if request.param == "wait_unlocked":
+        if lock_mod._WAIT_UNLOCKED is None:
+            pytest.skip("C accelerator not built or switched off")
+    else:
+        monkeypatch.setattr(lock_mod, "_WAIT_UNLOCKED", None)
+    return request.param
+
+
+def _hold_in_child(mm) -> tuple[int, int]:
+    """Fork a child that takes the ledger lock and holds it until its pipe is written (or it
+    is killed); returns once it holds it: (pid, fd to write to make it let go)."""
+    held_r, held_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(held_r)
+            os.close(go_w)
+            lock = Ledger.attach(mm, lock=ProcessLock())._lock
+            lock.acquire()
+            os.write(held_w, b"x")
+            os.read(go_r, 1)
+            lock.release()
+        finally:
+            os._exit(0)
+    os.close(held_w)
+    os.close(go_r)
+    assert os.read(held_r, 1) == b"x"
+    os.close(held_r)
+    return pid, go_w
+
+
+def test_a_contended_wait_lets_the_process_run_and_then_takes_the_lock(shm_ledger,
+                                                                       wait_mode) -> None:
+    led, mm = shm_ledger
+    pid, go = _hold_in_child(mm)
+    got = threading.Event()
+    result: list = []
+
+    def take() -> None:  # the mutex belongs to a thread: this one takes and releases it
+        result.append(led._lock.acquire())
+        result.append(int(led._w[L.H_HOLDER_PID]))
+        led._lock.release()
+        result.append(int(led._w[L.H_HOLDER_PID]))
+        got.set()
+
+    t = threading.Thread(target=take)
+    try:
+        t.start()
+        # The waiting thread has released the GIL: this thread keeps running Python, and the
+        # lock is still the child's.
+        spins = 0
+        while spins < 200_000:
+            spins += 1
+        assert not got.is_set()
+    finally:
+        os.write(go, b"x")
+        os.close(go)
+        os.waitpid(pid, 0)
+    assert got.wait(30)
+    t.join()
+    assert result == [None, os.getpid(), 0]
+
+
+def test_a_holder_killed_during_the_wait_hands_over_with_its_pid(shm_ledger, wait_mode) -> None:
+    led, mm = shm_ledger
+    levels, _ = led.configure([LevelSpec("a", 4, 1, 10, 2)], [], 0)
+    pid, go = _hold_in_child(mm)
+    result: list = []
+
+    def take() -> None:
+        result.append(led._lock.acquire())
+        led._lock.consistent()
+        led._lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    finally:
+        os.close(go)
+    t.join(30)
+    assert result == [pid]  # EOWNERDEAD: held, and the dead holder's pid for the repair
+    assert led.admit(levels["a"], 1, 1, 0, 0, 0, 1).outcome == EXECUTE
+    assert verify(led) == []
+
+
+def test_wait_unlocked_leaves_a_free_mutex_free(shm_ledger) -> None:
+    from apf_gunicorn.ledger import lock as lock_mod
+
+    if lock_mod._WAIT_UNLOCKED is None:
+        pytest.skip("C accelerator not built or switched off")
+    led, mm = shm_ledger
+    lock = led._lock
+    assert lock_mod._WAIT_UNLOCKED(lock._addr) == 0
+    assert lock._trylock(lock._ref) == 0  # not held by the wait: trylock takes it
+    assert lock._unlock(lock._ref) == 0

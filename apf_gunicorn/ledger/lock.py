@@ -9,9 +9,9 @@ shared mutex, ``Ledger.attach`` only binds)::
 the GIL-friendly lock) followed by a *robust, process-shared* pthread mutex that lives in the
 ledger header. The mutex is taken with ``pthread_mutex_trylock`` called through
 ``ctypes.PyDLL`` (the GIL stays held, ~0.15 µs). When another process holds it: a few more
-trylocks (a holder on the other core lets go within microseconds), then a blocking
-``pthread_mutex_lock`` through ``ctypes.CDLL``, which releases the GIL, so the process's other
-threads keep working while the holder, perhaps descheduled, finishes. (A blocking call with the
+trylocks (a holder on the other core lets go within microseconds), then a wait with the GIL
+released (``_wait``), so the process's other threads keep working while the holder, perhaps
+descheduled, finishes; the mutex is never held while this thread waits for the GIL. (A blocking call with the
 GIL held would freeze the whole process; the ``time.sleep(0)`` retry loop used before cost GIL
 hand-offs and a convoy on the threading lock under load.) When the previous holder died
 holding it, the lock call returns ``EOWNERDEAD`` (the kernel also wakes a blocked waiter);
@@ -90,8 +90,9 @@ def _libc_fast() -> ctypes.PyDLL:
 
 
 def _libc_blocking() -> ctypes.CDLL:
-    """``pthread_mutex_lock`` for the contended path: ``CDLL`` releases the GIL around the
-    call, so waiting for another process's holder never stops this process's threads."""
+    """``pthread_mutex_lock`` for the contended path without the C module (``_wait``):
+    ``CDLL`` releases the GIL around the call, so waiting for another process's holder never
+    stops this process's threads (but it returns holding the mutex, then waits for the GIL)."""
     name = ctypes.util.find_library("c") or "libc.so.6"
     lib = ctypes.CDLL(name)
     lib.pthread_mutex_lock.restype = ctypes.c_int
@@ -99,6 +100,19 @@ def _libc_blocking() -> ctypes.CDLL:
     return lib
 
 
+def _wait_unlocked():
+    """``_fastpath.wait_unlocked`` (see ``ProcessLock._wait``), or None without the C module
+    or with ``APF_NO_ACCELERATOR=1``."""
+    if os.environ.get("APF_NO_ACCELERATOR", "") not in ("", "0"):
+        return None
+    try:
+        from apf_gunicorn.ledger._fastpath import wait_unlocked
+    except ImportError:
+        return None
+    return wait_unlocked
+
+
+_WAIT_UNLOCKED = _wait_unlocked()
 _LIBC: ctypes.PyDLL | None = None
 _LIBC_FAST: ctypes.PyDLL | None = None
 _LIBC_BLOCKING: ctypes.CDLL | None = None
@@ -217,9 +231,9 @@ class ProcessLock:
 
     def _acquire_slow(self, rc: int) -> int | None:
         """Contended, or the holder died. A few more trylocks with the GIL held (a holder
-        running on the other core lets go within microseconds), then ``pthread_mutex_lock``
-        through ``ctypes.CDLL``, which releases the GIL: this process's other threads keep
-        serving while the holder, perhaps descheduled, finishes. Only one thread per process
+        running on the other core lets go within microseconds), then :meth:`_wait`, which
+        releases the GIL: this process's other threads keep serving while the holder, perhaps
+        descheduled, finishes. Only one thread per process
         waits here; the others wait on the threading lock, which releases the GIL too."""
         if rc == errno.EBUSY:
             trylock = self._trylock
@@ -229,7 +243,7 @@ class ProcessLock:
                 if rc != errno.EBUSY:
                     break
             else:
-                rc = self._lock_blocking(self._addr)
+                rc = self._wait(self._addr)
         if rc == 0:
             self._words[H_HOLDER_PID] = self._pid
             return None
@@ -239,6 +253,28 @@ class ProcessLock:
             return dead
         self._tlock.release()
         raise OSError(rc, f"pthread_mutex_lock: {os.strerror(rc)}")
+
+    def _wait(self, addr: int) -> int:
+        """Block, GIL released, until the mutex is ours; a pthread return code.
+
+        With the C accelerator: ``wait_unlocked`` waits until the mutex is *free* (lock and
+        unlock with the GIL released), then trylock with the GIL held, again if another
+        process got there first. Plain ``pthread_mutex_lock`` through ``ctypes.CDLL`` returns
+        holding the mutex and only then waits for the GIL, up to the 5 ms switch interval
+        while another thread runs Python: the lock is held all that time and every other
+        worker stalls behind it. (``EOWNERDEAD`` from ``wait_unlocked`` means it is held.)"""
+        wait = _WAIT_UNLOCKED
+        if wait is None:
+            return self._lock_blocking(addr)
+        trylock = self._trylock
+        ref = self._ref
+        while True:
+            rc = wait(addr)
+            if rc != 0:
+                return rc
+            rc = trylock(ref)
+            if rc != errno.EBUSY:
+                return rc
 
     def consistent(self) -> None:
         _check(self._lib.pthread_mutex_consistent(self._addr), "pthread_mutex_consistent")
