@@ -332,6 +332,13 @@ TYPE_CASES = [
       '"flowcontrol.apiserver.k8s.io/v1", "flowcontrol.apiserver.k8s.io/v1beta3"']),
     ("missing apiVersion", pl({"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}, api=None),
      ["apiVersion: Required value: must be flowcontrol.apiserver.k8s.io/v1"]),
+    ("uid with a line break", {**pl({"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}),
+                               "metadata": {"name": "system-foo", "uid": "u1\r\nX-Evil: 1"}},
+     ['metadata.uid: Invalid value: "u1\\r\\nX-Evil: 1": must be visible ASCII characters (no '
+      'spaces or control characters), at most 128']),
+    ("uid with a space", {**fs(), "metadata": {"name": "system-foo", "uid": "a b"}},
+     ['metadata.uid: Invalid value: "a b": must be visible ASCII characters (no spaces or control '
+      'characters), at most 128']),
 ]  # fmt: skip
 
 

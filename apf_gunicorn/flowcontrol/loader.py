@@ -25,6 +25,7 @@ Every problem in every file is collected and raised together as
 from __future__ import annotations
 
 import importlib.resources
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,8 @@ LIST_KINDS = {
 OBJECT_KINDS = (KIND_FLOW_SCHEMA, KIND_PRIORITY_LEVEL)
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_BUILTIN = "webapp"
+# metadata.uid goes into a response header as is: visible ASCII only (Kubernetes: a UUID)
+_UID_RE = re.compile(r"[!-~]{0,128}")
 V1BETA3_PRESERVE_ZERO = "flowcontrol.k8s.io/v1beta3-preserve-zero-concurrency-shares"
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -236,6 +239,11 @@ def parse_object(
     uid = meta.get("uid") or ""
     if not isinstance(uid, str):
         errs.invalid("metadata.uid", uid, "must be a string")
+        uid = ""
+    elif not _UID_RE.fullmatch(uid):
+        # it is sent as the value of an X-Kubernetes-PF-*-UID response header
+        errs.invalid("metadata.uid", uid, "must be visible ASCII characters (no spaces or "
+                     "control characters), at most 128")
         uid = ""
     if meta.get("namespace"):
         errs.forbidden("metadata.namespace", "not allowed on this type")
