@@ -75,6 +75,13 @@ def test_sigkilled_holder_is_repaired_by_the_next_locker(shm_ledger) -> None:
     snap = led.snapshot(4).levels[0]
     assert sorted(r.owner for r in snap.requests) == [0, 0]
     assert snap.seats_in_use == 2 and snap.requests_waiting == 0
+    # the dead worker's queued request is counted as cancelled, as a reap counts it: every
+    # request admitted is dispatched or rejected, in the level's and the stats entry's counters
+    assert (snap.cancelled, snap.rejected, snap.dispatched) == (1, 1, 3)
+    entries = led.request_stats()
+    assert sum(e.rejected["cancelled"] for e in entries) == 1
+    assert sum(e.work.count for e in entries) == sum(e.dispatched + sum(e.rejected.values())
+                                                      for e in entries) == 4
     assert verify(led) == []
     led.finish(parent_run.slot, parent_run.gen, 5)
     assert led.admit(a, 5, 1, 0, 0, 0, 6).outcome == EXECUTE  # the mutex works normally again

@@ -572,6 +572,19 @@ class Ledger:
         if not exempt:
             w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
 
+    def _count_lost_wait(self, lb: int, sa: int, now: int) -> None:
+        """A waiting request whose worker is gone: counted as a cancel (reap, repair)."""
+        w = self._w
+        self._count_rejection(lb)
+        w[lb + L_CANCELLED] += 1
+        eb = w[sa + S_STATS] >> 1
+        lay = self._lay
+        # (after a holder died mid-admit the slot may be half written: check the address)
+        if (lay.stats_base <= eb < lay.stats_entry(lay.cap.stats_entries + 1)
+                and (eb - lay.stats_base) % ENTRY_WORDS == 0):
+            w[eb + E_REJECTED + R_CANCELLED] += 1
+            self._observe_wait(eb, max(0, now - w[sa + S_ARRIVAL_NS]))
+
     def _count_rejection(self, lb: int) -> None:
         w = self._w
         total = w[lb + L_REJECTED] + 1
@@ -1537,13 +1550,9 @@ class Ledger:
             if level not in synced:
                 self._sync(lb, now)
                 synced.add(level)
-            if state == WAITING:  # counted as a cancel
+            if state == WAITING:
                 self._drop_waiting(lb, s, sa, now)
-                self._count_rejection(lb)
-                w[lb + L_CANCELLED] += 1
-                eb = w[sa + S_STATS] >> 1
-                w[eb + E_REJECTED + R_CANCELLED] += 1
-                self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])
+                self._count_lost_wait(lb, sa, now)
                 continue
             if state == EXECUTING:
                 self._end_main_phase(lb, sa, now)

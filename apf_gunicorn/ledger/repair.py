@@ -96,8 +96,9 @@ def _expected(led) -> tuple[dict, dict, list[int], dict]:
     return levels, queues, free, order
 
 
-def _sanitize(led, drop_owners: set[int]) -> None:
-    """Free slots that cannot be placed (dead owner, unknown level or queue, bad state)."""
+def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
+    """Free slots that cannot be placed (dead owner, unknown level or queue, bad state). A dead
+    owner's waiting requests are counted as cancelled, as a reap counts them."""
     w = led._w
     lay = led._lay
     for s in range(lay.cap.slots):
@@ -110,6 +111,9 @@ def _sanitize(led, drop_owners: set[int]) -> None:
         if ok:
             lb = lay.level(level)
             ok = bool(w[lb + L.L_USED]) and w[sa + L.S_OWNER] not in drop_owners
+            if not ok and state == WAITING and w[lb + L.L_USED]:
+                t = w[lb + L.L_LAST_NS] if now is None else now
+                led._count_lost_wait(lb, sa, t)
             q = w[sa + L.S_QUEUE]
             if ok and not (q == NIL or 0 <= q < w[lb + L.L_NQ]):
                 if state == WAITING:
@@ -127,7 +131,7 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
     dispatch what the freed seats allow. Call with the lock held. Returns the grants."""
     w, u = led._w, led._u
     lay = led._lay
-    _sanitize(led, set(drop_owners))
+    _sanitize(led, set(drop_owners), now)
     levels, queues, free, order = _expected(led)
     for s in range(lay.cap.slots):
         sa = lay.slot(s)
