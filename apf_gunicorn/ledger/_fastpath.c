@@ -262,11 +262,29 @@ as_i64(PyObject *o, int64_t *out)
     return 1;
 }
 
+/* A hand-over that cannot happen (no memory for the decline value, the ledger closed): give
+ * the lock back rather than leave it held forever. A dead holder's mutex is made consistent
+ * first (unlocking it otherwise would make it unusable for good) and the ledger marked dirty,
+ * so the next locker repairs what the dead holder left. */
+static void
+abandon_lock(FastPath *self, int64_t dead)
+{
+    if (self->lock_mode == 0)
+        return;
+    if (dead >= 0)
+        pthread_mutex_consistent(self->mutex);
+    self->w[H_DIRTY] = 1;
+    drop_lock(self);
+}
+
 /* the lock stays held: Python continues the operation after its lock acquire */
 static PyObject *
-declined(int64_t dead)
+declined(FastPath *self, int64_t dead)
 {
-    return PyLong_FromLongLong(dead);
+    PyObject *v = PyLong_FromLongLong(dead);
+    if (v == NULL)
+        abandon_lock(self, dead);
+    return v;
 }
 
 /* -- admit -------------------------------------------------------------------------------- */
@@ -300,10 +318,10 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *u = self->u;
     double *f = self->f;
     if (dead >= 0 || w[H_DIRTY] || level < 0 || level >= self->nlevels)
-        return declined(dead);
+        return declined(self, dead);
     int64_t lb = self->lvb + level * LEVEL_WORDS;
     if (w[lb + L_WAITING])
-        return declined(-1);
+        return declined(self, -1);
     int64_t ms = initial >= final ? initial : final;
     int64_t used = w[lb + L_USED], desired = w[lb + L_DESIRED], hs = w[lb + L_HAND];
     int64_t c = w[lb + L_C], qbase = w[lb + L_QBASE], serial = w[lb + L_SERIAL];
@@ -319,33 +337,33 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t head = w[H_FREE_HEAD], nfree = w[H_FREE_COUNT];
     /* Python's fast-path test, narrowed: no final-seat cap, and a sane record */
     if (!(used && desired > 0 && head != NIL && in_use < c && in_use + ms <= c))
-        return declined(-1);
+        return declined(self, -1);
     if (final > c || hs < 1 || hs > desired || hs > MAX_HAND || head < 0
         || head >= self->nslots || enq < 0 || serial < 0 || serial >= ((int64_t)1 << 31))
-        return declined(-1);
+        return declined(self, -1);
     if (now > last) {
         if (active && !advance_r(qseats, c, active, now - last, &r))
-            return declined(-1);
+            return declined(self, -1);
         last = now;
     }
     uint64_t iw, fw = 0;
     if (!exact_seats_ns(initial, self->service_ns, &iw))
-        return declined(-1);
+        return declined(self, -1);
     if (final && al && !exact_seats_ns(final, al, &fw))
-        return declined(-1);
+        return declined(self, -1);
     /* the stats entry must exist already (Python creates it) */
     PyObject *key = PyLong_FromUnsignedLongLong(((uint64_t)serial << 32)
                                                 | ((uint64_t)fs_index & 0xFFFFFFFFu));
     if (key == NULL) {
         PyErr_Clear();
-        return declined(-1);
+        return declined(self, -1);
     }
     PyObject *ebo = PyDict_GetItemWithError(self->stats_at, key);
     Py_DECREF(key);
     int64_t eb;
     if (ebo == NULL || !as_i64(ebo, &eb)) {
         PyErr_Clear();
-        return declined(-1);
+        return declined(self, -1);
     }
     int64_t sa = self->sb + head * SLOT_WORDS;
     int64_t gen = w[sa + S_GEN] + 1;
@@ -360,7 +378,7 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(gen_o);
         Py_XDECREF(res);
         PyErr_Clear();
-        return declined(-1);
+        return declined(self, -1);
     }
     Py_INCREF(self->execute);
     Py_INCREF(self->empty);
@@ -460,7 +478,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *u = self->u;
     double *f = self->f;
     if (dead >= 0 || w[H_DIRTY] || slot < 0 || slot >= self->nslots)
-        return declined(dead);
+        return declined(self, dead);
     int64_t sa = self->sb + slot * SLOT_WORDS;
     int64_t state = w[sa + S_STATE], sgen = w[sa + S_GEN], owner = w[sa + S_OWNER];
     int64_t level = w[sa + S_LEVEL], q = w[sa + S_QUEUE], initial = w[sa + S_INITIAL];
@@ -468,7 +486,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t st = w[sa + S_STATS];
     if (sgen != gen || state != ST_EXECUTING || al > 0 || level < 0 || level >= self->nlevels
         || st < 0)
-        return declined(-1);
+        return declined(self, -1);
     int64_t lb = self->lvb + level * LEVEL_WORDS;
     int64_t quiescing = w[lb + L_QUIESCING], desired = w[lb + L_DESIRED], c = w[lb + L_C];
     int64_t qbase = w[lb + L_QBASE], nq = w[lb + L_NQ], waiting = w[lb + L_WAITING];
@@ -481,10 +499,10 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     double imn = f[lb + L_I_MIN], imx = f[lb + L_I_MAX], cur = f[lb + L_I_CUR];
     int64_t ilast = w[lb + L_I_LAST];
     if (waiting || quiescing || (q != NIL && nq > desired))
-        return declined(-1);
+        return declined(self, -1);
     if (now > last) {
         if (active && !advance_r(qseats, c, active, now - last, &r))
-            return declined(-1);
+            return declined(self, -1);
         last = now;
     }
     int64_t ran = now - start;
@@ -494,13 +512,13 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         b++;
     uint64_t corr = 0;
     if (q != NIL && !exact_seats_ns(initial, self->service_ns - ran, &corr))
-        return declined(-1);
+        return declined(self, -1);
     PyObject *granted = PyList_New(0);
     PyObject *res = granted ? PyTuple_New(2) : NULL;
     if (res == NULL) {
         Py_XDECREF(granted);
         PyErr_Clear();
-        return declined(-1);
+        return declined(self, -1);
     }
     PyTuple_SET_ITEM(res, 0, granted);
     PyTuple_SET_ITEM(res, 1, PyLong_FromLong(0)); /* a cached small int: cannot fail */
@@ -559,17 +577,18 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
 #define MAX_RESUME_ARGS 15
 
 static PyObject *
-resume(PyObject *fn, PyObject *decline, PyObject *const *args, Py_ssize_t nargs,
-       PyObject *kwnames)
+resume(FastPath *self, PyObject *fn, PyObject *decline, PyObject *const *args,
+       Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *stack[MAX_RESUME_ARGS + 1];
     Py_ssize_t n = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the ledger is closed");
-        return NULL;
-    }
-    if (n > MAX_RESUME_ARGS) {
-        PyErr_SetString(PyExc_TypeError, "too many arguments");
+    if (fn == NULL || n > MAX_RESUME_ARGS) {
+        if (PyLong_Check(decline))  /* the lock is held: give it back */
+            abandon_lock(self, PyLong_AsLongLong(decline));
+        if (fn == NULL)
+            PyErr_SetString(PyExc_RuntimeError, "the ledger is closed");
+        else
+            PyErr_SetString(PyExc_TypeError, "too many arguments");
         return NULL;
     }
     stack[0] = decline;
@@ -591,7 +610,7 @@ call_or_resume(FastPath *self, PyObject *(*core)(FastPath *, PyObject *const *, 
     }
     else
         res = Py_NewRef(Py_None);
-    PyObject *out = resume(fn, res, args, nargs, kwnames);
+    PyObject *out = resume(self, fn, res, args, nargs, kwnames);
     Py_DECREF(res);
     return out;
 }
