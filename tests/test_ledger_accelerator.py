@@ -185,29 +185,41 @@ def _shm_ledger():
     return led, mm
 
 
-def test_process_lock_mode_takes_and_releases_both_locks() -> None:
+def test_process_lock_mode_takes_and_releases_the_mutex() -> None:
     led, mm = _shm_ledger()
     try:
         assert led.accelerated
+        lock = led._lock
         levels, _ = led.configure([LevelSpec("a", 4, 1, 10, 2)], ["fs"], 0)
         res = led.admit(levels["a"], 1, 1, 0, 0, 0, 1)
         res = led.admit(levels["a"], 1, 1, 0, 0, 0, 2)  # the C path (stats entry exists)
         assert res.outcome == EXECUTE
         assert led._w[L.H_HOLDER_PID] == 0
-        assert not led._lock._tlock.locked()
         assert led.finish(res.slot, res.gen, 3) == ([], 0)
-        assert not led._lock._tlock.locked() and led._w[L.H_HOLDER_PID] == 0
-        # another thread of this process holds the threading lock: the C path steps aside
-        # and the Python path waits for it
-        led._lock._tlock.acquire()
+        assert led._w[L.H_HOLDER_PID] == 0
+        assert lock._trylock(lock._ref) == 0 and lock._unlock(lock._ref) == 0  # left free
+        # another thread of this process holds the mutex: the C path hands over at once (the
+        # holder needs the GIL) and the Python path waits for it without the GIL
+        held, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            lock.acquire()
+            held.set()
+            go.wait(5)
+            lock.release()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(5)
         done = []
         t = threading.Thread(target=lambda: done.append(led.admit(levels["a"], 1, 1, 0, 0, 0,
                                                                   4)))
         t.start()
         time.sleep(0.05)
         assert not done
-        led._lock._tlock.release()
+        go.set()
         t.join(5)
+        holder.join(5)
         assert done and done[0].outcome == EXECUTE
     finally:
         led.close()

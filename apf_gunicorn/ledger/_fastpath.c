@@ -22,9 +22,9 @@
  * ``_finish_resume``) with the decline value first, then the call's own arguments; a call
  * with keywords goes there directly (value None). ``Ledger`` installs them as its ``admit``
  * and ``finish``, which saves a Python frame per operation. Locking mirrors
- * ``ProcessLock.acquire``: the process's threading.Lock (without blocking), then
- * ``pthread_mutex_trylock`` on the robust mutex in the ledger header; with lock mode 0 (a
- * ``NullLock``) there is no locking.
+ * ``ProcessLock.acquire``: ``pthread_mutex_trylock`` on the robust mutex in the ledger header,
+ * a short spin while another process holds it; with lock mode 0 (a ``NullLock``) there is no
+ * locking.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -67,8 +67,6 @@ typedef struct {
     double *f;
     pthread_mutex_t *mutex;
     int lock_mode;
-    PyObject *tl_acquire;
-    PyObject *tl_release;
     int64_t pid;
     PyObject *stats_at;      /* dict: (serial << 32) | fs -> stats entry word address */
     PyTypeObject *result_type; /* AdmitResult */
@@ -104,19 +102,11 @@ take_lock(FastPath *self, int64_t *dead)
     *dead = -1;
     if (self->lock_mode == 0)
         return 1;
-    PyObject *ok = PyObject_CallOneArg(self->tl_acquire, Py_False);
-    if (ok == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int got = (ok == Py_True);
-    Py_DECREF(ok);
-    if (!got)
-        return 0;
     int rc = pthread_mutex_trylock(self->mutex);
     /* A holder running on another core lets go within a microsecond or two: spin briefly
-     * rather than decline into the Python path, whose blocking wait costs GIL hand-offs. */
-    for (int i = 0; rc == EBUSY && i < SPINS; i++) {
+     * rather than decline into the Python path, whose blocking wait costs GIL hand-offs.
+     * Not when the holder is a thread of this process: it needs the GIL this thread holds. */
+    for (int i = 0; rc == EBUSY && self->w[H_HOLDER_PID] != self->pid && i < SPINS; i++) {
         cpu_relax();
         rc = pthread_mutex_trylock(self->mutex);
     }
@@ -129,10 +119,6 @@ take_lock(FastPath *self, int64_t *dead)
         self->w[H_HOLDER_PID] = self->pid;
         return 1;
     }
-    PyObject *r = PyObject_CallNoArgs(self->tl_release);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
     return 0;
 }
 
@@ -143,10 +129,6 @@ drop_lock(FastPath *self)
         return;
     self->w[H_HOLDER_PID] = 0;
     pthread_mutex_unlock(self->mutex);
-    PyObject *r = PyObject_CallNoArgs(self->tl_release);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
 }
 
 /* -- arithmetic, as seatseconds.py -------------------------------------------------------- */
@@ -658,17 +640,16 @@ fill_i64(PyObject *seq, int64_t *out, Py_ssize_t n, const char *what)
 static int
 fp_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *buf, *tl_acquire, *tl_release, *stats_at, *result_type, *execute, *consts;
+    PyObject *buf, *stats_at, *result_type, *execute, *consts;
     PyObject *work_at, *dur;
     int lock_mode;
     long long pid;
-    static char *kwlist[] = {"buffer", "lock_mode", "tl_acquire", "tl_release", "pid",
+    static char *kwlist[] = {"buffer", "lock_mode", "pid",
                              "stats_at", "result_type", "execute", "consts", "work_at",
                              "dur", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiOOLO!O!UOOO", kwlist, &buf, &lock_mode,
-                                     &tl_acquire, &tl_release, &pid, &PyDict_Type, &stats_at,
-                                     &PyType_Type, &result_type, &execute, &consts, &work_at,
-                                     &dur))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiLO!O!UOOO", kwlist, &buf, &lock_mode, &pid,
+                                     &PyDict_Type, &stats_at, &PyType_Type, &result_type,
+                                     &execute, &consts, &work_at, &dur))
         return -1;
     if (!PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "result_type must be a tuple subclass");
@@ -694,10 +675,6 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
     self->mutex = (pthread_mutex_t *)(self->base + H_MUTEX * 8);
     self->lock_mode = lock_mode;
     self->pid = pid;
-    Py_INCREF(tl_acquire);
-    self->tl_acquire = tl_acquire;
-    Py_INCREF(tl_release);
-    self->tl_release = tl_release;
     Py_INCREF(stats_at);
     self->stats_at = stats_at;
     Py_INCREF(result_type);
@@ -760,8 +737,6 @@ fp_dealloc(FastPath *self)
     fp_clear(self);
     if (self->have_view)
         PyBuffer_Release(&self->view);
-    Py_XDECREF(self->tl_acquire);
-    Py_XDECREF(self->tl_release);
     Py_XDECREF(self->stats_at);
     Py_XDECREF((PyObject *)self->result_type);
     Py_XDECREF(self->execute);

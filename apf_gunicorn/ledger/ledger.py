@@ -400,8 +400,7 @@ class Ledger:
         """Bind the C fast paths to this buffer and lock, when they are built and the lock is
         one they can take themselves: a ``NullLock``, or a ``ProcessLock`` whose acquire and
         release are not overridden (a subclass that hooks them, like the tests' dying lock,
-        keeps the Python paths). Rebound in a forked child, where the lock has a new
-        threading lock and pid.
+        keeps the Python paths). Rebound in a forked child, where the lock has a new pid.
 
         ``admit`` and ``finish`` then become the C entries that do the hand-over themselves
         (instance attributes shadowing the methods, which remain the reference): they call
@@ -410,14 +409,10 @@ class Ledger:
         lock = self._lock
         if _ACCEL is None or type(lock) not in (NullLock, ProcessLock):
             return
-        if type(lock) is ProcessLock:
-            tl = lock._tlock
-            mode, acq, rel, pid = 1, tl.acquire, tl.release, lock._pid
-        else:
-            mode, acq, rel, pid = 0, None, None, 0
+        mode, pid = (1, lock._pid) if type(lock) is ProcessLock else (0, 0)
         old = self._fp
         self._fp = _ACCEL.FastPath(
-            self._mv, mode, acq, rel, pid, self._stats_at, AdmitResult, EXECUTE,
+            self._mv, mode, pid, self._stats_at, AdmitResult, EXECUTE,
             (self._lvb, self._qb, self._sb, self._nlevels, self._nslots, self._service_ns,
              self._details, self._detail_stride, self._detail_bytes, E_WORK_SUM, E_WAIT_X,
              E_EXEC_R, EXEC_STRIDE, ND),

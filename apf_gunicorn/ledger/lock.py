@@ -5,18 +5,23 @@ shared mutex, ``Ledger.attach`` only binds)::
 
     led = Ledger.create(seg.ledger_buffer, Capacity(), lock=ProcessLock())
 
-``ProcessLock`` is a process-local ``threading.Lock`` (so the threads of one process queue on
-the GIL-friendly lock) followed by a *robust, process-shared* pthread mutex that lives in the
-ledger header. The mutex is taken with ``pthread_mutex_trylock`` called through
-``ctypes.PyDLL`` (the GIL stays held, ~0.15 µs). When another process holds it: a few more
-trylocks (a holder on the other core lets go within microseconds), then a wait with the GIL
-released (``_wait``), so the process's other threads keep working while the holder, perhaps
-descheduled, finishes; the mutex is never held while this thread waits for the GIL. (A blocking call with the
-GIL held would freeze the whole process; the ``time.sleep(0)`` retry loop used before cost GIL
-hand-offs and a convoy on the threading lock under load.) When the previous holder died
+``ProcessLock`` is a *robust, process-shared* pthread mutex that lives in the ledger header.
+It is taken with ``pthread_mutex_trylock`` called through ``ctypes.PyDLL`` (the GIL stays held,
+~0.15 µs). When another process holds it: a few more trylocks (a holder on the other core lets
+go within microseconds; skipped when the holder is a thread of this process, which needs the
+GIL to go on), then a wait with the GIL released (``_wait``), so the process's other threads
+keep working while the holder, perhaps descheduled, finishes; the mutex is never held while a
+thread waits for the GIL. (A blocking call with the GIL held would freeze the whole process;
+the ``time.sleep(0)`` retry loop used before cost GIL hand-offs.) When the previous holder died
 holding it, the lock call returns ``EOWNERDEAD`` (the kernel also wakes a blocked waiter);
 ``acquire`` then reports the dead holder's pid so the ledger repairs before anything else and
 calls ``consistent()``.
+
+Until round 7 a process-local ``threading.Lock`` came first, so that the threads of one process
+queued on it. With the C fast paths holding the GIL through the whole critical section, it only
+ever queued threads behind one that waited for another process, each of them then waiting in
+turn for the GIL (a convoy), and it cost two calls per ledger operation; it is gone. The mutex
+belongs to a thread: the thread that acquires must release.
 
 A process-shared mutex needs memory that is the same in every process: ``ProcessLock``
 requires a buffer backed by an ``mmap`` (POSIX shared memory); a ``bytearray`` is refused.
@@ -26,10 +31,10 @@ holding the lock (0 when unknown); the caller must then repair and call ``consis
 
 Cost: a ledger call takes the lock once, so the uncontended acquire/release pair is on every
 request twice. Once bound, ``acquire`` and ``release`` are closures over everything they touch
-(bound methods of the threading lock, the ctypes functions, the mutex address, the header
-view, the pid) instead of methods reading five attributes each: about 40% less Python work
-around the two ctypes calls. They are rebuilt in a forked child (new threading lock, new pid)
-and dropped by ``unbind``; the class methods remain the reference (and what runs unbound).
+(the ctypes functions, the mutex address, the header view, the pid) instead of methods
+reading attributes: less Python work around the two ctypes calls. They are rebuilt in a forked
+child (new pid) and dropped by ``unbind``; the class methods remain the reference (and what
+runs unbound).
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ import ctypes.util
 import errno
 import mmap
 import os
-import threading
 import weakref
 
 from apf_gunicorn.ledger.layout import H_HOLDER_PID, H_MUTEX, MUTEX_BYTES, WORD
@@ -126,7 +130,7 @@ def _backing_is_mmap(buf) -> bool:
 
 
 class ProcessLock:
-    """``threading.Lock`` + robust process-shared pthread mutex in the ledger header."""
+    """The robust process-shared pthread mutex in the ledger header."""
 
     def __init__(self) -> None:
         global _LIBC, _LIBC_FAST, _LIBC_BLOCKING
@@ -138,7 +142,6 @@ class ProcessLock:
         self._trylock = _LIBC_FAST.pthread_mutex_trylock  # called with self._ref only
         self._unlock = _LIBC_FAST.pthread_mutex_unlock
         self._lock_blocking = _LIBC_BLOCKING.pthread_mutex_lock  # releases the GIL
-        self._tlock = threading.Lock()
         self._mutex = None
         self._addr = None
         self._ref = None  # ctypes.byref(self._mutex): the argument of trylock/unlock
@@ -149,12 +152,10 @@ class ProcessLock:
         def _after_fork() -> None:
             me = ref()
             if me is not None:
-                me._tlock = threading.Lock()
                 me._pid = os.getpid()
                 if me._addr is not None:
                     me._install_fast_ops()
 
-        # a thread of the parent may have held the threading.Lock at fork time
         os.register_at_fork(after_in_child=_after_fork)
 
     def bind(self, buf, words, create: bool) -> None:
@@ -185,8 +186,6 @@ class ProcessLock:
         cls = type(self)
         if cls.acquire is not ProcessLock.acquire or cls.release is not ProcessLock.release:
             return
-        tl_acquire = self._tlock.acquire
-        tl_release = self._tlock.release
         trylock = self._trylock
         unlock = self._unlock
         ref = self._ref
@@ -195,7 +194,6 @@ class ProcessLock:
         slow = self._acquire_slow
 
         def acquire() -> int | None:
-            tl_acquire()
             rc = trylock(ref)
             if rc == 0:
                 words[H_HOLDER_PID] = pid
@@ -205,7 +203,6 @@ class ProcessLock:
         def release() -> None:
             words[H_HOLDER_PID] = 0
             rc = unlock(ref)
-            tl_release()
             if rc:
                 raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
 
@@ -222,7 +219,6 @@ class ProcessLock:
         self._words = None
 
     def acquire(self) -> int | None:
-        self._tlock.acquire()
         rc = self._trylock(self._ref)
         if rc == 0:
             self._words[H_HOLDER_PID] = self._pid
@@ -231,14 +227,15 @@ class ProcessLock:
 
     def _acquire_slow(self, rc: int) -> int | None:
         """Contended, or the holder died. A few more trylocks with the GIL held (a holder
-        running on the other core lets go within microseconds), then :meth:`_wait`, which
-        releases the GIL: this process's other threads keep serving while the holder, perhaps
-        descheduled, finishes. Only one thread per process
-        waits here; the others wait on the threading lock, which releases the GIL too."""
+        running on the other core lets go within microseconds; not when the holder is a thread
+        of this process, which needs the GIL), then :meth:`_wait`, which releases the GIL:
+        this process's other threads keep serving while the holder, perhaps descheduled,
+        finishes."""
         if rc == errno.EBUSY:
             trylock = self._trylock
             ref = self._ref
-            for _ in range(_SPINS):
+            spins = 0 if self._words[H_HOLDER_PID] == self._pid else _SPINS
+            for _ in range(spins):
                 rc = trylock(ref)
                 if rc != errno.EBUSY:
                     break
@@ -251,7 +248,6 @@ class ProcessLock:
             dead = int(self._words[H_HOLDER_PID])
             self._words[H_HOLDER_PID] = self._pid
             return dead
-        self._tlock.release()
         raise OSError(rc, f"pthread_mutex_lock: {os.strerror(rc)}")
 
     def _wait(self, addr: int) -> int:
@@ -282,7 +278,6 @@ class ProcessLock:
     def release(self) -> None:
         self._words[H_HOLDER_PID] = 0
         rc = self._unlock(self._ref)
-        self._tlock.release()
         if rc:
             raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
 
