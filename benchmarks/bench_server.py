@@ -1,8 +1,8 @@
 """Overhead of APF on gunicorn: bare gthread vs gthread + apf_gunicorn, same workers and threads,
 load below the concurrency limit (every request takes the fast path), paired runs in one go.
 
-    .venv/bin/python benchmarks/bench_server.py [--duration 2] [--rounds 10] [--workers 2]
-                                                [--threads 64] [--connections 16]
+    .venv/bin/python benchmarks/bench_server.py [--duration 1] [--rounds 30] [--workers 1,2]
+                                                [--threads 64] [--connections 16,64] [--pin]
     .venv/bin/python benchmarks/bench_server.py --micro-only [--baseline DIR [--reps 20]]
 
 Uses ``wrk`` when installed (``apt-get install -y wrk``), else a Python load generator (which
@@ -12,6 +12,21 @@ Prints, per round and over all rounds: throughput ratio (APF / bare), the worker
 per request (from /proc), p50 and p99 latency added, and each worker's RSS with and without
 APF after all its threads were started. Everything binds 127.0.0.1; every server is
 stopped and its /dev/shm segment checked.
+
+On a shared machine a single round's ratio swings by ±30% (the machine's speed drifts, and
+each wrk run spreads its connections over the workers anew), so the summary is the median of
+many short paired rounds with a 95% bootstrap interval: read the interval, not one round.
+Two setups by default. One worker with 16 connections: the sharpest ratio (paired rounds
+differ by ~8%). Two workers with 64 connections: the cross-process lock really contended;
+noisier (~25%), because stock gthread's accept race splits each wrk run's connections
+unevenly and anew (16 connections: from 8/8 to 16/0, which halves a round's throughput);
+with 64 connections both workers stay busy whatever the split.
+``--pin`` places the processes. ``spread`` (default): with several workers, worker *i* runs
+on CPU *i* mod the CPU count, the load generator where the kernel puts it (one worker is left
+alone: pinned, it shares its core with the load generator half the time); left alone, the kernel at times runs two
+GIL-bound workers on one core for a while, which made paired 2-worker rounds differ by ~25%
+(~10% spread). ``split``: the servers on all CPUs but the last, the load generator on the last.
+``none``: no pinning.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import random
 import re
 import shutil
 import signal
@@ -75,6 +91,39 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+# --pin split: CPU sets for the servers and for the load generator (None: not pinned)
+SERVER_CPUS: set[int] | None = None
+LOAD_CPUS: set[int] | None = None
+SPREAD = False  # --pin spread: each worker on its own CPU (see spread_workers)
+
+
+def _pinned(cpus: set[int] | None):
+    """A ``preexec_fn`` that pins the child (and everything it starts) to ``cpus``."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def pin_split() -> tuple[set[int], set[int]] | None:
+    """(server CPUs, load-generator CPUs): all but the last, and the last; None on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def spread_workers(master_pid: int) -> None:
+    """Pin worker *i* (every thread it has; threads it starts later inherit the main thread's
+    CPU) to CPU *i* mod the CPU count."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for i, pid in enumerate(sorted(children(master_pid))):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), {cpus[i % len(cpus)]})
+            except OSError:  # a thread that just ended
+                pass
+
+
 class Server:
     def __init__(self, apf: bool, workers: int, threads: int, config_path: str):
         self.port = free_port()
@@ -88,7 +137,8 @@ class Server:
                "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
                "tests.apps.app:app"]
         self.proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, start_new_session=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=_pinned(SERVER_CPUS))
         deadline = time.monotonic() + 30
         while True:
             if self.proc.poll() is not None:
@@ -104,6 +154,8 @@ class Server:
             if time.monotonic() > deadline:
                 raise RuntimeError("server did not start")
             time.sleep(0.1)
+        if SPREAD and workers > 1:
+            spread_workers(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -133,8 +185,8 @@ def _seconds(text: str) -> float:
 def wrk(port: int, duration: float, connections: int) -> dict:
     out = subprocess.run(
         ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
-         f"http://127.0.0.1:{port}/hello"], capture_output=True, text=True, timeout=duration + 30
-    ).stdout
+         f"http://127.0.0.1:{port}/hello"], capture_output=True, text=True, timeout=duration + 30,
+        preexec_fn=_pinned(LOAD_CPUS)).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
     return {"rps": rps, "p50": _seconds(lat.get("50", "nan")), "p99": _seconds(lat.get("99", "nan"))}
@@ -167,6 +219,15 @@ def pyload(port: int, duration: float, connections: int) -> dict:
             "p99": lats[int(len(lats) * 0.99)]}
 
 
+def median_interval(values: list[float], reps: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of the median of ``values`` (seeded: the same input, the same
+    interval)."""
+    rng = random.Random(1)
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(reps))
+    return meds[int(reps * 0.025)], meds[int(reps * 0.975) - 1]
+
+
 def cpu_ticks(pids: list[int]) -> int:
     """utime + stime of these processes, in clock ticks."""
     total = 0
@@ -180,20 +241,20 @@ def cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-def measure(srv: Server, args, load) -> dict:
+def measure(srv: Server, duration: float, connections: int, load) -> dict:
     """One wrk run against a running server, with its workers' CPU time per request."""
     pids = children(srv.proc.pid)
     before = cpu_ticks(pids)
-    result = load(srv.port, args.duration, args.connections)
+    result = load(srv.port, duration, connections)
     ticks = cpu_ticks(pids) - before
-    served = result["rps"] * args.duration
+    served = result["rps"] * duration
     result["cpu_us"] = ticks / os.sysconf("SC_CLK_TCK") * 1e6 / served if served else float("nan")
     return result
 
 
-def worker_rss(srv: Server, args, load) -> list[int]:
+def worker_rss(srv: Server, all_threads: int, load) -> list[int]:
     """Start every thread of every worker, then read the workers' RSS (KiB)."""
-    load(srv.port, 1.0, args.workers * args.threads)
+    load(srv.port, 1.0, all_threads)
     return sorted(rss_kib(p) for p in children(srv.proc.pid))
 
 
@@ -305,11 +366,16 @@ def main(argv=None) -> int:
         _micro_child(sys.argv[2], sys.argv[3])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=2.0)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=1.0, help="seconds per round (wrk: whole)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--workers", default="1,2",
+                    help="comma list: one setup per value (default 1,2)")
     ap.add_argument("--threads", type=int, default=64)
-    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--connections", default="16,64",
+                    help="comma list, one per --workers value, or one for all")
+    ap.add_argument("--pin", choices=("spread", "split", "none"), default="spread",
+                    help="spread: worker i on CPU i (default); split: servers on all CPUs "
+                         "but the last, the load generator on the last; none")
     ap.add_argument("--micro-only", action="store_true",
                     help="only the in-process CPU cost per request")
     ap.add_argument("--baseline", metavar="DIR",
@@ -327,39 +393,73 @@ def main(argv=None) -> int:
               f"{apf_us:.2f} µs, added {apf_us - bare_us:.2f} µs (fast path, real shm ledger)")
     if args.micro_only:
         return 0
+    global SERVER_CPUS, LOAD_CPUS, SPREAD
+    if args.pin == "split":
+        split = pin_split()
+        if split is None:
+            print("--pin split: only one CPU available; running unpinned")
+        else:
+            SERVER_CPUS, LOAD_CPUS = split
+    SPREAD = args.pin == "spread"
     load = wrk if shutil.which("wrk") else pyload
+    setups = _setups(args.workers, args.connections)
     print(f"load generator: {'wrk' if load is wrk else 'python (install wrk for sharper numbers)'}; "
-          f"{args.workers} workers x {args.threads} threads, {args.connections} connections, "
-          f"{args.rounds} rounds of {args.duration:g} s on each server, both servers up, "
-          f"order alternating")
+          f"{args.threads} threads per worker; per setup {args.rounds} rounds of "
+          f"{args.duration:g} s on each server, both servers up, order alternating"
+          + (f"; servers on CPUs {sorted(SERVER_CPUS)}, load on {sorted(LOAD_CPUS)}"
+             if SERVER_CPUS else "; with several workers, worker i on CPU i" if SPREAD
+             else ""))
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
-        bare = Server(False, args.workers, args.threads, config_path)
-        try:
-            apf = Server(True, args.workers, args.threads, config_path)
-        except BaseException:
-            bare.stop()
-            raise
-        try:
-            for srv in (bare, apf):
-                load(srv.port, 1.0, args.connections)  # warm-up
-            runs: dict[str, list[dict]] = {"bare": [], "apf": []}
-            for i in range(args.rounds):
-                order = (("bare", bare), ("apf", apf))
-                for name, srv in (order if i % 2 == 0 else order[::-1]):
-                    runs[name].append(measure(srv, args, load))
-                b, a = runs["bare"][-1], runs["apf"][-1]
-                print(f"round {i + 1}: bare {b['rps']:.0f} req/s ({b['cpu_us']:.0f} µs CPU/req, "
-                      f"p50 {b['p50'] * 1e3:.2f} ms, p99 {b['p99'] * 1e3:.2f} ms) | apf "
-                      f"{a['rps']:.0f} req/s ({a['cpu_us']:.0f} µs CPU/req, p50 "
-                      f"{a['p50'] * 1e3:.2f} ms, p99 {a['p99'] * 1e3:.2f} ms) | ratio "
-                      f"{a['rps'] / b['rps']:.3f}")
-            rss_bare = worker_rss(bare, args, load)
-            rss_apf = worker_rss(apf, args, load)
-        finally:
-            apf.stop()
-            bare.stop()
+        summaries = [run_setup(workers, connections, args, load, config_path)
+                     for workers, connections in setups]
+    print("\nsummary (target: throughput ratio >= 0.90, RSS added <= 15 MiB per worker)")
+    for line in summaries:
+        print(line)
+    return 0
+
+
+def _setups(workers: str, connections: str) -> list[tuple[int, int]]:
+    """``--workers 1,2 --connections 16,64`` -> [(1, 16), (2, 64)]."""
+    ws = [int(w) for w in workers.split(",")]
+    cs = [int(c) for c in connections.split(",")]
+    if len(cs) == 1:
+        cs *= len(ws)
+    if len(cs) != len(ws):
+        raise SystemExit("--connections: one value, or one per --workers value")
+    return list(zip(ws, cs, strict=True))
+
+
+def run_setup(workers: int, connections: int, args, load, config_path: str) -> str:
+    """Paired rounds on a bare and an APF server with ``workers`` workers; prints the rounds
+    and the setup's results, returns its one-line summary."""
+    print(f"\n== {workers} worker(s) x {args.threads} threads, {connections} connections")
+    bare = Server(False, workers, args.threads, config_path)
+    try:
+        apf = Server(True, workers, args.threads, config_path)
+    except BaseException:
+        bare.stop()
+        raise
+    try:
+        for srv in (bare, apf):
+            load(srv.port, 1.0, connections)  # warm-up
+        runs: dict[str, list[dict]] = {"bare": [], "apf": []}
+        for i in range(args.rounds):
+            order = (("bare", bare), ("apf", apf))
+            for name, srv in (order if i % 2 == 0 else order[::-1]):
+                runs[name].append(measure(srv, args.duration, connections, load))
+            b, a = runs["bare"][-1], runs["apf"][-1]
+            print(f"round {i + 1}: bare {b['rps']:.0f} req/s ({b['cpu_us']:.0f} µs CPU/req, "
+                  f"p50 {b['p50'] * 1e3:.2f} ms, p99 {b['p99'] * 1e3:.2f} ms) | apf "
+                  f"{a['rps']:.0f} req/s ({a['cpu_us']:.0f} µs CPU/req, p50 "
+                  f"{a['p50'] * 1e3:.2f} ms, p99 {a['p99'] * 1e3:.2f} ms) | ratio "
+                  f"{a['rps'] / b['rps']:.3f}")
+        rss_bare = worker_rss(bare, workers * args.threads, load)
+        rss_apf = worker_rss(apf, workers * args.threads, load)
+    finally:
+        apf.stop()
+        bare.stop()
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
@@ -367,16 +467,21 @@ def main(argv=None) -> int:
     ratios = [a["rps"] / b["rps"] for a, b in zip(runs["apf"], runs["bare"], strict=True)]
     total = sum(r["rps"] for r in runs["apf"]) / sum(r["rps"] for r in runs["bare"])
     cpu_b, cpu_a = med("bare", "cpu_us"), med("apf", "cpu_us")
-    print(f"\nthroughput ratio APF/bare: median of rounds {statistics.median(ratios):.3f}, "
-          f"all requests {total:.3f}  (target >= 0.90)")
+    ratio = statistics.median(ratios)
+    lo, hi = median_interval(ratios)
+    print(f"throughput ratio APF/bare: median of rounds {ratio:.3f} (95% interval "
+          f"{lo:.3f}-{hi:.3f}), all requests {total:.3f}  (target >= 0.90)")
     print(f"worker CPU per request (median): bare {cpu_b:.0f} µs, apf {cpu_a:.0f} µs, "
           f"ratio {cpu_b / cpu_a:.3f} (bare/apf: the throughput a CPU-bound server keeps)")
-    print(f"p50 added: {(med('apf', 'p50') - med('bare', 'p50')) * 1e3:+.2f} ms   "
-          f"p99 added: {(med('apf', 'p99') - med('bare', 'p99')) * 1e3:+.2f} ms  (medians)")
+    p50 = (med("apf", "p50") - med("bare", "p50")) * 1e3
+    p99 = (med("apf", "p99") - med("bare", "p99")) * 1e3
+    print(f"p50 added: {p50:+.2f} ms   p99 added: {p99:+.2f} ms  (medians)")
     rb, ra = statistics.median(rss_bare) / 1024, statistics.median(rss_apf) / 1024
     print(f"worker RSS at {args.threads} threads: bare {rb:.1f} MiB, apf {ra:.1f} MiB, "
           f"added {ra - rb:+.1f} MiB  (target <= 15 MiB)")
-    return 0
+    return (f"{workers} worker(s), {connections} connections: throughput ratio {ratio:.3f} "
+            f"(95% {lo:.3f}-{hi:.3f}, all requests {total:.3f}), CPU/request ratio "
+            f"{cpu_b / cpu_a:.3f}, p50 {p50:+.2f} ms, p99 {p99:+.2f} ms, RSS {ra - rb:+.1f} MiB")
 
 
 if __name__ == "__main__":
