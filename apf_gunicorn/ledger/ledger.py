@@ -110,7 +110,7 @@ from apf_gunicorn.ledger.layout import (
     Capacity,
     Layout,
 )
-from apf_gunicorn.ledger.lock import NullLock, ProcessLock
+from apf_gunicorn.ledger.lock import NullLock, ProcessLock, fastpath_module
 from apf_gunicorn.ledger.seatseconds import (
     EXACT_BOUND,
     HIGH_R,
@@ -184,11 +184,8 @@ DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDurati
 def _load_accelerator():
     """The C fast paths (``_fastpath.c``), or None: not built (no compiler at install time),
     switched off with ``APF_NO_ACCELERATOR=1``, or compiled for another layout."""
-    if os.environ.get("APF_NO_ACCELERATOR", "") not in ("", "0"):
-        return None
-    try:
-        from apf_gunicorn.ledger import _fastpath
-    except ImportError:
+    _fastpath = fastpath_module()
+    if _fastpath is None:
         return None
     expected = (H_FREE_HEAD, H_FREE_COUNT, L.H_HOLDER_PID, H_DIRTY, L.H_MUTEX, LEVEL_WORDS,
                 QUEUE_WORDS, SLOT_WORDS,

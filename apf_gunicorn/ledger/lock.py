@@ -104,19 +104,20 @@ def _libc_blocking() -> ctypes.CDLL:
     return lib
 
 
-def _wait_unlocked():
-    """``_fastpath.wait_unlocked`` (see ``ProcessLock._wait``), or None without the C module
-    or with ``APF_NO_ACCELERATOR=1``."""
+def fastpath_module():
+    """The optional C extension ``apf_gunicorn.ledger._fastpath``, or None: not built (no
+    compiler at install time) or switched off with ``APF_NO_ACCELERATOR=1``."""
     if os.environ.get("APF_NO_ACCELERATOR", "") not in ("", "0"):
         return None
     try:
-        from apf_gunicorn.ledger._fastpath import wait_unlocked
+        from apf_gunicorn.ledger import _fastpath
     except ImportError:
         return None
-    return wait_unlocked
+    return _fastpath
 
 
-_WAIT_UNLOCKED = _wait_unlocked()
+# ProcessLock._wait's GIL-free wait, or None (then the ctypes pthread_mutex_lock)
+_WAIT_UNLOCKED = getattr(fastpath_module(), "wait_unlocked", None)
 _LIBC: ctypes.PyDLL | None = None
 _LIBC_FAST: ctypes.PyDLL | None = None
 _LIBC_BLOCKING: ctypes.CDLL | None = None
