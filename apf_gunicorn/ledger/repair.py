@@ -111,7 +111,7 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
         if ok:
             lb = lay.level(level)
             ok = bool(w[lb + L.L_USED]) and w[sa + L.S_OWNER] not in drop_owners
-            if not ok and state == WAITING and w[lb + L.L_USED]:
+            if state == WAITING and w[lb + L.L_USED] and w[sa + L.S_OWNER] in drop_owners:
                 t = w[lb + L.L_LAST_NS] if now is None else now
                 led._count_lost_wait(lb, sa, t)
             q = w[sa + L.S_QUEUE]
