@@ -57,8 +57,9 @@ class _Counted:
         led._finish_locked = f
 
 
-def _pair():
-    leds = [Ledger.create(bytearray(Ledger.size(CAP)), CAP, accelerate=acc)
+def _pair(learn_service: bool = False):
+    leds = [Ledger.create(bytearray(Ledger.size(CAP)), CAP, accelerate=acc,
+                          learn_service=learn_service)
             for acc in (True, False)]
     if not leds[0].accelerated:
         pytest.skip("the C fast paths are not built")
@@ -76,7 +77,8 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
 @pytest.mark.parametrize("seed", range(12))
 def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
     rnd = random.Random(seed)
-    fast, slow = _pair()
+    learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
+    fast, slow = _pair(learn)
     counted = _Counted(fast)
     light = seed % 2  # light load: most requests run at once (the C paths' own cases)
     c = rnd.randint(30, 60) if light else rnd.randint(2, 12)
@@ -143,6 +145,8 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
         _same(fast, slow, f"step {step}")
     for led in (fast, slow):
         assert verify(led) == []
+    learnt = {fast.level_service_estimate_ns(lv) for lv in levels[:2]}
+    assert (learnt != {fast.service_estimate_ns}) == learn, learnt
     # both sides of the hand-over ran: the C paths completed a share of the operations
     # (stale finishes included) and handed the rest to Python
     print(f"C completed {admits - counted.admits}/{admits} admits, "

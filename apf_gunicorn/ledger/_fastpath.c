@@ -35,18 +35,19 @@
 
 /* layout.py, checked against LAYOUT at import */
 enum {
-    H_FREE_HEAD = 12, H_FREE_COUNT = 13, H_HOLDER_PID = 15, H_DIRTY = 16, H_MUTEX = 24,
-    LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 23,
+    H_FREE_HEAD = 12, H_FREE_COUNT = 13, H_HOLDER_PID = 15, H_DIRTY = 16, H_SERVICE_ADAPT = 22,
+    H_MUTEX = 24, LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 24,
     L_USED = 0, L_QUIESCING = 1, L_DESIRED = 3, L_HAND = 4, L_C = 6, L_QBASE = 7, L_NQ = 9,
     L_SERIAL = 12, L_WAITING = 13, L_SEATS_WAITING = 14, L_R = 15, L_LAST_NS = 16,
     L_EXECUTING = 17, L_SEATS_IN_USE = 18, L_ACTIVE_QUEUES = 19, L_QSEATS = 20, L_I_T = 21,
     L_I_X = 22, L_I_XX = 23, L_I_MIN = 24, L_I_MAX = 25, L_I_CUR = 26, L_I_LAST = 27,
-    L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30,
+    L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30, L_SERVICE_NS = 37,
+    L_SERVICE_N = 38,
     Q_NDR = 0, Q_EXECUTING = 7, Q_SEATS = 8,
     S_STATE = 0, S_GEN = 1, S_OWNER = 2, S_LEVEL = 3, S_QUEUE = 4, S_PREV = 5, S_NEXT = 6,
     S_INITIAL = 7, S_FINAL = 8, S_AL = 9, S_MAX_SEATS = 10, S_HELD = 11, S_INIT_WORK = 12,
     S_FINAL_WORK = 13, S_TOTAL_WORK = 14, S_ARRIVAL_R = 15, S_ARRIVAL_NS = 16, S_START_NS = 17,
-    S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22,
+    S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22, S_SERVICE_NS = 23,
     ST_FREE = 0, ST_EXECUTING = 2, NIL = -1,
 };
 
@@ -56,6 +57,7 @@ enum {
 #define MAX_HAND 64
 #define SEATS_LIMIT ((int64_t)1 << 31)
 #define AL_LIMIT ((int64_t)1 << 62)
+#define MAX_SERVICE_NS ((int64_t)60000000000) /* ledger.MAX_SERVICE_ESTIMATE_NS */
 
 typedef struct {
     PyObject_HEAD
@@ -74,7 +76,7 @@ typedef struct {
     PyObject *empty;         /* "" */
     PyObject *admit_resume;  /* Ledger._admit_resume(decline, *args, **kw), or NULL */
     PyObject *finish_resume; /* Ledger._finish_resume(decline, *args, **kw), or NULL */
-    int64_t lvb, qb, sb, nlevels, nslots, service_ns, details, detail_stride, detail_bytes;
+    int64_t lvb, qb, sb, nlevels, nslots, details, detail_stride, detail_bytes;
     int64_t e_work_sum, e_wait_x, e_exec_r, exec_stride, nd;
     int64_t work_at[102];    /* bucket word for 0..100 seats; [101] for more */
     int64_t dur[MAX_DUR];
@@ -132,6 +134,22 @@ drop_lock(FastPath *self)
 }
 
 /* -- arithmetic, as seatseconds.py -------------------------------------------------------- */
+
+#define SERVICE_WINDOW 16 /* ledger.SERVICE_WINDOW */
+
+/* Ledger._learn: the level at w + lb learns from a request that ran ``ran`` ns */
+static inline void
+learn_service(int64_t *w, int64_t lb, int64_t ran)
+{
+    int64_t n = w[lb + L_SERVICE_N], g = w[lb + L_SERVICE_NS];
+    if (n < SERVICE_WINDOW)
+        w[lb + L_SERVICE_N] = ++n;
+    if (ran < 0)
+        ran = 0;
+    else if (ran > MAX_SERVICE_NS)
+        ran = MAX_SERVICE_NS;
+    w[lb + L_SERVICE_NS] = ran >= g ? g + (ran - g) / n : g - (g - ran) / n;
+}
 
 /* seats_ns_times where it is exact in integers; 0 when outside that range (caller declines) */
 static int
@@ -329,7 +347,8 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         last = now;
     }
     uint64_t iw, fw = 0;
-    if (!exact_seats_ns(initial, self->service_ns, &iw))
+    int64_t g = w[lb + L_SERVICE_NS];
+    if (!exact_seats_ns(initial, g, &iw))
         return declined(self, -1);
     if (final && al && !exact_seats_ns(final, al, &fw))
         return declined(self, -1);
@@ -424,6 +443,7 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     w[sa + S_SEQ] = enq;
     w[sa + S_DETAIL_LEN] = dlen;
     w[sa + S_STATS] = 2 * eb + (watch ? 1 : 0);
+    w[sa + S_SERVICE_NS] = g;
     u[lb + L_R] = r;
     w[lb + L_LAST_NS] = last;
     w[lb + L_EXECUTING] = executing + 1;
@@ -465,7 +485,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t state = w[sa + S_STATE], sgen = w[sa + S_GEN], owner = w[sa + S_OWNER];
     int64_t level = w[sa + S_LEVEL], q = w[sa + S_QUEUE], initial = w[sa + S_INITIAL];
     int64_t al = w[sa + S_AL], held = w[sa + S_HELD], start = w[sa + S_START_NS];
-    int64_t st = w[sa + S_STATS];
+    int64_t st = w[sa + S_STATS], g = w[sa + S_SERVICE_NS];
     if (sgen != gen || state != ST_EXECUTING || al > 0 || level < 0 || level >= self->nlevels
         || st < 0)
         return declined(self, -1);
@@ -493,7 +513,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     while (b < self->ndur && self->dur[b] < ran) /* bisect_left */
         b++;
     uint64_t corr = 0;
-    if (q != NIL && !exact_seats_ns(initial, self->service_ns - ran, &corr))
+    if (q != NIL && !exact_seats_ns(initial, g - ran, &corr))
         return declined(self, -1);
     PyObject *granted = PyList_New(0);
     PyObject *res = granted ? PyTuple_New(2) : NULL;
@@ -517,6 +537,8 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         u[qa + Q_NDR] = u[qa + Q_NDR] - corr;
         w[qa + Q_SEATS] -= held;
         qseats -= held;
+        if (w[H_SERVICE_ADAPT])
+            learn_service(w, lb, ran);
     }
     in_use -= held;
     integrate(&it, &ix, &ixx, cur, &ilast, now);
@@ -655,8 +677,8 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "result_type must be a tuple subclass");
         return -1;
     }
-    int64_t c[14];
-    if (!fill_i64(consts, c, 14, "consts") || !fill_i64(work_at, self->work_at, 102, "work_at"))
+    int64_t c[13];
+    if (!fill_i64(consts, c, 13, "consts") || !fill_i64(work_at, self->work_at, 102, "work_at"))
         return -1;
     if (!PyTuple_Check(dur) || PyTuple_GET_SIZE(dur) > MAX_DUR) {
         PyErr_SetString(PyExc_ValueError, "dur: a tuple of at most 64 bounds");
@@ -689,15 +711,14 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
     self->sb = c[2];
     self->nlevels = c[3];
     self->nslots = c[4];
-    self->service_ns = c[5];
-    self->details = c[6];
-    self->detail_stride = c[7];
-    self->detail_bytes = c[8];
-    self->e_work_sum = c[9];
-    self->e_wait_x = c[10];
-    self->e_exec_r = c[11];
-    self->exec_stride = c[12];
-    self->nd = c[13];
+    self->details = c[5];
+    self->detail_stride = c[6];
+    self->detail_bytes = c[7];
+    self->e_work_sum = c[8];
+    self->e_wait_x = c[9];
+    self->e_exec_r = c[10];
+    self->exec_stride = c[11];
+    self->nd = c[12];
     return 0;
 }
 
@@ -825,7 +846,7 @@ PyInit__fastpath(void)
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii)",
+        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii))",
         H_FREE_HEAD, H_FREE_COUNT, H_HOLDER_PID, H_DIRTY, H_MUTEX, LEVEL_WORDS, QUEUE_WORDS,
         SLOT_WORDS,
         L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L_SERIAL, L_WAITING,
@@ -836,7 +857,8 @@ PyInit__fastpath(void)
         S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT, S_INITIAL, S_FINAL, S_AL,
         S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
         S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
-        ST_FREE, ST_EXECUTING, NIL);
+        ST_FREE, ST_EXECUTING, NIL, H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N,
+        S_SERVICE_NS);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

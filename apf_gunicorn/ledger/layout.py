@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 4  # 4: level record reordered for the fast paths
+VERSION = 5  # 5: per-level service estimate (L_SERVICE_NS), per-request G (S_SERVICE_NS)
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -30,8 +30,8 @@ NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain)
     H_MAGIC, H_VERSION, H_CAP_LEVELS, H_CAP_QUEUES, H_CAP_SLOTS, H_CAP_WORKERS, H_CAP_FS,
     H_CAP_DETAIL, H_SIZE, H_OWNER_PID, H_GENERATION, H_SERVICE_NS, H_FREE_HEAD, H_FREE_COUNT,
     H_FS_COUNT, H_HOLDER_PID, H_DIRTY, H_REPAIRS, H_LEVELS_USED,
-    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL,
-) = range(22)
+    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL, H_SERVICE_ADAPT,
+) = range(23)
 H_MUTEX = 24  # 64 bytes (8 words) for a pthread_mutex_t (40 bytes on x86_64 glibc)
 MUTEX_BYTES = 64
 HEADER_WORDS = 32
@@ -48,7 +48,8 @@ HEADER_WORDS = 32
     L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
     L_ROBIN, L_ENQUEUES, L_DISPATCHED,
     L_REJECTED, L_TIMEDOUT, L_CANCELLED, L_EPOCH_OK, L_EPOCH_FAIL, L_REJECTED_SHADOW,
-) = range(37)
+    L_SERVICE_NS, L_SERVICE_N,
+) = range(39)
 LEVEL_WORDS = 40
 # float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
@@ -66,9 +67,9 @@ QUEUE_WORDS = 9  # Q_NDR and Q_WORK_SUM are uint64
     S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT,
     S_INITIAL, S_FINAL, S_AL, S_MAX_SEATS, S_HELD,
     S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
-    S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
-) = range(23)
-SLOT_WORDS = 23  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
+    S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS, S_SERVICE_NS,
+) = range(24)
+SLOT_WORDS = 24  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
 # S_MAX_SEATS = max(initial, final) as requested (what waiting sums count);
 # S_HELD = the seats actually held once dispatched (after the final-seat cap)
 # S_STATS = 2 * (word address of the request's stats entry) + (1 if a watch else 0)
@@ -77,6 +78,10 @@ SLOT_WORDS = 23  # S_*_WORK, S_ARRIVAL_R and S_HASH are uint64
 #   store and never inside a struct.pack_into run (which zero-fills before it writes, so a
 #   lock-free read of a word in the run could see 0, gunicorn-ipc.md 3.5); the fast paths'
 #   runs end at L_DISPATCHED, before both
+# L_SERVICE_NS = the level's G, the estimated service time charged at dispatch (Kubernetes'
+#   fixed 3 ms, or learnt from finished requests when H_SERVICE_ADAPT is 1; see ledger.py);
+# L_SERVICE_N = how many finished requests it has learnt from, up to 16
+# S_SERVICE_NS = the G charged to this request, which its completion corrects
 
 FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}

@@ -37,6 +37,7 @@ from apf_gunicorn.ledger.layout import (
     H_DIRTY,
     H_FREE_COUNT,
     H_FREE_HEAD,
+    H_SERVICE_ADAPT,
     H_SERVICE_NS,
     L_ACTIVE_QUEUES,
     L_C,
@@ -64,6 +65,8 @@ from apf_gunicorn.ledger.layout import (
     L_ROBIN,
     L_SEATS_IN_USE,
     L_SEATS_WAITING,
+    L_SERVICE_N,
+    L_SERVICE_NS,
     L_TBASE,
     L_TIMEDOUT,
     L_TP,
@@ -101,6 +104,7 @@ from apf_gunicorn.ledger.layout import (
     S_PREV,
     S_QUEUE,
     S_SEQ,
+    S_SERVICE_NS,
     S_START_NS,
     S_STATE,
     S_STATS,
@@ -155,7 +159,7 @@ _LEVEL = struct.Struct("<15qQ5q6d4q")  # L_USED .. L_DISPATCHED, what admit read
 _LEVEL_FIN = struct.Struct("<15qQ5q6dq")  # L_USED .. L_I_LAST, what finish reads
 _HOT = struct.Struct("<Q5q6dq")  # L_R .. L_I_LAST, what finish writes back
 _HOT_ADMIT = struct.Struct("<Q5q6d4q")  # L_R .. L_DISPATCHED, what admit writes back
-_SLOT = struct.Struct("<12q4Q2qQ4q")  # S_STATE .. S_STATS
+_SLOT = struct.Struct("<12q4Q2qQ5q")  # S_STATE .. S_SERVICE_NS
 _SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
 _FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__
@@ -179,6 +183,20 @@ if not ((L.L_SERIAL, L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_
         and H_FREE_COUNT == H_FREE_HEAD + 1):
     raise ImportError("ledger fast-path record formats do not match layout.py")
 DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
+MAX_SERVICE_ESTIMATE_NS = 60_000_000_000  # a learnt G never exceeds Kubernetes' 60 s time-out
+
+
+SERVICE_WINDOW = 16  # a learnt G averages about the last 16 finished requests
+
+
+def learn_service(g: int, n: int, ran: int) -> int:
+    """A level's next G after its ``n``-th finished request (counting from 1, at most
+    :data:`SERVICE_WINDOW`) ran ``ran`` ns: the mean of the first 16, then an exponentially
+    weighted average with weight 1/16, so the configured G is forgotten at the first finish.
+    Integers only, so that the C fast path (``_fastpath.c``) computes the same word; ``ran``
+    is clamped to [0, 60 s]."""
+    ran = 0 if ran < 0 else (MAX_SERVICE_ESTIMATE_NS if ran > MAX_SERVICE_ESTIMATE_NS else ran)
+    return g + (ran - g) // n if ran >= g else g - (g - ran) // n
 
 
 def _load_accelerator():
@@ -197,7 +215,7 @@ def _load_accelerator():
                 (S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT, S_INITIAL, S_FINAL,
                  S_AL, S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
                  S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
-                FREE, EXECUTING, NIL)
+                FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS))
     if _fastpath.LAYOUT != expected:
         return None
     return _fastpath
@@ -288,6 +306,7 @@ class LevelSnapshot(NamedTuple):
     queue_length_limit: int = 0
     epoch_advances: int = 0
     epoch_advance_failures: int = 0
+    service_estimate_ns: int = 0  # G, the service time charged at dispatch
 
 
 class Snapshot(NamedTuple):
@@ -320,8 +339,6 @@ class Ledger:
         self._names: dict[str, int] = {}
         self._names_gen = -1
         self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
-        self._g_work: dict[int, int] = {}  # initial seats -> SeatsTimesDuration(seats, G)
-        self._service_ns = self._w[H_SERVICE_NS]  # G; fixed once the ledger is created
         self._nlevels = lay.cap.levels
         self._nslots = lay.cap.slots
         self._detail_bytes = lay.cap.detail_bytes
@@ -341,9 +358,18 @@ class Ledger:
     @classmethod
     def create(cls, buf, cap: Capacity | None = None, lock=None,
                service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS,
-               owner_pid: int = 0, accelerate: bool = True) -> Ledger:
+               owner_pid: int = 0, accelerate: bool = True,
+               learn_service: bool = False) -> Ledger:
         """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part.
+
+        ``service_estimate_ns`` is G, the service time charged to a request's queue when it is
+        dispatched (its completion corrects the charge to the time it really ran). With
+        ``learn_service`` each level starts at that G and learns its own from the requests it
+        finishes (:func:`learn_service`); without, G stays fixed, as in Kubernetes.
         ``accelerate``: use the C fast paths when they are built (see :attr:`accelerated`)."""
+        if not 0 <= service_estimate_ns <= MAX_SERVICE_ESTIMATE_NS:
+            raise ValueError(f"service_estimate_ns must be within [0, "
+                             f"{MAX_SERVICE_ESTIMATE_NS}], not {service_estimate_ns}")
         cap = cap or Capacity()
         lay = Layout(cap)
         if len(memoryview(buf).cast("B")) < lay.size:
@@ -359,7 +385,8 @@ class Ledger:
                              (L.H_CAP_FS, cap.flow_schemas), (L.H_CAP_DETAIL, cap.detail_bytes),
                              (L.H_CAP_STATS, cap.stats_entries),
                              (L.H_SIZE, lay.size), (L.H_OWNER_PID, owner_pid),
-                             (H_SERVICE_NS, service_estimate_ns)):
+                             (H_SERVICE_NS, service_estimate_ns),
+                             (H_SERVICE_ADAPT, 1 if learn_service else 0)):
             w[field] = value
         sb = lay.slot_base
         for s in range(cap.slots):
@@ -368,7 +395,6 @@ class Ledger:
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
-        led._service_ns = service_estimate_ns
         led._name_stats_entry(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         if accelerate:
@@ -410,7 +436,7 @@ class Ledger:
         old = self._fp
         self._fp = _ACCEL.FastPath(
             self._mv, mode, pid, self._stats_at, AdmitResult, EXECUTE,
-            (self._lvb, self._qb, self._sb, self._nlevels, self._nslots, self._service_ns,
+            (self._lvb, self._qb, self._sb, self._nlevels, self._nslots,
              self._details, self._detail_stride, self._detail_bytes, E_WORK_SUM, E_WAIT_X,
              E_EXEC_R, EXEC_STRIDE, ND),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
@@ -453,7 +479,17 @@ class Ledger:
 
     @property
     def service_estimate_ns(self) -> int:
+        """G as configured: every level's starting (or, if not learnt, fixed) estimate."""
         return self._w[H_SERVICE_NS]
+
+    @property
+    def learns_service(self) -> bool:
+        """Whether each level learns its G from the requests it finishes."""
+        return bool(self._w[H_SERVICE_ADAPT])
+
+    def level_service_estimate_ns(self, level: int) -> int:
+        """The G that ``level`` charges now (lock-free read of one word)."""
+        return self._w[self._lb(level) + L_SERVICE_NS]
 
     # -- lock protocol ------------------------------------------------------------------------
 
@@ -849,9 +885,9 @@ class Ledger:
         ms = initial if initial >= final else final
         w[sa + S_MAX_SEATS] = ms
         w[sa + S_HELD] = ms
-        iw = self._g_work.get(initial)
-        if iw is None:
-            iw = self._g_work[initial] = seats_ns_times(initial, w[H_SERVICE_NS])
+        g = w[self._lvb + level * LEVEL_WORDS + L_SERVICE_NS]
+        w[sa + S_SERVICE_NS] = g
+        iw = seats_ns_times(initial, g)
         fw = seats_ns_times(final, al) if final and al else 0
         u[sa + S_INIT_WORK] = iw
         u[sa + S_FINAL_WORK] = fw
@@ -1091,9 +1127,9 @@ class Ledger:
                     sa = self._sb + head * SLOT_WORDS
                     gen = w[sa + S_GEN] + 1
                     _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
-                    iw = self._g_work.get(initial)
-                    if iw is None:
-                        iw = self._g_work[initial] = seats_ns_times(initial, self._service_ns)
+                    g = w[lb + L_SERVICE_NS]
+                    x = initial * g  # seats_ns_times inline
+                    iw = (x + 5) // 10 if x < EXACT_BOUND else seats_ns_times(initial, g)
                     fw = seats_ns_times(final, al) if final and al else 0
                     tw = (iw + fw) & U64
                     ex = w[qa + Q_EXECUTING]
@@ -1137,7 +1173,7 @@ class Ledger:
                         dlen = 0
                     _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL,
                                     initial, final, al, ms, held, iw, fw, tw, r, now, now, h,
-                                    fs_index, enq, dlen, 2 * eb + (1 if watch else 0))
+                                    fs_index, enq, dlen, 2 * eb + (1 if watch else 0), g)
                     _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
                                          in_use + held, active, qseats + held, it, ix, ixx, imn,
                                          imx, cur, ilast, q, enq + 1, dispatched + 1)
@@ -1310,7 +1346,7 @@ class Ledger:
                 sa = self._sb + slot * SLOT_WORDS
                 (state, sgen, owner, level, q, _prev, _next, initial, _final, al, _ms, held,
                  _iw, _fw, _tw, _ar, _an, start, _hash, _fs, _seq, _dl,
-                 st) = _SLOT.unpack_from(mv, sa * 8)
+                 st, g) = _SLOT.unpack_from(mv, sa * 8)
                 if sgen != gen or state != EXECUTING:
                     linger = 0  # stale: a no-op
                 elif al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]:
@@ -1347,14 +1383,16 @@ class Ledger:
                                 active -= 1
                             # nextDispatchR -= initial*(G - S): usually negative, so the
                             # uint64 wraparound adds
-                            x = initial * (self._service_ns - ran)  # seats_ns_times inline
+                            x = initial * (g - ran)  # seats_ns_times inline
                             if 0 <= x < EXACT_BOUND:
                                 corr = (x + 5) // 10
                             elif -EXACT_BOUND < x < 0:
                                 corr = -((5 - x) // 10) & U64
                             else:
-                                corr = seats_ns_times(initial, self._service_ns - ran)
+                                corr = seats_ns_times(initial, g - ran)
                             u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+                            if w[H_SERVICE_ADAPT]:
+                                self._learn(lb, ran)
                             w[qa + Q_SEATS] -= held
                             qseats -= held
                         in_use -= held
@@ -1401,6 +1439,8 @@ class Ledger:
         if ran > 0:
             self._f[hist + ND] += ran / 1e9
         self._end_main_phase(lb, sa, now)
+        if w[H_SERVICE_ADAPT] and w[sa + S_QUEUE] != NIL:
+            self._learn(lb, ran)
         al = w[sa + S_AL]
         if al <= 0:
             self._release_seats(lb, level, s, sa, now)
@@ -1413,6 +1453,14 @@ class Ledger:
         if w[lb + L_QUIESCING]:
             self._maybe_drop(lb)
         return linger
+
+    def _learn(self, lb: int, ran: int) -> None:
+        w = self._w
+        n = w[lb + L_SERVICE_N]
+        if n < SERVICE_WINDOW:
+            n += 1
+            w[lb + L_SERVICE_N] = n
+        w[lb + L_SERVICE_NS] = learn_service(w[lb + L_SERVICE_NS], n, ran)
 
     def _end_main_phase(self, lb: int, sa: int, now: int) -> None:
         """``finishRequestLocked``'s bookkeeping for a request whose main phase ended (finished,
@@ -1429,7 +1477,7 @@ class Ledger:
         if ex == 0 and w[qa + Q_WAITING] == 0:
             w[lb + L_ACTIVE_QUEUES] -= 1
         # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
-        corr = seats_ns_times(w[sa + S_INITIAL], w[H_SERVICE_NS] - (now - w[sa + S_START_NS]))
+        corr = seats_ns_times(w[sa + S_INITIAL], w[sa + S_SERVICE_NS] - (now - w[sa + S_START_NS]))
         u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
         if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
             self._touch(lb, q)
@@ -1689,6 +1737,7 @@ class Ledger:
         w[lb + L_LAST_NS] = now
         w[lb + L_I_LAST] = now
         w[lb + L_DESIRED] = 0
+        w[lb + L_SERVICE_NS] = w[H_SERVICE_NS]
         w[L.H_LEVEL_SERIAL] += 1
         w[lb + L.L_SERIAL] = w[L.H_LEVEL_SERIAL]
         w[lb + L_USED] = 1
@@ -1852,7 +1901,8 @@ class Ledger:
                 w[lb + L_SEATS_IN_USE], w[lb + L_SEATS_WAITING], w[lb + L_WAITING],
                 w[lb + L_EXECUTING], u[lb + L_R], w[lb + L_DISPATCHED], w[lb + L_REJECTED],
                 w[lb + L_TIMEDOUT], w[lb + L_CANCELLED], queues, requests,
-                w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL]))
+                w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL],
+                w[lb + L_SERVICE_NS]))
         return Snapshot(now, levels, self._fs_names_locked())
 
 
