@@ -204,11 +204,13 @@ def _req(level_fs, state, initial=1, final=0):
 
 def test_ledger_collector_exact_gauges() -> None:
     snap = NS(now=0, flow_schema_names=["exempt", "global-default", "catch-all"], levels=[
-        NS(name="global-default", concurrency_limit=56, current_r=150_000_000, requests=[
+        NS(name="global-default", concurrency_limit=56, current_r=150_000_000,
+           desired_queues=128, service_estimate_ns=42_000_000, requests=[
             _req(1, "executing", 2), _req(1, "waiting", 1, 3), _req(1, "waiting"),
             _req(1, 3, 1, 4),  # lingering (numeric state): seats held, not executing
         ]),
-        NS(name="exempt", concurrency_limit=0, current_r=0, requests=[_req(0, 2)]),
+        NS(name="exempt", concurrency_limit=0, current_r=0, desired_queues=-1,
+           service_estimate_ns=3_000_000, requests=[_req(0, 2)]),
     ])
     states = BorrowingStates()
     states["global-default"] = BorrowingState(current_limit=56, smoothed=3.5, avg=3.0,
@@ -227,6 +229,8 @@ def test_ledger_collector_exact_gauges() -> None:
                   flow_schema="exempt")] == 1
     assert got[_k("apf_current_limit_seats", priority_level="global-default")] == 56
     assert got[_k("apf_current_r", priority_level="global-default")] == 1.5
+    assert got[_k("apf_service_estimate_seconds", priority_level="global-default")] == 0.042
+    assert _k("apf_service_estimate_seconds", priority_level="exempt") not in got
     assert got[_k("apf_nominal_limit_seats", priority_level="global-default")] == 49
     assert got[_k("apf_lower_limit_seats", priority_level="global-default")] == 24
     assert got[_k("apf_upper_limit_seats", priority_level="global-default")] == 649

@@ -49,6 +49,10 @@ def test_values(tmp_path):
     ("APF_ADMIN_BIND", "127.0.0.1:99999", "host:port"),
     ("APF_METRICS_PREFIX", "9bad", "Prometheus name prefix"),
     ("APF_INSTANCE", "a/b", "at most 40 characters"),
+    ("APF_SERVICE_ESTIMATE", "fast", "'learn'"),
+    ("APF_SERVICE_ESTIMATE", "-1ms", "from 0 to 60s"),
+    ("APF_SERVICE_ESTIMATE", "61s", "from 0 to 60s"),
+    ("APF_SERVICE_ESTIMATE", "nan", "from 0 to 60s"),
 ])
 def test_bad_values_name_variable_value_and_allowed(var, value, allowed):
     with pytest.raises(SettingsError) as ei:
@@ -56,3 +60,13 @@ def test_bad_values_name_variable_value_and_allowed(var, value, allowed):
     msg = str(ei.value)
     assert msg.startswith(f"invalid {var}={value!r}: ")
     assert allowed in msg
+
+
+@pytest.mark.parametrize("value, ns, learn", [
+    (None, 3_000_000, True), ("learn", 3_000_000, True), ("LEARN", 3_000_000, True),
+    ("3ms", 3_000_000, False), ("0.25", 250_000_000, False), ("1m", 60_000_000_000, False),
+    ("0", 0, False),
+])
+def test_service_estimate_is_learnt_unless_fixed(value, ns, learn):
+    s = load_settings({} if value is None else {"APF_SERVICE_ESTIMATE": value})
+    assert (s.service_estimate_ns, s.learn_service) == (ns, learn)

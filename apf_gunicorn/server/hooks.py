@@ -156,7 +156,8 @@ def on_starting(server) -> None:
     token = grant_token(settings.instance, pid)
     try:
         ledger = Ledger.create(segment.ledger_buffer, capacity, lock=ProcessLock(),
-                               owner_pid=pid)
+                               owner_pid=pid, service_estimate_ns=settings.service_estimate_ns,
+                               learn_service=settings.learn_service)
         configure_ledger(ledger, gen, time.monotonic_ns())
     except Exception as e:  # e.g. more levels than the ledger holds: no traceback, no leak
         segment.unlink()

@@ -232,11 +232,17 @@ class LedgerCollector:
         current = G(f"{p}_current_limit_seats", "current derived number of execution seats "
                     "available to each priority level", labels=pl)
         current_r = G(f"{p}_current_r", "R(time of last change)", labels=pl)
+        service = G(f"{p}_service_estimate_seconds", "service time charged to a request's "
+                    "queue at dispatch (G), learnt from finished requests unless fixed",
+                    labels=pl)
         for lv in snap.levels:
             current.add_metric([lv.name], lv.concurrency_limit)
             current_r.add_metric([lv.name], lv.current_r / 1e8)
+            if lv.desired_queues > 0:  # only queuing levels charge G
+                service.add_metric([lv.name], lv.service_estimate_ns / 1e9)
         yield current
         yield current_r
+        yield service
 
         from prometheus_client.core import CounterMetricFamily
 

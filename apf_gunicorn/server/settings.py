@@ -20,6 +20,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
+
 DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
 DEFAULT_ADMIN_BIND = "127.0.0.1:9180"
 DEFAULT_USER_HEADER = "X-Remote-User"
@@ -59,6 +62,11 @@ class Settings:
     borrowing_period_s: float = DEFAULT_BORROWING_PERIOD_S
     # "module:callable" (environ, attributes, classification) -> WorkEstimate | dict | None
     work_estimator: str | None = None
+    # G, the service time charged at dispatch: where each level starts, and whether it then
+    # learns its own from finished requests (APF_SERVICE_ESTIMATE=learn, the default) or keeps
+    # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
+    service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
+    learn_service: bool = True
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -171,6 +179,20 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "must be a number of seconds from 0.1 to 3600 (default 10, "
                                 "Kubernetes' period; other values are for tests and experiments)")
 
+    raw = get("APF_SERVICE_ESTIMATE")
+    learn, service_ns = True, DEFAULT_SERVICE_ESTIMATE_NS
+    if raw is not None and raw.lower() != "learn":
+        learn = False
+        try:
+            service_ns = parse_duration(float(raw) if _is_number(raw) else raw)
+        except ValueError:
+            service_ns = -1
+        if not 0 <= service_ns <= MAX_SERVICE_ESTIMATE_NS:
+            raise SettingsError("APF_SERVICE_ESTIMATE", raw,
+                                "must be 'learn' (each level learns its service time from "
+                                "finished requests) or a fixed duration from 0 to 60s such as "
+                                "3ms (Kubernetes' value) or 0.25")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -186,7 +208,17 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         test_die_in_lock=die,
         borrowing_period_s=period,
         work_estimator=work_estimator,
+        service_estimate_ns=service_ns,
+        learn_service=learn,
     )
+
+
+def _is_number(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def _int(raw: str) -> int | None:
