@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.apps.flood import Flood
 from tests.apps.loadgen import Client, run_clients
 
 pytestmark = pytest.mark.server
@@ -37,35 +38,54 @@ def test_limit_holds_across_processes(server_factory):
 
 
 def test_fairness_light_client_keeps_its_share(server_factory):
-    with server_factory(workers=4, threads=24) as srv:
-        def light_run(duration, flood):
-            stop = threading.Event()
-            light = [Client(srv.port, "/work?ms=50", user="light", pause=0.1, stop=stop)
-                     for _ in range(2)]
-            heavy = [Client(srv.port, "/work?ms=50", user="heavy", stop=stop)
-                     for _ in range(48 if flood else 0)]
-            run_clients(light + heavy, duration=duration)
-            return light, heavy
+    """A light client (2 connections, 100 ms pause after each answer) keeps at least 90% of the
+    throughput it gets alone while a heavy client floods the same level with 48 connections.
 
-        solo, _ = light_run(3.0, flood=False)
-        mixed, heavy = light_run(3.0, flood=True)
+    The flood runs in a process of its own and has 1 s to reach its steady state before the
+    light client is measured: the measure is the server's, not the load generator's GIL, and
+    the flood's first second (a new flow starting with the flood) is the subject of
+    tests/test_ledger_service_estimate.py, deterministically. A light client that re-sends at
+    once is measured too: its loss per request is printed against service time / limit."""
+    with server_factory(workers=4, threads=24) as srv:
+        def light_run(pause):
+            stop = threading.Event()
+            light = [Client(srv.port, "/work?ms=50", user="light", pause=pause, stop=stop)
+                     for _ in range(2)]
+            run_clients(light, duration=3.0)
+            return light
+
+        def flooded(pause):
+            with Flood(srv.port, "/work?ms=50", user="heavy", connections=48) as flood:
+                time.sleep(1.0)
+                light = light_run(pause)
+            return light, flood
+
+        solo = light_run(0.1)
+        mixed, flood = flooded(0.1)
         solo_n = sum(s == 200 for c in solo for s in c.statuses)
         mixed_n = sum(s == 200 for c in mixed for s in c.statuses)
         mixed_bad = [s for c in mixed for s in c.statuses if s != 200]
-        heavy_n = sum(len(c.statuses) for c in heavy)
         # A closed-loop client's throughput is 1 / (latency + pause): compared over every
         # request, not as counts in a 3 s window, where one request more or less is 2.5%.
-        solo_cycle = statistics.mean(lat for c in solo for lat in c.latencies) + 0.1
-        mixed_cycle = statistics.mean(lat for c in mixed for lat in c.latencies) + 0.1
-        share = solo_cycle / mixed_cycle
+        solo_lat = statistics.mean(lat for c in solo for lat in c.latencies)
+        mixed_lat = statistics.mean(lat for c in mixed for lat in c.latencies)
+        share = (solo_lat + 0.1) / (mixed_lat + 0.1)
         print(f"light solo {solo_n}, light under flood {mixed_n} ({mixed_n / solo_n:.0%}), "
-              f"throughput kept {share:.1%} (cycle {solo_cycle * 1000:.1f} -> "
-              f"{mixed_cycle * 1000:.1f} ms), heavy {heavy_n}, "
-              f"light p50 {statistics.median(c.latencies[0] for c in mixed):.3f}s")
-        assert heavy_n > 2 * mixed_n  # the flood really flooded
+              f"throughput kept {share:.1%} (latency {solo_lat * 1000:.1f} -> "
+              f"{mixed_lat * 1000:.1f} ms), heavy {flood.statuses}")
+        assert flood.count > 2 * mixed_n and not flood.errors  # the flood really flooded
+        assert set(flood.statuses) <= {200, 429}
         assert not mixed_bad, "no light request rejected"
         assert share >= 0.9
         assert mixed_n >= 0.8 * solo_n  # (the counts agree, within their coarseness)
+
+        eager_solo = light_run(0.0)
+        eager, _ = flooded(0.0)
+        loss = (statistics.mean(lat for c in eager for lat in c.latencies)
+                - statistics.mean(lat for c in eager_solo for lat in c.latencies))
+        print(f"light client re-sending at once: {loss * 1000:.1f} ms lost per request under "
+              f"the flood; a seat frees every {50 / 8:.2f} ms (service time / limit)")
+        assert not [s for c in eager for s in c.statuses if s != 200]
         assert srv.idle() is not None
 
 
@@ -181,6 +201,7 @@ def test_admin_endpoint_metrics_and_dumps(server_factory):
                         env={"APF_ADMIN_BIND": f"127.0.0.1:{port}"}) as srv:
         for i in range(5):
             assert srv.request("/work?ms=1", headers={"X-Remote-User": f"m{i}"})[0] == 200
+        assert srv.request("/other?ms=200")[0] == 200
         import http.client
 
         def get(path):
@@ -200,5 +221,9 @@ def test_admin_endpoint_metrics_and_dumps(server_factory):
                     and 'priority_level="work"' in ln)
         assert float(line.split()[-1]) == 5.0
         assert "apf_current_executing_seats" in text
+        # each queuing level learnt its own service time from the requests it finished
+        g = {ln.split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
+             if ln.startswith("apf_service_estimate_seconds{")}
+        assert 0.001 <= g["work"] < 0.1 and 0.2 <= g["other"] < 0.4, g
         status, text = get("/debug/api_priority_and_fairness/dump_priority_levels")
         assert status == 200 and "work" in text
