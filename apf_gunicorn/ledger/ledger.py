@@ -184,8 +184,6 @@ if not ((L.L_SERIAL, L_WAITING, L_SEATS_WAITING, L_R, L_LAST_NS, L_EXECUTING, L_
     raise ImportError("ledger fast-path record formats do not match layout.py")
 DEFAULT_SERVICE_ESTIMATE_NS = 3_000_000  # Kubernetes' G (estimatedServiceDuration)
 MAX_SERVICE_ESTIMATE_NS = 60_000_000_000  # a learnt G never exceeds Kubernetes' 60 s time-out
-
-
 SERVICE_WINDOW = 16  # a learnt G averages about the last 16 finished requests
 
 
@@ -481,11 +479,6 @@ class Ledger:
     def service_estimate_ns(self) -> int:
         """G as configured: every level's starting (or, if not learnt, fixed) estimate."""
         return self._w[H_SERVICE_NS]
-
-    @property
-    def learns_service(self) -> bool:
-        """Whether each level learns its G from the requests it finishes."""
-        return bool(self._w[H_SERVICE_ADAPT])
 
     def level_service_estimate_ns(self, level: int) -> int:
         """The G that ``level`` charges now (lock-free read of one word)."""
