@@ -184,7 +184,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
     if raw is not None and raw.lower() != "learn":
         learn = False
         try:
-            service_ns = parse_duration(float(raw) if _is_number(raw) else raw)
+            seconds = _float(raw)
+            service_ns = parse_duration(raw if seconds is None else seconds)
         except ValueError:
             service_ns = -1
         if not 0 <= service_ns <= MAX_SERVICE_ESTIMATE_NS:
@@ -213,12 +214,11 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
     )
 
 
-def _is_number(raw: str) -> bool:
+def _float(raw: str) -> float | None:
     try:
-        float(raw)
+        return float(raw)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _int(raw: str) -> int | None:
