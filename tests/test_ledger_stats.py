@@ -263,3 +263,42 @@ def test_attached_ledger_sees_entries_created_elsewhere() -> None:
     (st,) = other.request_stats()
     assert st.dispatched == 2 and st.execution_regular.count == 2
     assert other.capacity == CAP
+
+
+def test_a_worker_turning_a_request_away_counts_as_a_rejection() -> None:
+    led, lv, fs = make()
+    before = led.rejected_total(lv["q"])
+    led.turn_away(lv["q"], fs["fs-a"], 3, "thread-reserve", 5 * MS)
+    st = stats(led)[("q", "fs-a")]
+    assert st.rejected == {**no_rejections(), "thread-reserve": 1}
+    assert (st.work.sum, st.work.count) == (3.0, 1)
+    assert st.wait_rejected.counts == dur_counts(0) and st.dispatched == 0
+    assert led.rejected_total(lv["q"]) == before + 1  # what Retry-After follows
+    snap = led.snapshot(5 * MS)
+    assert next(x for x in snap.levels if x.name == "q").rejected == 1
+    assert verify(led) == []
+    with pytest.raises(ValueError, match="unknown rejection reason"):
+        led.turn_away(lv["q"], fs["fs-a"], 1, "no-such-reason", 5 * MS)
+    with pytest.raises(ValueError):
+        led.turn_away(99, fs["fs-a"], 1, "thread-reserve", 5 * MS)
+
+
+def test_head_timeouts_are_counted_server_wide() -> None:
+    led, _, _ = make()
+    assert led.head_timeouts == 0 and led.snapshot(0).head_timeouts == 0
+    led.count_head_timeout()
+    led.count_head_timeout()
+    assert led.head_timeouts == 2 and led.snapshot(0).head_timeouts == 2
+
+
+def test_worker_room_flags_are_published_and_cleared_on_reap() -> None:
+    led, _, _ = make()
+    for owner in range(3):
+        led.register_worker(owner, 1000 + owner, 0)
+    assert not led.other_worker_has_room(0)
+    led.set_worker_room(1, True)
+    assert led.other_worker_has_room(0) and not led.other_worker_has_room(1)
+    led.set_worker_room(0, True)
+    assert led.other_worker_has_room(1)
+    led.reap_worker(1, 0)  # a dead worker has no room
+    assert not led.other_worker_has_room(0) and led.other_worker_has_room(2)

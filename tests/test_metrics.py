@@ -203,7 +203,8 @@ def _req(level_fs, state, initial=1, final=0):
 
 
 def test_ledger_collector_exact_gauges() -> None:
-    snap = NS(now=0, flow_schema_names=["exempt", "global-default", "catch-all"], levels=[
+    snap = NS(now=0, head_timeouts=3, flow_schema_names=["exempt", "global-default",
+                                                         "catch-all"], levels=[
         NS(name="global-default", concurrency_limit=56, current_r=150_000_000,
            desired_queues=128, service_estimate_ns=42_000_000, requests=[
             _req(1, "executing", 2), _req(1, "waiting", 1, 3), _req(1, "waiting"),
@@ -238,6 +239,7 @@ def test_ledger_collector_exact_gauges() -> None:
     assert got[_k("apf_demand_seats_high_watermark", priority_level="global-default")] == 4
     assert got[_k("apf_target_seats", priority_level="global-default")] == 24
     assert got[_k("apf_seat_fair_frac")] == 2.25
+    assert got[_k("apf_request_head_timeouts_total")] == 3
     # when everything drains the series stay, at 0 (no stale values, no vanishing series)
     for lv in snap.levels:
         lv.requests = []

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 5  # 5: per-level service estimate (L_SERVICE_NS), per-request G (S_SERVICE_NS)
+VERSION = 6  # 6: thread-reserve rejections in the stats entries, H_HEAD_TIMEOUTS
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -30,8 +30,10 @@ NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain)
     H_MAGIC, H_VERSION, H_CAP_LEVELS, H_CAP_QUEUES, H_CAP_SLOTS, H_CAP_WORKERS, H_CAP_FS,
     H_CAP_DETAIL, H_SIZE, H_OWNER_PID, H_GENERATION, H_SERVICE_NS, H_FREE_HEAD, H_FREE_COUNT,
     H_FS_COUNT, H_HOLDER_PID, H_DIRTY, H_REPAIRS, H_LEVELS_USED,
-    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL, H_SERVICE_ADAPT,
-) = range(23)
+    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL, H_SERVICE_ADAPT, H_HEAD_TIMEOUTS,
+) = range(24)
+# H_HEAD_TIMEOUTS: connections the workers answered 408 for a request head that did not
+#   arrive within APF_HEADER_TIMEOUT (server/worker.py); read lock-free
 H_MUTEX = 24  # 64 bytes (8 words) for a pthread_mutex_t (40 bytes on x86_64 glibc)
 MUTEX_BYTES = 64
 HEADER_WORDS = 32
@@ -87,8 +89,11 @@ FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}
 
 # -- worker record ----------------------------------------------------------------------------
-W_PID, W_STATE, W_HEARTBEAT = range(3)
+W_PID, W_STATE, W_HEARTBEAT, W_ROOM = range(4)
 WORKER_WORDS = 4
+# W_ROOM = 1 while the worker has a thread free for a non-exempt request (server/worker.py:
+#   a worker without one accepts only while no other worker has one); written and read
+#   lock-free, cleared when the worker is reaped
 WORKER_FREE, WORKER_ALIVE, WORKER_GONE = 0, 1, 2
 
 NIL = -1  # "no slot" / "no queue" in link and index fields

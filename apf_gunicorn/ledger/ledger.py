@@ -146,6 +146,7 @@ from apf_gunicorn.ledger.stats import (
     R_NO_SLOT,
     R_QUEUE_FULL,
     R_TIME_OUT,
+    REASON_INDEX,
     WORK_BOUNDS,
     RequestStats,
     read_entry,
@@ -311,6 +312,7 @@ class Snapshot(NamedTuple):
     now: int
     levels: list
     flow_schema_names: list
+    head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
 
 
 def _next_pow2(n: int) -> int:
@@ -611,6 +613,46 @@ class Ledger:
         total = w[lb + L_REJECTED] + 1
         w[lb + L_REJECTED] = total
         w[lb + L.L_REJECTED_SHADOW] = total
+
+    def turn_away(self, level: int, fs_index: int, seats: int, reason: str, now: int) -> None:
+        """Count a request that a worker answered 429 before :meth:`admit` (its thread
+        reserve: ``thread-reserve``) as an admit that rejected it: arrival work, rejection
+        reason, 0 s wait, and the level's rejected total that Retry-After follows.
+
+        Args:
+            level: the request's level index.
+            fs_index: its FlowSchema index (the stats entry).
+            seats: max(initial, final) seats it asked for.
+            reason: one of ``stats.REASONS``.
+            now: monotonic ns (for a repair on entry).
+        Raises:
+            ValueError: an unknown level index or reason.
+        """
+        r = REASON_INDEX.get(reason)
+        if r is None:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        self._locked(now, self._turn_away_locked, level, fs_index, seats, r)
+
+    def _turn_away_locked(self, level: int, fs_index: int, seats: int, r: int) -> None:
+        lb = self._lb(level)
+        eb = self._stats_at.get((self._w[lb + L.L_SERIAL] << 32) | (fs_index & 0xFFFFFFFF))
+        if eb is None:
+            eb = self._stats_entry(lb, level, fs_index)
+        self._note_arrival(eb, seats)
+        self._count_rejection(lb)
+        self._note_rejection(eb, r, self._w[lb + L_DESIRED] < 0)
+
+    def count_head_timeout(self) -> None:
+        """One more connection answered 408 because its request head was late."""
+        self._locked(None, self._count_head_timeout_locked)
+
+    def _count_head_timeout_locked(self) -> None:
+        self._w[L.H_HEAD_TIMEOUTS] += 1
+
+    @property
+    def head_timeouts(self) -> int:
+        """Connections answered 408 for a late request head, server-wide (one word read)."""
+        return self._w[L.H_HEAD_TIMEOUTS]
 
     def rejected_total(self, level: int) -> int:
         """Cumulative rejections (every reason) of the level now at index ``level``; one word
@@ -1535,6 +1577,20 @@ class Ledger:
         w[wa + L.W_STATE] = L.WORKER_ALIVE
         w[wa + L.W_HEARTBEAT] = now
 
+    def set_worker_room(self, owner: int, room: bool) -> None:
+        """Publish whether worker ``owner`` has a thread free for a non-exempt request (one
+        word store, no lock)."""
+        self._w[self._lay.worker(owner) + L.W_ROOM] = 1 if room else 0
+
+    def other_worker_has_room(self, owner: int) -> bool:
+        """Whether a live worker other than ``owner`` has published room (lock-free read of
+        one word per worker record; a reaped worker's word is 0)."""
+        lay = self._lay
+        base = lay.worker_base + L.W_ROOM
+        rooms = self._w[base: base + lay.cap.workers * L.WORKER_WORDS: L.WORKER_WORDS]
+        n = rooms.tolist().count(1)
+        return n > (1 if self._w[lay.worker(owner) + L.W_ROOM] else 0)
+
     def heartbeat(self, owner: int, now: int) -> None:
         self._w[self._lay.worker(owner) + L.W_HEARTBEAT] = now
 
@@ -1568,6 +1624,7 @@ class Ledger:
         wa = self._lay.worker(owner)
         if self._w[wa + L.W_STATE] != L.WORKER_FREE:
             self._w[wa + L.W_STATE] = L.WORKER_GONE
+        self._w[wa + L.W_ROOM] = 0
 
     def _reap(self, owner: int, now: int) -> None:
         w = self._w
@@ -1896,7 +1953,7 @@ class Ledger:
                 w[lb + L_TIMEDOUT], w[lb + L_CANCELLED], queues, requests,
                 w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL],
                 w[lb + L_SERVICE_NS]))
-        return Snapshot(now, levels, self._fs_names_locked())
+        return Snapshot(now, levels, self._fs_names_locked(), w[L.H_HEAD_TIMEOUTS])
 
 
 def _results(t: float, x: float, xx: float, mn: float, mx: float) -> DemandStats:

@@ -178,6 +178,7 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
             wa = lay.worker(owner)
             if w[wa + L.W_STATE] != L.WORKER_FREE:
                 w[wa + L.W_STATE] = L.WORKER_GONE
+            w[wa + L.W_ROOM] = 0
     return granted
 
 

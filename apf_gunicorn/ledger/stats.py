@@ -31,8 +31,12 @@ from bisect import bisect_left
 from typing import NamedTuple
 
 # rejection reasons, in their word order inside an entry
-REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot")
-R_QUEUE_FULL, R_CONCURRENCY_LIMIT, R_TIME_OUT, R_CANCELLED, R_NO_SLOT = range(5)
+# (thread-reserve: turned away by a worker before admit, to keep its last threads for exempt
+# requests; server/worker.py)
+REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot",
+           "thread-reserve")
+(R_QUEUE_FULL, R_CONCURRENCY_LIMIT, R_TIME_OUT, R_CANCELLED, R_NO_SLOT,
+ R_THREAD_RESERVE) = range(6)
 REASON_INDEX = {name: i for i, name in enumerate(REASONS)}
 
 WORK_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 100)  # seats; Kubernetes' request_concurrency buckets

@@ -39,7 +39,6 @@ log = logging.getLogger("apf_gunicorn.metrics")
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PREFIX = "apf"
-REJECT_REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot")
 
 # Serialises merging dead workers' files against scrapes (both run in the master), so a
 # scrape never sees a dead worker's counts twice or not at all.
@@ -301,6 +300,11 @@ class LedgerCollector:
                                       "rejected because the new configuration was invalid")
         reloads.add_metric([], float(view.reload_errors))
         yield reloads
+        heads = CounterMetricFamily(f"{p}_request_head_timeouts", "Connections answered 408 "
+                                    "because their request head did not arrive within "
+                                    "APF_HEADER_TIMEOUT")
+        heads.add_metric([], float(snap.head_timeouts))
+        yield heads
 
 
 def _state(st: Any) -> str:
