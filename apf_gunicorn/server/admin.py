@@ -19,12 +19,15 @@ metrics prefix). Paths:
   at least one worker has registered, else 503;
 * anything else: 404.
 
-Each connection gets its own thread with a socket timeout, so a slow or malformed client costs
-one thread for at most ``timeout`` seconds of silence and never stops the server. At most
-``max_connections`` (:data:`MAX_CONNECTIONS`, 16) are served at once: the accept loop answers
-any further connection ``503`` and closes it without starting a thread, so a connection flood
-or slowloris cannot grow the master's thread count; scrapes are served again as soon as the
-held connections close or time out. The listening socket is
+One thread serves every connection from a selector loop, non-blocking: a connection holds no
+thread while its request arrives, only a buffer of at most :data:`MAX_HEAD_BYTES`. Each
+connection has one deadline, ``timeout`` seconds (default 10) from accept, covering its request
+head, any body and the response: a client still sending when it passes is answered ``408`` and
+closed, whatever the pace of its bytes (a per-read timeout would let a trickle live forever). A
+complete request is answered at once, from the loop, and the connection closed
+(``Connection: close``: scrapes are seconds apart). So a slowloris or a flood costs sockets,
+never the scrapes: up to :data:`MAX_CONNECTIONS` (256) may be open at once, and a connection
+beyond that is answered ``503`` and closed from the accept loop. The listening socket is
 close-on-exec (Python's default), so a USR2 re-exec does not inherit it; forked workers close
 it in ``post_fork`` through :meth:`close_in_child`. A second master (USR2) finding the port
 taken logs a clear message and runs without an admin endpoint.
@@ -32,12 +35,14 @@ taken logs a clear message and runs without an admin endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import selectors
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -49,13 +54,18 @@ log = logging.getLogger("apf_gunicorn.admin")
 DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
 TEXT = "text/plain; charset=utf-8"
-# Concurrent connections (= handler threads) the endpoint serves; more are answered BUSY at
-# once, from the accept loop, so a flood cannot grow the master's thread count.
-MAX_CONNECTIONS = 16
+# Connections open at once; more are answered BUSY at once, from the accept loop.
+MAX_CONNECTIONS = 256
+MAX_HEAD_BYTES = 16384  # request line + headers; longer: 431
 _BUSY_BODY = b"too many admin connections, try again\n"
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
         % (len(_BUSY_BODY), _BUSY_BODY))
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable",
+            505: "HTTP Version Not Supported"}
+_DRAIN_S = 1.0  # after the response: how long unread request bytes are drained before close
 
 
 def parse_bind(bind: str | tuple[str, int]) -> tuple[str, int]:
@@ -68,85 +78,209 @@ def parse_bind(bind: str | tuple[str, int]) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True  # SO_REUSEADDR: rebind right after a restart
-    request_queue_size = 64
+def response(status: int, ctype: str, body: bytes, head: bool = False) -> bytes:
+    """A complete ``Connection: close`` HTTP/1.1 response."""
+    lines = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+             f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+             f"Connection: close\r\nServer: apf-gunicorn-admin\r\n\r\n")
+    return lines.encode("latin-1") + (b"" if head else body)
 
-    def __init__(self, addr: tuple[str, int], handler: type, admin: AdminServer,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        self.admin = admin
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused = 0  # connections answered BUSY since start
-        super().__init__(addr, handler)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # Runs in the accept loop: a thread only while a connection slot is free.
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self._refuse(request)
-            return
+class _Conn:
+    __slots__ = ("sock", "buf", "deadline", "out", "closing")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.deadline = deadline
+        self.out: memoryview | None = None  # what is left to send
+        self.closing = False  # response sent: draining until EOF, then close
+
+
+class _Loop:
+    """The selector loop: accept, read heads, answer, write, close; one deadline per
+    connection. Runs in one daemon thread; :meth:`stop` ends it from any thread."""
+
+    def __init__(self, addr: tuple[str, int], admin: AdminServer) -> None:
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        lsock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            super().process_request(request, client_address)  # starts the thread
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # rebind after restart
+            lsock.bind(addr)
+            lsock.listen(64)
         except BaseException:
-            self._slots.release()
-            self.shutdown_request(request)
+            lsock.close()
             raise
+        lsock.setblocking(False)
+        self.socket = lsock
+        self.server_address = lsock.getsockname()
+        self.admin = admin
+        self.refused = 0  # connections answered BUSY since start
+        self.timed_out = 0  # connections answered 408 since start
+        self.conns: dict[socket.socket, _Conn] = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._stopped = False
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def fileno(self) -> int:
+        return self.socket.fileno()
+
+    def serve_forever(self) -> None:
+        sel = self._sel
+        sel.register(self.socket, selectors.EVENT_READ, None)
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
-            super().process_request_thread(request, client_address)
+            while not self._stopped:
+                now = time.monotonic()
+                wait = 0.5
+                for c in self.conns.values():
+                    if c.deadline - now < wait:
+                        wait = max(0.0, c.deadline - now)
+                for key, mask in sel.select(wait):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(64)
+                    else:
+                        c = self.conns.get(key.fileobj)
+                        if c is not None:
+                            self._step(c, mask)
+                self._expire(time.monotonic())
         finally:
-            self._slots.release()
+            for c in list(self.conns.values()):
+                self._close(c)
+            sel.close()
+            self.socket.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
-    def _refuse(self, request: socket.socket) -> None:
-        """Answer 503 and close without blocking the accept loop on the client."""
-        try:
-            request.setblocking(False)
-            try:  # read what already arrived, so closing does not reset the connection
-                request.recv(65536)
+    def close_in_child(self) -> None:
+        """In a forked child: close every descriptor of the loop (the thread is not there)."""
+        for sock in (self.socket, self._wake_r, self._wake_w, *self.conns):
+            with contextlib.suppress(OSError):
+                sock.close()
+        self.conns.clear()
+        with contextlib.suppress(OSError):
+            self._sel.close()
+
+    def stop(self) -> None:
+        self._stopped = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _accept(self) -> None:
+        for _ in range(64):  # what is pending now, without starving the open connections
+            try:
+                sock, _addr = self.socket.accept()
             except (BlockingIOError, InterruptedError):
-                pass
-            request.send(BUSY)
-        except OSError:
-            pass
-        self.shutdown_request(request)
+                return
+            except OSError:
+                log.debug("admin: accept failed", exc_info=True)
+                return
+            sock.setblocking(False)
+            if len(self.conns) >= self.admin.max_connections:
+                self.refused += 1
+                with contextlib.suppress(OSError):
+                    sock.recv(65536)  # what already arrived, so closing does not reset
+                with contextlib.suppress(OSError):
+                    sock.send(BUSY)
+                sock.close()
+                continue
+            c = _Conn(sock, time.monotonic() + self.admin.timeout)
+            self.conns[sock] = c
+            self._sel.register(sock, selectors.EVENT_READ, None)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("admin: error serving %s", client_address, exc_info=True)
+    def _step(self, c: _Conn, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            try:
+                data = c.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":
+                if c.closing or not c.buf or c.out is not None:
+                    self._close(c)
+                    return
+                self._answer(c, response(400, TEXT, b"incomplete request\n"))
+                return
+            if data and not c.closing and c.out is None:
+                c.buf += data
+                self._parse(c)
+        if mask & selectors.EVENT_WRITE and c.out is not None:
+            self._send(c)
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "apf-gunicorn-admin"
-    timeout = 10.0  # socket timeout per connection (slow clients)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("admin %s: " + format, self.address_string(), *args)
-
-    def do_HEAD(self) -> None:
-        self._dispatch(head=True)
-
-    def do_GET(self) -> None:
-        self._dispatch(head=False)
-
-    def _dispatch(self, head: bool) -> None:
-        admin = self.server.admin
+    def _parse(self, c: _Conn) -> None:
+        end = c.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(c.buf) > MAX_HEAD_BYTES:
+                self._answer(c, response(431, TEXT, b"request head too large\n"))
+            return
+        head = bytes(c.buf[:end]).decode("latin-1")
+        line = head.split("\r\n", 1)[0]
+        parts = line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            self._answer(c, response(400, TEXT, b"bad request line\n"))
+            return
+        method, target, version = parts
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            self._answer(c, response(505, TEXT, b"HTTP/1.0 or HTTP/1.1 only\n"))
+            return
+        if method not in ("GET", "HEAD"):
+            self._answer(c, response(405, TEXT, b"GET or HEAD only\n"))
+            return
+        admin = self.admin
         try:
-            url = urlsplit(self.path)
+            url = urlsplit(target)
             status, ctype, body = admin.respond(url.path, parse_qs(url.query))
         except Exception:
-            log.exception("admin: %s failed", self.path)
+            log.exception("admin: %s failed", target)
             status, ctype, body = 500, TEXT, b"internal error\n"
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        self._answer(c, response(status, ctype, body, head=method == "HEAD"))
+
+    def _answer(self, c: _Conn, data: bytes) -> None:
+        c.buf = bytearray()
+        c.out = memoryview(data)
+        self._send(c)
+
+    def _send(self, c: _Conn) -> None:
+        try:
+            n = c.sock.send(c.out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self._close(c)
+            return
+        c.out = c.out[n:]
+        if len(c.out):
+            self._sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, None)
+            return
+        # sent: half-close, drain what the client still sends, close on its EOF
+        c.out = None
+        c.closing = True
+        c.deadline = min(c.deadline, time.monotonic() + _DRAIN_S)
+        c.buf = bytearray()
+        with contextlib.suppress(OSError):
+            c.sock.shutdown(socket.SHUT_WR)
+        self._sel.modify(c.sock, selectors.EVENT_READ, None)
+
+    def _expire(self, now: float) -> None:
+        for c in [c for c in self.conns.values() if c.deadline <= now]:
+            if not c.closing and c.out is None and c.buf:
+                # a request still arriving: 408, then the usual half-close and short drain
+                self.timed_out += 1
+                c.deadline = now + _DRAIN_S
+                self._answer(c, response(408, TEXT, b"request timed out\n"))
+            else:
+                self._close(c)
+
+    def _close(self, c: _Conn) -> None:
+        self.conns.pop(c.sock, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(c.sock)
+        c.sock.close()
 
 
 class AdminServer:
@@ -168,7 +302,7 @@ class AdminServer:
         self.max_connections = max_connections
         self._metrics_source = metrics_source
         self._registry: Any = None
-        self._server: _Server | None = None
+        self._server: _Loop | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -180,9 +314,8 @@ class AdminServer:
     def start(self, quiet: bool = False) -> bool:
         """Bind and serve in a daemon thread. Returns False (and logs why, unless ``quiet``)
         when the address is in use, e.g. by the old master during a USR2 upgrade."""
-        handler = type("Handler", (_Handler,), {"timeout": self.timeout})
         try:
-            self._server = _Server(self.address, handler, self, self.max_connections)
+            self._server = _Loop(self.address, self)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 if quiet:
@@ -194,7 +327,6 @@ class AdminServer:
             raise
         os.set_inheritable(self._server.fileno(), False)
         self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.5},
                                         name="apf-admin", daemon=True)
         self._thread.start()
         log.info("apf admin endpoint on http://%s:%d/", self.address[0], self.port)
@@ -204,8 +336,7 @@ class AdminServer:
         srv, self._server = self._server, None
         if srv is None:
             return
-        srv.shutdown()
-        srv.server_close()
+        srv.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -214,10 +345,7 @@ class AdminServer:
         srv, self._server = self._server, None
         self._thread = None
         if srv is not None:
-            try:
-                srv.socket.close()
-            except OSError:
-                pass
+            srv.close_in_child()
 
     # -- responses --------------------------------------------------------------------------
 
