@@ -26,7 +26,7 @@ def test_quick_start_defaults_hold_every_queued_request():
 def test_kubernetes_set_on_default_threads_warns_with_numbers():
     settings = load_settings({}, workers=conf.workers, threads=conf.threads)
     msg = thread_budget(_generation("builtin:kubernetes"), settings, conf.workers, conf.threads)
-    assert msg is not None and "26400 queued" in msg and "64 waiting requests" in msg
+    assert msg is not None and "26400 queued" in msg and "60 waiting requests" in msg
 
 
 def test_fewer_threads_than_the_limit_is_called_out():

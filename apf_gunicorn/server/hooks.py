@@ -23,6 +23,7 @@ A user config that defines its own hook of the same name should call ours from i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -91,24 +92,27 @@ def config_error_lines(exc: BaseException) -> list[str]:
 
 
 def thread_budget(gen, settings, workers: int, threads: int) -> str | None:
-    """A warning when workers x threads cannot hold the executing + queued requests the
-    configuration allows (parked requests hold a thread each)."""
-    total = workers * threads
+    """A warning when the threads non-exempt requests may use (each worker's threads less
+    ``APF_EXEMPT_THREADS``) cannot hold the executing + queued requests the configuration
+    allows (parked requests hold a thread each)."""
+    reserve = settings.exempt_threads
+    total = workers * (threads - reserve)
     queued = 0
     for pl in gen.configuration.priority_levels.values():
         if pl.queuing is not None and not pl.is_exempt:
             queued += pl.queuing.queues * pl.queuing.queue_length_limit
     limit = settings.concurrency_limit
+    usable = (f"workers x (threads - APF_EXEMPT_THREADS) = {workers} x ({threads} - {reserve}) "
+              f"= {total} threads")
     if total <= limit:
-        return (f"workers x threads = {workers} x {threads} = {total} threads cannot even run "
-                f"the concurrency limit of {limit} seats (APF_CONCURRENCY_LIMIT); nothing would "
-                f"ever queue in APF. Raise --threads/--workers or lower the limit.")
+        return (f"{usable} cannot even run the concurrency limit of {limit} seats "
+                f"(APF_CONCURRENCY_LIMIT); nothing would ever queue in APF. Raise "
+                f"--threads/--workers or lower the limit.")
     if total < limit + queued:
-        return (f"workers x threads = {total} threads hold the {limit} executing seats plus only "
-                f"{total - limit} waiting requests, while the configuration allows {queued} "
-                f"queued (sum of queues x queueLengthLimit); beyond that, requests wait in the "
-                f"kernel's listen backlog where APF cannot see or order them, and exempt "
-                f"requests may wait behind them.")
+        return (f"{usable} hold the {limit} executing seats plus only {total - limit} waiting "
+                f"requests, while the configuration allows {queued} queued (sum of queues x "
+                f"queueLengthLimit); beyond that, a worker whose non-exempt threads are all "
+                f"taken answers 429 (reason thread-reserve) at once.")
     return None
 
 
@@ -215,6 +219,9 @@ def pre_fork(server, worker) -> None:
         return
     m.workers[index] = 0
     worker.apf_index = index
+    # A booting worker counts as having room, so the running ones do not answer 429 for
+    # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
+    m.ledger.set_worker_room(index, True)
 
 
 def child_exit(server, worker) -> None:
@@ -300,6 +307,7 @@ def post_fork(server, worker) -> None:
         m.sender.close()
     if m.services is not None:
         m.services.close_in_child()
+    set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid, server.log)
 
 
 def post_worker_init(worker) -> None:
@@ -314,6 +322,7 @@ def post_worker_init(worker) -> None:
     from apf_gunicorn.server.channel import GrantInbox, GrantSender
     from apf_gunicorn.server.dispatcher import Dispatcher, Parking
     from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
+    from apf_gunicorn.server.worker import ApfThreadWorker
 
     index = getattr(worker, "apf_index", None)
     if index is None:
@@ -349,7 +358,12 @@ def post_worker_init(worker) -> None:
         deliver=deliver, add_linger=dispatcher.add_linger,
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
-        work_estimator=_work_estimator(m.settings), **_optional_pieces(m, gen))
+        work_estimator=_work_estimator(m.settings), **_thread_reserve(worker, m.settings),
+        **_optional_pieces(m, gen))
+    if isinstance(worker, ApfThreadWorker):
+        worker.apf_on_head_timeout = ledger.count_head_timeout
+        worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
+        worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,
@@ -365,6 +379,36 @@ def _close_grant_socket_in_child() -> None:
     w = state.WORKER
     if w is not None and w.inbox is not None and os.getpid() != w.pid:
         w.inbox.close()
+
+
+def _thread_reserve(worker, settings) -> dict:
+    """The middleware's view of the worker's thread reserve (ApfThreadWorker only)."""
+    from apf_gunicorn.server.worker import ApfThreadWorker
+
+    if not isinstance(worker, ApfThreadWorker):
+        return {}
+    return {"inflight": worker.apf_inflight,
+            "nonexempt_threads": worker.cfg.threads - settings.exempt_threads}
+
+
+def set_worker_oom_score_adj(step: int | None, master_pid: int, log_) -> int | None:
+    """Raise this process's ``oom_score_adj`` to the master's + ``step`` (at most 1000), so
+    under memory pressure the kernel kills a worker (whose seats the master reclaims) before
+    the master (which owns the ledger). Raising needs no privilege. Returns the value set,
+    None when off or not possible (logged)."""
+    if step is None:
+        return None
+    try:
+        with open(f"/proc/{master_pid}/oom_score_adj") as f:
+            base = int(f.read().strip() or 0)
+        value = min(1000, base + step)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+        return value
+    except (OSError, ValueError) as e:
+        log_.warning("apf: could not raise this worker's oom_score_adj above the master's "
+                     "(APF_WORKER_OOM_SCORE_ADJ): %s", e)
+        return None
 
 
 def level_max_seats(gen, settings) -> dict[str, int]:

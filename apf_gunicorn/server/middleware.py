@@ -89,6 +89,11 @@ class WorkerContext:
     routes: Any = None  # flowcontrol.routes.RouteTable (its cost entries) or None
     work_estimator: Any = None  # EstimatorHook (or a plain callable) for APF_WORK_ESTIMATOR
     clock: Callable[[], int] = time.monotonic_ns
+    # The worker's thread reserve (server/worker.py): one entry per thread a non-exempt request
+    # holds; at most ``nonexempt_threads`` of them, the other threads are for exempt requests.
+    # None: no reserve (a worker class other than ApfThreadWorker).
+    inflight: list | None = None
+    nonexempt_threads: int = 0
 
 
 try:
@@ -112,9 +117,10 @@ class _Route:
     """What the middleware needs per FlowSchema, computed once."""
 
     __slots__ = ("level", "fs_index", "headers", "level_name", "fs_name", "max_seats", "exempt",
-                 "checked")
+                 "checked", "inflight")
 
-    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats, exempt):
+    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats, exempt,
+                 inflight=None):
         self.level = level
         self.fs_index = fs_index
         self.headers = headers
@@ -122,6 +128,8 @@ class _Route:
         self.fs_name = fs_name
         self.max_seats = max_seats
         self.exempt = exempt
+        # the worker's list of threads non-exempt requests hold (None: exempt, or no reserve)
+        self.inflight = None if exempt else inflight
         # the headers passed gunicorn's checks once: no need to have them checked per request
         self.checked = _gunicorn_accepts(headers)
 
@@ -164,9 +172,10 @@ class APFMiddleware:
             hook = EstimatorHook(hook)
         self._hook = hook
         self._clamp_logged: set[tuple] = set()
+        self._nonexempt_threads = ctx.nonexempt_threads
         self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
-                      "stopping": 0, "bypassed": 0}
+                      "stopping": 0, "bypassed": 0, "turned_away": 0}
         try:  # the ledger's own outcome constants, if it defines them
             from apf_gunicorn.ledger import ledger as _ledger
             global EXECUTE, QUEUED, REJECTED
@@ -208,6 +217,16 @@ class APFMiddleware:
                         initial, final, al = (est.initial_seats, est.final_seats,
                                               est.additional_latency_ns)
             now = self._clock()
+            inflight = route.inflight
+            if inflight is not None:
+                # The thread reserve: append first, then check, so racing threads can only
+                # both turn away, never both take the last non-exempt thread.
+                inflight.append(None)
+                if len(inflight) > self._nonexempt_threads:
+                    inflight.pop()
+                    return self._turn_away(start_response, route, fs_index,
+                                           initial if initial >= final else final, now)
+                hidden.held = True  # the worker pops the entry when the thread is done
             # positional: cheaper than keywords on the per-request path
             outcome, slot, gen, _reason, granted = self._admit(
                 level, flow_hash, initial, final, al, self._owner, now, fs_index, detail, early)
@@ -324,7 +343,7 @@ class APFMiddleware:
         headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
         route = _Route(self.ctx.level_index[pl.name], self.ctx.fs_index.get(fs.name, 0),
                        headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
-                       pl.is_exempt)
+                       pl.is_exempt, self.ctx.inflight)
         self._routes[fs.name] = route
         return route
 
@@ -386,6 +405,16 @@ class APFMiddleware:
             self.stats["cancelled"] += 1
             return self._reject(start_response, route)
         self.stats["timeout"] += 1
+        return self._reject(start_response, route)
+
+    def _turn_away(self, start_response, route, fs_index: int, seats: int, now: int):
+        """429 (``thread-reserve``) for a non-exempt request that would take one of the threads
+        kept for exempt requests; counted in the ledger like a rejection at admit."""
+        self.stats["turned_away"] += 1
+        try:
+            self.ctx.ledger.turn_away(route.level, fs_index, seats, "thread-reserve", now)
+        except Exception:
+            log.exception("apf: counting a thread-reserve rejection failed")
         return self._reject(start_response, route)
 
     def _reject(self, start_response, route):

@@ -29,6 +29,11 @@ DEFAULT_USER_HEADER = "X-Remote-User"
 DEFAULT_GROUP_HEADER = "X-Remote-Group"
 DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_EXEMPT_THREADS = 2
+# Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
+# master reclaims), not the master (which owns the ledger)
+DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -67,6 +72,12 @@ class Settings:
     # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
     service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
     learn_service: bool = True
+    # connection handling by the accept-gated worker (server/worker.py, server/head.py)
+    header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
+    exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
+    accept_slack: int = 0  # connections accepted beyond the worker's threads
+    # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
+    worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -194,6 +205,38 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "finished requests) or a fixed duration from 0 to 60s such as "
                                 "3ms (Kubernetes' value) or 0.25")
 
+    raw = get("APF_HEADER_TIMEOUT")
+    header_s = DEFAULT_HEADER_TIMEOUT_S if raw is None else _float(raw)
+    if header_s is None or not (0 < header_s <= 3600):
+        raise SettingsError("APF_HEADER_TIMEOUT", raw or "",
+                            "must be a number of seconds greater than 0 and at most 3600: how "
+                            "long a connection may take to send its whole request head")
+
+    raw = get("APF_EXEMPT_THREADS")
+    # unset: 2, but always leave one thread for everything else
+    reserve = min(DEFAULT_EXEMPT_THREADS, threads - 1) if raw is None else _int(raw)
+    if reserve is None or reserve < 0 or reserve >= max(threads, 1):
+        raise SettingsError("APF_EXEMPT_THREADS", raw or str(DEFAULT_EXEMPT_THREADS),
+                            f"must be an integer from 0 to threads - 1 = {threads - 1}: the "
+                            f"threads of each worker kept for exempt requests (health checks, "
+                            f"admins); with --threads {threads} raise --threads or lower it")
+
+    raw = get("APF_ACCEPT_SLACK")
+    slack = 0 if raw is None else _int(raw)
+    if slack is None or not (0 <= slack <= 100_000):
+        raise SettingsError("APF_ACCEPT_SLACK", raw or "",
+                            "must be an integer from 0 to 100000 (connections a worker may "
+                            "accept beyond its threads)")
+
+    raw = get("APF_WORKER_OOM_SCORE_ADJ")
+    oom_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
+    if raw is not None:
+        oom_step = None if raw.lower() == "off" else _int(raw)
+        if raw.lower() != "off" and (oom_step is None or not (1 <= oom_step <= 2000)):
+            raise SettingsError("APF_WORKER_OOM_SCORE_ADJ", raw,
+                                "must be 'off' or an integer from 1 to 2000 that each worker "
+                                "adds to the master's oom_score_adj (capped at 1000)")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -211,6 +254,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         work_estimator=work_estimator,
         service_estimate_ns=service_ns,
         learn_service=learn,
+        header_timeout_ns=int(header_s * 1e9),
+        exempt_threads=reserve,
+        accept_slack=slack,
+        worker_oom_score_adj_step=oom_step,
     )
 
 

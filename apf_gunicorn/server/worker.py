@@ -1,37 +1,63 @@
-"""A gthread worker that does not accept connections it has no thread for.
+"""A gthread worker that gives a thread only to a complete request it has a thread for.
 
-Stock gthread keeps accepting while every thread is busy (up to ``worker_connections``, 1000)
-and queues the connections in its executor, where APF cannot see them and where they wait
-behind whatever holds the threads (gunicorn issues #908, #3433; ``reference/gunicorn-ipc.md``
-1.4). This subclass stops accepting while the connections handed to the executor (gthread's
-open connections less those parked in its poller: kept alive, or waiting for their first
-bytes) reach ``threads + APF_ACCEPT_SLACK`` (default 0). Extra connections then wait in
-the kernel's listen backlog, shared by all workers, so the next worker with a free thread takes
-them: no unseen per-worker queue, no unbalanced workers. Kept-alive connections still come
-back to their worker when readable; that is bounded by the keep-alive count.
+Design. Stock gthread hands a new connection to a thread as soon as its first byte arrives and
+lets the thread parse the rest of the head in blocking mode, so clients that send their head
+slowly hold every thread (gunicorn #3518/#3519); and it keeps accepting while every thread is
+busy, queueing connections in its executor where APF cannot see them (gunicorn #908, #3433;
+``reference/gunicorn-ipc.md`` 1.4). This subclass changes three things:
+
+* **Heads are read in the poller.** A new connection, and a kept-alive one that becomes
+  readable, is read non-blocking by the main thread into a buffer until ``server/head.py``
+  says gunicorn's parser can take it without waiting; the buffer then goes into the parser's
+  unreader and the connection to a thread. A head must be complete within
+  ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
+  kept-alive connection, not per read: a late head is answered ``408`` and closed (a
+  connection that sent nothing is just closed) and counted in the ledger. So a slow or silent
+  client costs a socket, never a thread. TLS, HTTP/2 prior knowledge and uWSGI connections keep
+  gthread's own handling.
+* **Accepting stops at the thread count.** While the connections handed to threads (open
+  connections less those in the poller: kept alive, pending, or reading their head) reach
+  ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
+  connections wait in the kernel's listen backlog shared by all workers, so the next worker
+  with a free thread takes them. Kept-alive connections still come back to their worker.
+* **Threads are kept for exempt requests.** ``apf_inflight`` holds one entry per thread that a
+  non-exempt request holds (running or parked in a queue); the middleware answers a non-exempt
+  request 429 (reason ``thread-reserve``) rather than let it take one of the last
+  ``APF_EXEMPT_THREADS`` threads, and this class removes the entry when the request's thread
+  is done with it (``handle``, ``handle_http2_request``).
 
 It also stamps each connection when it is queued for a thread, so the middleware's wait limit
-counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``) and the worker
-keeps the hidden wait as numbers (``apf_hidden_wait_*``).
+counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``).
+
+Override points: ``apf_head_readable`` (a reading connection has bytes),
+``apf_start_request`` (a complete head goes to a thread), ``apf_head_expired`` (deadline).
 
 Use ``worker_class = "apf_gunicorn.server.worker.ApfThreadWorker"`` (conf.py does).
 """
 
 from __future__ import annotations
 
-import os
+import errno
+import selectors
+import time
+from functools import partial
 from time import monotonic_ns
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn import http
+from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
+from gunicorn.http2 import negotiation
+from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
+from apf_gunicorn.server import state
+from apf_gunicorn.server.head import COMPLETE, MORE, HeadLimits, head_state
 from apf_gunicorn.server.middleware import hidden
+from apf_gunicorn.server.settings import DEFAULT_HEADER_TIMEOUT_S
 
-
-def accept_slack() -> int:
-    try:
-        return max(0, int(os.environ.get("APF_ACCEPT_SLACK", "0")))
-    except ValueError:
-        return 0
+RECV_BYTES = 65536
+FRESH_S = 1.0
+TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
+               b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
+               b"request head timed out.\n")
 
 
 class ApfThreadWorker(ThreadWorker):
@@ -40,7 +66,28 @@ class ApfThreadWorker(ThreadWorker):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.apf_accept_limit = self.cfg.threads + accept_slack()
+        m = state.MASTER
+        settings = m.settings if m is not None else None
+        slack = settings.accept_slack if settings is not None else 0
+        reserve = settings.exempt_threads if settings is not None else 0
+        self.apf_accept_limit = self.cfg.threads + slack
+        # below this many busy threads a worker has room for a non-exempt request
+        self.apf_room_limit = self.cfg.threads - reserve
+        self._apf_room = None  # last published room flag
+        # set by post_worker_init to the ledger's worker table; alone, a worker has no peers
+        self.apf_publish_room = _no_op
+        self.apf_others_have_room = _false
+        self.apf_header_timeout = (settings.header_timeout_ns / 1e9 if settings is not None
+                                   else DEFAULT_HEADER_TIMEOUT_S)
+        self.apf_head_limits = HeadLimits.of(self.cfg)
+        # reading connections -> None, in deadline order (one timeout, so insertion order)
+        self.apf_reading: dict = {}
+        # reading connections that have sent nothing yet, accepted less than FRESH_S ago:
+        # their head is most likely on its way, so the accept gate counts them as busy
+        self.apf_fresh = 0
+        self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
+        self.apf_head_timeouts = 0
+        self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
@@ -48,25 +95,242 @@ class ApfThreadWorker(ThreadWorker):
     @property
     def apf_busy(self) -> int:
         """Connections handed to the executor and not yet back (running or queued there)."""
-        return self.nr_conns - len(self.keepalived_conns) - len(self.pending_conns)
+        return (self.nr_conns - len(self.keepalived_conns) - len(self.pending_conns)
+                - len(self.apf_reading))
+
+    # -- the accept gate ----------------------------------------------------------------------
+
+    def apf_may_accept(self) -> bool:
+        """Whether to accept now: while this worker has room for a non-exempt request (its
+        connections in threads, arriving, or kept alive stay below ``threads -
+        APF_EXEMPT_THREADS``), or, when every worker is out of room, while its reserve has a
+        thread (then the exempt requests among new connections run, the others are answered
+        429 at once). Publishes this worker's room flag when it changes."""
+        busy = self.apf_busy + self.apf_fresh
+        # connections that will want a thread: busy ones, arriving ones, kept-alive ones
+        room = self.alive and busy + len(self.keepalived_conns) < self.apf_room_limit
+        if room is not self._apf_room:
+            self._apf_room = room
+            self.apf_publish_room(room)
+        return room or (busy < self.apf_accept_limit and not self.apf_others_have_room())
 
     def set_accept_enabled(self, enabled):
-        if enabled and self.apf_busy >= self.apf_accept_limit:
+        if enabled and not self.apf_may_accept():
             return  # stays off; run() asks again on its next pass
         ThreadWorker.set_accept_enabled(self, enabled)
+
+    def wait_for_and_dispatch_events(self, timeout):
+        may = self.apf_may_accept()
+        if self.alive:
+            if self._accepting and not may:
+                ThreadWorker.set_accept_enabled(self, False)
+            elif not may and self.apf_busy + self.apf_fresh < self.apf_accept_limit:
+                # out of room with a free reserve thread: look again soon, so when the other
+                # workers run out too, exempt requests are accepted within ~50 ms
+                timeout = min(timeout, 0.05)
+        ThreadWorker.wait_for_and_dispatch_events(self, timeout)
+
+    @property
+    def max_keepalived(self) -> int:
+        """gthread closes a connection after its response when this many are kept alive: here
+        also when keeping it would leave the worker more connections that may come back than
+        threads for non-exempt requests (they would be answered 429 while other workers have
+        room); the client reconnects through the accept gate instead."""
+        return min(self._apf_keepalive_max, self.apf_room_limit - self.apf_busy + 1)
+
+    @max_keepalived.setter
+    def max_keepalived(self, value: int) -> None:
+        self._apf_keepalive_max = value
+
+    # -- reading heads in the poller --------------------------------------------------------
+
+    def _apf_reads_heads(self, client) -> bool:
+        cfg = self.cfg
+        return (not cfg.is_ssl and getattr(cfg, "protocol", "http") == "http"
+                and not negotiation.prior_knowledge_allowed(cfg, client))
+
+    def accept(self, listener):
+        try:
+            client_sock, client_addr = listener.accept()
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = _new_conn(self, client_sock, client_addr, listener.getsockname())
+        if not self._apf_reads_heads(client_addr):
+            self.enqueue_req(conn)
+            return
+        conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
+        now = time.monotonic()
+        self._apf_read_head(conn, now + self.apf_header_timeout)
+        if conn in self.apf_reading and not conn.apf_buf:  # nothing arrived yet
+            conn.apf_fresh_until = now + FRESH_S
+            self.apf_fresh += 1
+
+    def on_client_socket_readable(self, conn, client):
+        """A kept-alive connection has bytes: read its next head here, not in a thread."""
+        self.poller.unregister(client)
+        self.keepalived_conns.remove(conn)
+        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
+
+    def _apf_read_head(self, conn, deadline: float) -> None:
+        conn.apf_buf = bytearray()
+        conn.timeout = deadline
+        if self.apf_head_readable(conn):  # usually the whole head is there already
+            return
+        self.apf_reading[conn] = None
+        self.poller.register(conn.sock, selectors.EVENT_READ,
+                             partial(self._apf_on_readable, conn))
+
+    def _apf_on_readable(self, conn, client) -> None:
+        if self.apf_head_readable(conn):
+            self.apf_reading.pop(conn, None)
+            try:
+                self.poller.unregister(client)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def apf_head_readable(self, conn) -> bool:
+        """Read what the connection has; True when it has left the reading state (handed to
+        a thread or closed)."""
+        buf = conn.apf_buf
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if conn.apf_fresh_until:
+            self._apf_unfresh(conn)
+        if not data:  # end of input (or reset): the parser reports what is incomplete
+            if not buf:
+                self._apf_close(conn)
+                return True
+            self.apf_start_request(conn)
+            return True
+        buf += data
+        st = head_state(buf, self.apf_head_limits)
+        if st == MORE:
+            return False
+        if st == COMPLETE:
+            self.apf_start_request(conn)
+        else:  # TOO_LARGE: answered here as gunicorn would, without reading on
+            start = buf.find(b"\r\n")
+            exc = (LimitRequestLine(len(buf), self.apf_head_limits.line) if start < 0
+                   else LimitRequestHeaders("max buffer headers"))
+            self.handle_error(None, conn.sock, conn.client, exc)
+            self._apf_close(conn)
+        return True
+
+    def apf_start_request(self, conn) -> None:
+        """The head is complete: its bytes go to the parser's buffer, the connection to a
+        thread (gunicorn's ``handle`` finds ``data_ready`` and does not wait again)."""
+        conn.parser.unreader.unread(bytes(conn.apf_buf))
+        conn.apf_buf = None
+        conn.data_ready = True
+        conn.sock.setblocking(True)
+        self.enqueue_req(conn)
+
+    def apf_head_expired(self, conn) -> None:
+        """Past the head deadline: 408 if the client sent part of a head, then close."""
+        if conn.apf_buf:
+            self.apf_head_timeouts += 1
+            count = self.apf_on_head_timeout
+            if count is not None:
+                count()
+            try:
+                conn.sock.send(TIMEOUT_408)
+            except OSError:
+                pass
+        self._apf_close(conn)
+
+    def _apf_unfresh(self, conn) -> None:
+        conn.apf_fresh_until = 0.0
+        self.apf_fresh -= 1
+
+    def _apf_close(self, conn) -> None:
+        if conn.apf_fresh_until:
+            self._apf_unfresh(conn)
+        self.apf_reading.pop(conn, None)
+        try:
+            self.poller.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        self.nr_conns -= 1
+        conn.close()
+
+    def murder_pending(self):
+        ThreadWorker.murder_pending(self)
+        if not self.apf_reading:
+            return
+        now = time.monotonic()
+        if not self.alive:  # stopping: finish a head within the keep-alive linger, at most
+            cap = now + STOP_KEEPALIVE_LINGER
+            for conn in self.apf_reading:
+                if conn.timeout > cap:
+                    conn.timeout = cap
+        if self.apf_fresh:
+            for conn in self.apf_reading:
+                if conn.apf_fresh_until and conn.apf_fresh_until <= now:
+                    self._apf_unfresh(conn)  # silent for FRESH_S: not on its way after all
+        expired = []
+        for conn in self.apf_reading:  # insertion order is deadline order while alive
+            if conn.timeout > now:
+                if self.alive:
+                    break
+                continue
+            expired.append(conn)
+        for conn in expired:
+            self.apf_head_expired(conn)
+
+    # -- handing connections to threads ---------------------------------------------------
 
     def enqueue_req(self, conn):
         conn.apf_enqueued_ns = monotonic_ns()
         ThreadWorker.enqueue_req(self, conn)
-        if self._accepting and self.apf_busy >= self.apf_accept_limit:
-            self.set_accept_enabled(False)
+        if self._accepting and not self.apf_may_accept():
+            ThreadWorker.set_accept_enabled(self, False)
 
     def handle(self, conn):
         t = conn.apf_enqueued_ns
         hidden.enqueued_ns = t
+        hidden.held = False
         waited = monotonic_ns() - t
         self.apf_handled += 1
         self.apf_hidden_wait_sum_ns += waited
         if waited > self.apf_hidden_wait_max_ns:
             self.apf_hidden_wait_max_ns = waited
-        return ThreadWorker.handle(self, conn)
+        try:
+            return ThreadWorker.handle(self, conn)
+        finally:
+            if hidden.held:
+                hidden.held = False
+                self.apf_inflight.pop()
+
+    def handle_http2_request(self, req, conn, h2_conn):
+        # One thread serves every stream of an HTTP/2 connection: give each stream's entry
+        # back when that stream is done.
+        hidden.held = False
+        try:
+            return ThreadWorker.handle_http2_request(self, req, conn, h2_conn)
+        finally:
+            if hidden.held:
+                hidden.held = False
+                self.apf_inflight.pop()
+
+
+def _no_op(_room: bool) -> None:
+    pass
+
+
+def _false() -> bool:
+    return False
+
+
+def _new_conn(worker, sock, client, server):
+    conn = TConn(worker.cfg, sock, client, server)  # non-blocking from here
+    conn.apf_buf = None
+    conn.apf_enqueued_ns = 0
+    conn.apf_fresh_until = 0.0
+    return conn
