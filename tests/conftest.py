@@ -118,7 +118,7 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
           conf: tuple = ("-c", "python:apf_gunicorn.conf")):
     """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF."""
     port = free_port()
-    instance = "t" + uuid.uuid4().hex[:10]
+    instance = (env or {}).get("APF_INSTANCE") or "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
     counter_path = tmp_path / f"counter-{instance}.bin"
     counter_path.write_bytes(bytes(256))

@@ -1,0 +1,86 @@
+"""Faults at scale, long form: the chaos tests' scenarios (``tests/apps/chaos.py``) at the sizes
+of issue 11, against real gunicorn servers on 127.0.0.1 (2 workers x 8 threads, the test app).
+
+    .venv/bin/python benchmarks/soak.py                  # everything, ~5-10 minutes
+    .venv/bin/python benchmarks/soak.py --only kills,hups --kills 30
+
+Scenarios: ``kills`` (random worker SIGKILLs under mixed load: slow requests, clients that
+disconnect while queued, ``?timeout=`` expiries, exempt health checks), ``master`` (master
+SIGKILL, then a restart on the same ``APF_INSTANCE``), ``soak`` (keep-alive requests with
+abandoned connections alongside; worker RSS growth), ``hostile`` (random bytes, oversized
+lines and headers, duplicate and non-UTF-8 identity headers, garbage ``?timeout=``,
+pipelining, half-closes), ``hups`` (HUPs under load, alternating valid and invalid
+configurations). Each prints what the clients saw and every broken promise; the exit status is
+1 if any scenario found one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.apps import chaos  # noqa: E402
+from tests.conftest import APPS, serve  # noqa: E402
+
+SCENARIOS = ("kills", "master", "soak", "hostile", "hups")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(SCENARIOS),
+                    help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    ap.add_argument("--kills", type=int, default=100)
+    ap.add_argument("--masters", type=int, default=3, help="master kill + restart rounds")
+    ap.add_argument("--requests", type=int, default=150_000, help="soak requests")
+    ap.add_argument("--hostile", type=int, default=2000)
+    ap.add_argument("--hups", type=int, default=20)
+    args = ap.parse_args(argv)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    failed = False
+    for name in chosen:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_path = Path(tmp)
+            track = str(tmp_path / "track.log")
+            start = functools.partial(serve, tmp_path)
+            t0 = time.monotonic()
+            if name == "master":
+                report, problems = chaos.scenario_master_kill(start, args.masters)
+            else:
+                env = {"APP_TRACK": track}
+                extra: dict = {}
+                config = tmp_path / "apf.yaml"
+                if name == "hups":
+                    config.write_text((APPS / "apf.yaml").read_text())
+                    env["APF_CONFIG"] = str(config)
+                    extra["args"] = ("--graceful-timeout", "2")
+                with start(workers=2, threads=8, env=env, **extra) as srv:
+                    if name == "kills":
+                        report, problems = chaos.scenario_kills(srv, track, args.kills)
+                    elif name == "soak":
+                        report, problems = chaos.scenario_soak(srv, track, args.requests)
+                    elif name == "hostile":
+                        report, problems = chaos.scenario_hostile(srv, args.hostile)
+                    else:
+                        valid = config.read_text()
+                        invalid = valid.replace("handSize: 4", "handSize: 40")
+                        report, problems = chaos.scenario_hups(srv, track, config, valid,
+                                                               invalid, args.hups)
+            print(f"== {name} ({time.monotonic() - t0:.0f} s): {report}")
+            for p in problems:
+                print(f"   PROBLEM: {p}")
+            print(f"   {'FAILED' if problems else 'ok'}", flush=True)
+            failed |= bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
