@@ -197,7 +197,10 @@ class AdminServer:
                                         kwargs={"poll_interval": 0.5},
                                         name="apf-admin", daemon=True)
         self._thread.start()
-        log.info("apf admin endpoint on http://%s:%d/", self.address[0], self.port)
+        # at start the server's "ready" line names the address (server/startup.py); a retry
+        # that succeeds later is news
+        (log.info if quiet else log.debug)("apf admin endpoint on http://%s:%d/",
+                                           self.address[0], self.port)
         return True
 
     def stop(self) -> None:

@@ -28,7 +28,7 @@ import os
 import signal
 import time
 
-from apf_gunicorn.server import state
+from apf_gunicorn.server import startup, state
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
 log = logging.getLogger("apf_gunicorn")
@@ -115,6 +115,7 @@ def thread_budget(gen, settings, workers: int, threads: int) -> str | None:
 # -- master hooks -----------------------------------------------------------------------------
 
 def on_starting(server) -> None:
+    startup.route_logs(server.log)
     problem = check_worker_class(server.worker_class)
     if problem:
         _fail(server, [problem])
@@ -122,6 +123,7 @@ def on_starting(server) -> None:
         settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
     except SettingsError as e:
         _fail(server, [str(e)])
+    startup.warn_unknown_variables(server.log)
     resolver = _build_resolver(server, settings)
     if settings.work_estimator:
         from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
@@ -165,8 +167,6 @@ def on_starting(server) -> None:
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
-    server.log.info("apf: ledger %s ready: limit %d seats, %d priority levels",
-                    segment.name, settings.concurrency_limit, len(gen.level_index))
 
 
 def _build_resolver(server, settings):
@@ -199,6 +199,7 @@ def when_ready(server) -> None:
     m.services = MasterServices(m, server.log)
     m.services.start_admin()
     m.services.start()
+    startup.log_ready(server.log, m, server.cfg)
 
 
 def pre_fork(server, worker) -> None:
@@ -350,6 +351,8 @@ def post_worker_init(worker) -> None:
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
         work_estimator=_work_estimator(m.settings), **_optional_pieces(m, gen))
+    if index == 0:
+        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen)
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,
