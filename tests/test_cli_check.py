@@ -52,10 +52,10 @@ def test_kubernetes_table_in_json(capsys):
     ]
 
 
-def test_text_output_and_default_limit(capsys):
-    code, out, err = run_check(capsys, "builtin:webapp")
+def test_text_output_with_a_given_limit(capsys):
+    code, out, err = run_check(capsys, "builtin:webapp", "--concurrency-limit", "600")
     assert code == 0 and err == ""
-    assert out.startswith("Server concurrency limit 600 seats")
+    assert out.startswith("Server concurrency limit 600 seats, from --concurrency-limit;")
     level_table = out.split("\n\n")[1]  # header line, level table, schema table
     lines = {line.split()[0]: line.split() for line in level_table.splitlines()}
     # PRIORITY LEVEL TYPE SHARES NOMINAL LENDABLE LOWER UPPER MAX-SEATS QUEUES HAND QLL
@@ -83,6 +83,40 @@ def test_text_output_and_default_limit(capsys):
         "1",
         "12",
     ]
+
+
+def test_default_limit_is_the_servers_and_says_so(capsys):
+    # apf_gunicorn.conf: 2 workers x 64 threads; the server's default is workers x threads / 2
+    code, out, _ = run_check(capsys, "builtin:webapp")
+    assert code == 0
+    assert out.startswith("Server concurrency limit 64 seats, the server's default for 2 workers "
+                          "x 64 threads: workers x threads / 2 unless APF_CONCURRENCY_LIMIT")
+    code, out, _ = run_check(capsys, "builtin:webapp", "--workers", "3", "--threads", "10",
+                             "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["valid"] is True and doc["concurrencyLimit"] == 15
+    assert doc["concurrencyLimitSource"].startswith("the server's default for 3 workers x 10")
+    code, out, _ = run_check(capsys, "builtin:webapp", "--workers", "3", "--threads", "10",
+                             "--concurrency-limit", "7", "--json")
+    doc = json.loads(out)
+    assert (doc["concurrencyLimit"], doc["concurrencyLimitSource"]) == (7, "from --concurrency-limit")
+
+
+def test_invalid_configuration_as_json(capsys):
+    code, out, err = run_check(capsys, str(DATA / "invalid"), "--json")
+    assert code == 1 and err == ""
+    doc = json.loads(out)
+    assert doc["valid"] is False and len(doc["errors"]) == 14
+    assert doc["errors"][0] == {
+        "file": str(DATA / "invalid" / "a.yaml"), "kind": "FlowSchema", "name": "bad-precedence",
+        "field": "spec.matchingPrecedence",
+        "message": "Invalid value: 20000: must not be greater than 10000"}
+    assert doc["errors"][-1]["kind"] == "Deployment"
+    code, out, err = run_check(capsys, str(DATA / "missing.yaml"), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["valid"] is False and err == ""
+    (e,) = doc["errors"]
+    assert e["file"] == str(DATA / "missing.yaml") and e["message"].startswith("cannot read ")
 
 
 def test_dangling_schemas_are_warnings(capsys):
@@ -135,3 +169,20 @@ def test_module_entry_point_subprocess():
     rows = {pl["name"]: pl for pl in json.loads(proc.stdout)["priorityLevels"]}
     assert (rows["node-high"]["nominal"], rows["node-high"]["lendable"]) == (98, 25)
     assert (rows["global-default"]["nominal"], rows["global-default"]["lendable"]) == (49, 25)
+
+
+def test_version_names_the_installed_package_gunicorn_python_and_fast_path():
+    import importlib.metadata
+    import platform
+    import tomllib
+
+    import gunicorn
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert importlib.metadata.version("apf_gunicorn") == declared
+    proc = subprocess.run([sys.executable, "-m", "apf_gunicorn", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"apf-gunicorn {declared} (gunicorn {gunicorn.__version__}, "
+                                  f"Python {platform.python_version()}, ")
+    assert proc.stdout.rstrip().endswith(("C fast path)", "pure-Python fast path)"))

@@ -197,6 +197,9 @@ class SnapLedger:
     def snapshot(self, now):
         return self.snap
 
+    def request_stats(self):
+        return []
+
 
 def _req(level_fs, state, initial=1, final=0):
     return NS(fs_index=level_fs, state=state, initial_seats=initial, final_seats=final)
@@ -246,6 +249,34 @@ def test_ledger_collector_exact_gauges() -> None:
     got = _scrape(col)
     assert got[_k("apf_current_executing_seats", **gd)] == 0
     assert got[_k("apf_current_inqueue_requests", **gd)] == 0
+
+
+def test_ledger_collector_exports_every_pair_seen_at_zero_when_idle() -> None:
+    """A collector that never saw a request executing (first scrape while idle) still exports
+    the four per-(level, FlowSchema) gauges, at 0, for every pair that has seen a request,
+    rejected ones included; a pair that never saw one has no series."""
+    from apf_gunicorn.ledger import EXECUTE, Capacity, Ledger, LevelSpec
+
+    cap = Capacity(levels=4, queues=16, slots=16, workers=2, flow_schemas=4, detail_bytes=16)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, schemas = led.configure([LevelSpec("a", 3, 1, 1, 1), LevelSpec("b", 3, 1, 1, 1)],
+                                    ["fs-a", "fs-b", "fs-never"], 0)
+    a, b = levels["a"], levels["b"]
+    r = led.admit(a, 1, 1, 0, 0, 0, 0, schemas["fs-a"])
+    assert r.outcome == EXECUTE
+    led.finish(r.slot, r.gen, 10)
+    r = led.admit(b, 2, 1, 0, 0, 0, 20, schemas["fs-b"])
+    assert r.outcome == EXECUTE
+    led.finish(r.slot, r.gen, 30)
+    col = LedgerCollector("apf", lambda: MasterView(ledger=led, workers=1, clock=lambda: 40))
+    got = _scrape(col)
+    names = ("apf_current_executing_seats", "apf_current_executing_requests",
+             "apf_current_inqueue_requests", "apf_current_inqueue_seats")
+    for level, fs in (("a", "fs-a"), ("b", "fs-b")):
+        for name in names:
+            assert got[_k(name, priority_level=level, flow_schema=fs)] == 0, (name, level, fs)
+    assert not any("fs-never" in k for k in got)
+    assert sum(1 for k in got if k.startswith("apf_current_executing_seats")) == 2
 
 
 def test_ledger_collector_before_configuration_is_empty() -> None:

@@ -319,3 +319,24 @@ def test_retry_after_grows_on_every_worker(server_factory):
         print(f"{len(seen)} 429s; highest Retry-After per worker after 4 s: {by_worker}")
         assert set(by_worker) == workers, "429s seen from every worker"
         assert all(v > 1 for v in by_worker.values())
+
+
+def test_per_pair_gauges_exist_at_zero_on_a_server_scraped_only_while_idle(server_factory):
+    """Kubernetes keeps the gauge series of every (level, FlowSchema) pair that has seen a
+    request: a server whose /metrics is scraped only while idle still shows them, at 0 (not
+    only pairs an earlier scrape happened to catch executing)."""
+    aport = free_port()
+    names = ("apf_current_executing_seats", "apf_current_executing_requests",
+             "apf_current_inqueue_requests", "apf_current_inqueue_seats")
+    with server_factory(workers=2, threads=8, env=admin_env(aport)) as srv:
+        for path in ("/work?ms=1", "/other?ms=1", "/work?ms=1"):
+            assert srv.request(path)[0] == 200
+        assert srv.idle(timeout=10) is not None
+        samples = scrape(aport)  # the first scrape of this server, while idle
+        for level, fs in (("work", "work"), ("other", "other"), ("exempt", "probes")):
+            for name in names:
+                key = (name, (("flow_schema", fs), ("priority_level", level)))
+                assert samples.get(key) == 0, (key, sorted(k for k in samples if k[0] == name))
+        # a pair that never saw a request has no series
+        assert not any(dict(lab).get("flow_schema") == "catch-all"
+                       for (n, lab) in samples if n in names)

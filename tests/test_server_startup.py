@@ -55,3 +55,50 @@ def test_path_form_config_serves_with_apf(server_factory):
         status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
         assert status == 200
         assert headers["X-Kubernetes-PF-FlowSchema-UID"] == "uid-fs-work"
+
+
+STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}\] \[\d+\] "
+
+
+def test_start_up_output_through_gunicorns_log(server_factory):
+    """A misspelled setting is named with its closest known name; one "ready" line names the
+    configuration, the limit in seats (here the server's default, the same as `apf-gunicorn
+    check --workers 2 --threads 8`), the levels and the admin address; the first worker notes
+    the @cost and APF_ROUTES costs a level clamps; all with gunicorn's timestamps."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import APPS, free_port
+
+    aport = free_port()
+    env = {"APF_CONCURENCY_LIMIT": "4", "APF_CONCURRENCY_LIMIT": "",
+           "APF_ADMIN_BIND": f"127.0.0.1:{aport}",
+           "APF_ROUTES": str(APPS / "seats_routes.yaml")}
+    with server_factory(workers=2, threads=8, env=env, config=str(APPS / "seats.yaml"),
+                        args=("tests.apps.seats_app:app",)) as srv:
+        assert srv.request("/clamped?ms=1")[0] == 200
+        log = srv.log()
+    check = subprocess.run([sys.executable, "-m", "apf_gunicorn", "check", str(APPS / "seats.yaml"),
+                            "--workers", "2", "--threads", "8", "--json"],
+                           capture_output=True, text=True, timeout=60)
+    assert json.loads(check.stdout)["concurrencyLimit"] == 8
+    assert re.search(STAMP + r"\[WARNING\] apf: unknown setting APF_CONCURENCY_LIMIT is "
+                     r"ignored; did you mean APF_CONCURRENCY_LIMIT\?$", log, re.M), log
+    ready = re.findall(STAMP + r"\[INFO\] apf: ready: (.*)$", log, re.M)
+    assert len(ready) == 1, log
+    assert ready[0].startswith(f"configuration {APPS / 'seats.yaml'} (APF_CONFIG), limit 8 "
+                               "seats (default: 2 workers x 8 threads / 2), 4 priority levels "
+                               "(nominal seats): wide 4, narrow 4, exempt (exempt), catch-all 1; "
+                               f"admin http://127.0.0.1:{aport}/ (ledger in shared memory "
+                               f"apf_{srv.instance}_"), ready[0]
+    notes = re.findall(STAMP + r"\[WARNING\] apf: (.* asks for .*)$", log, re.M)
+    # at 8 seats, "narrow" (4 nominal, hand size 1) and catch-all admit 1 seat per request
+    assert ("@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority levels "
+            "catch-all, narrow (a level's widest request; see docs/work-estimation.md)"
+            in notes), log
+    assert any(n.startswith(f"APF_ROUTES {APPS / 'seats_routes.yaml'}: routes[0] (/wide) asks "
+                            "for 4 seat(s)") for n in notes), notes
+    # logged by the first worker only, not once per worker
+    assert sum(n.startswith("@cost on GET /clamped ") for n in notes) == 1

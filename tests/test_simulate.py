@@ -310,3 +310,41 @@ def test_cli_invalid_scenario_exits_1_naming_the_field(tmp_path) -> None:
 def test_cli_missing_file_exits_1(tmp_path) -> None:
     proc = _cli(str(tmp_path / "nope.yaml"))
     assert proc.returncode == 1 and "nope.yaml" in proc.stderr
+
+
+def test_every_scenario_error_is_reported_at_once() -> None:
+    doc = {"queueSet": {"concurrencyLimit": 4, "queues": 9, "handSize": 20,
+                        "queueLengthLimit": 0},
+           "clients": [{"name": "a", "hash": 1, "threads": 0, "calls": 3, "exec": "1x"},
+                       {"name": "b", "threads": 1, "calls": 3, "exec": "1s", "thinkk": 1},
+                       {"name": "c", "count": 2, "hash": 5, "calls": 1, "exec": "1s"}],
+           "evaluate": ["2s", "1s"], "bogus": 1}
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(doc)
+    fields = [e.field for e in info.value.errors]
+    assert fields == ["bogus", "queueSet.queueLengthLimit", "queueSet.handSize",
+                      "clients[0].threads", "clients[0].exec", "clients[1].thinkk",
+                      "clients[1].hash", "clients[2].hash", "evaluate[1]"]
+    assert info.value.field == "bogus"  # the first, as a single error would say
+    assert str(info.value).splitlines()[2] == "queueSet.handSize: handSize 20 is greater than deckSize 9"
+
+
+def test_cli_lists_every_error_and_prints_a_legend(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("queueSet: {concurrencyLimit: 1, queues: 9, handSize: 3}\n"
+                    "clients: [{name: a, hash: 1, calls: 1, exec: 1x}]\nevaluate: [1s]\n")
+    proc = _cli(str(path))
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"apf-gunicorn simulate: {path}: 2 errors:",
+        "  queueSet.queueLengthLimit: required",
+        "  clients[0].exec: invalid duration '1x'"]
+    good = os.path.join(os.path.dirname(__file__), "scenarios", "kubernetes",
+                        "k8s-06-uniform-flows-hand-size-1.yaml")
+    proc = _cli(good)
+    assert proc.returncode == 0, proc.stderr
+    legend, table = proc.stdout.split("\n\n", 1)
+    for term in ("avg seats", "demand", "fair share", "seat demand", "queue-full", "conc-limit",
+                 "time-out"):
+        assert term in legend, term
+    assert table.startswith("window 0s .. 50s")

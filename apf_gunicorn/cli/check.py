@@ -1,12 +1,18 @@
-"""``apf-gunicorn check PATH [--concurrency-limit N] [--json]``: validate a configuration.
+"""``apf-gunicorn check PATH [--concurrency-limit N | --workers W --threads T] [--json]``.
 
-Prints every priority level with the seats it gets for a server concurrency limit of N (default
-600, Kubernetes' 400 + 200 in-flight default), the FlowSchemas in matching order, and dangling
-schemas or broken levels as warnings (on stderr). ``PATH`` is a YAML file, a directory of them,
-or ``builtin:<name>`` (``webapp``, ``kubernetes``, ``mandatory``).
+Validates a configuration and prints every priority level with the seats it gets, the
+FlowSchemas in matching order, and dangling schemas or broken levels as warnings (on stderr).
+``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
+``mandatory``).
 
-Exit status: 0 valid (warnings allowed), 1 invalid (every error listed on stderr), 2 the path
-cannot be read.
+The server concurrency limit is ``--concurrency-limit N`` (what ``APF_CONCURRENCY_LIMIT`` gives
+the server), else the server's own default for ``--workers`` x ``--threads`` (workers x threads
+/ 2, with ``apf_gunicorn.conf``'s 2 workers x 64 threads when not given); the output says which.
+
+Exit status: 0 valid (warnings allowed), 1 invalid (every error listed on stderr, or as a JSON
+object ``{"valid": false, "errors": [{"file", "kind", "name", "field", "message"}]}`` on stdout
+under ``--json``), 2 the path cannot be read (JSON: one error with only ``file`` and
+``message``).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import json
 import sys
 from typing import Any
 
+from apf_gunicorn import conf
 from apf_gunicorn.cli.common import load_or_report
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.limits import LevelLimits, compute_limits, nominal_sum
-
-DEFAULT_CONCURRENCY_LIMIT = 600
+from apf_gunicorn.flowcontrol.loader import load_configuration
+from apf_gunicorn.flowcontrol.validation import ConfigErrors
+from apf_gunicorn.server.settings import default_concurrency_limit
 
 
 def _positive_int(text: str) -> int:
@@ -40,25 +48,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency-limit",
         type=_positive_int,
-        default=DEFAULT_CONCURRENCY_LIMIT,
         metavar="N",
-        help=f"server concurrency limit in seats (default {DEFAULT_CONCURRENCY_LIMIT})",
+        help="server concurrency limit in seats, as APF_CONCURRENCY_LIMIT (default: the "
+        "server's default for --workers x --threads)",
     )
-    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.add_argument(
+        "--workers", type=_positive_int, default=conf.workers, metavar="W",
+        help=f"gunicorn workers, for the default limit (default {conf.workers}, as "
+        "apf_gunicorn.conf)",
+    )
+    parser.add_argument(
+        "--threads", type=_positive_int, default=conf.threads, metavar="T",
+        help=f"threads per worker, for the default limit (default {conf.threads}, as "
+        "apf_gunicorn.conf)",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON object (errors too)")
+
+
+def server_limit(args: argparse.Namespace) -> tuple[int, str]:
+    """The concurrency limit ``check`` uses and a phrase saying where it comes from.
+
+    Args:
+        args: parsed ``check`` arguments (``concurrency_limit``, ``workers``, ``threads``).
+
+    Returns:
+        (seats, source), e.g. ``(600, "from --concurrency-limit")``.
+    """
+    if args.concurrency_limit is not None:
+        return args.concurrency_limit, "from --concurrency-limit"
+    limit = default_concurrency_limit(args.workers, args.threads)
+    return limit, (f"the server's default for {args.workers} workers x {args.threads} threads: "
+                   "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
+                   "(check it with --concurrency-limit)")
+
+
+def error_report(path: str, exc: BaseException) -> dict:
+    """The ``--json`` object of a configuration that fails.
+
+    Args:
+        path: what was checked.
+        exc: the loader's :class:`ConfigErrors`, or the ``OSError``/``ValueError`` of a path
+            that cannot be read.
+
+    Returns:
+        ``{"valid": False, "errors": [{"file", "kind", "name", "field", "message"}, ...]}``.
+    """
+    if isinstance(exc, ConfigErrors):
+        errors = [{"file": e.file, "kind": e.kind, "name": e.name, "field": e.field,
+                   "message": e.message} for e in exc.errors]
+    else:
+        errors = [{"file": path, "kind": "", "name": "", "field": "",
+                   "message": f"cannot read {path}: {exc}"}]
+    return {"valid": False, "errors": errors}
+
+
+def _load_json(path: str) -> Configuration | int:
+    try:
+        return load_configuration(path)
+    except (ConfigErrors, OSError, ValueError) as exc:
+        json.dump(error_report(path, exc), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 1 if isinstance(exc, ConfigErrors) else 2
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_or_report(args.path, "check")
+    cfg = _load_json(args.path) if args.json else load_or_report(args.path, "check")
     if isinstance(cfg, int):
         return cfg
-    limits = compute_limits(cfg.priority_levels.values(), args.concurrency_limit)
+    limit, source = server_limit(args)
+    limits = compute_limits(cfg.priority_levels.values(), limit)
     for warning in cfg.warnings():
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
-        json.dump(report(cfg, limits, args.concurrency_limit), sys.stdout, indent=2)
+        doc = report(cfg, limits, limit)
+        doc["concurrencyLimitSource"] = source
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(cfg, limits, args.concurrency_limit))
+        sys.stdout.write(render_text(cfg, limits, limit, source))
     return 0
 
 
@@ -105,6 +172,7 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
         for fs, msg in cfg.dangling
     ]
     return {
+        "valid": True,
         "concurrencyLimit": server_limit,
         "nominalSum": nominal_sum(limits),
         "priorityLevels": levels,
@@ -124,7 +192,8 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int) -> str:
+def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int,
+                source: str = "") -> str:
     def opt(value: Any) -> str:
         return "-" if value is None else str(value)
 
@@ -139,7 +208,9 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
             str(lim.lower), str(lim.upper), opt(lim.max_seats),
             opt(q and q.queues), opt(q and q.hand_size), opt(q and q.queue_length_limit),
         ])  # fmt: skip
-    out = [f"Server concurrency limit {server_limit} seats; nominal sum {nominal_sum(limits)}.\n\n"]
+    used = f", {source}" if source else ""
+    out = [f"Server concurrency limit {server_limit} seats{used}; "
+           f"nominal sum {nominal_sum(limits)}.\n\n"]
     out.append(_table(rows))
     fs_rows = [["FLOW SCHEMA", "PRECEDENCE", "PRIORITY LEVEL", "DISTINGUISHER", "SOURCE"]]
     for fs in cfg.flow_schemas:

@@ -21,6 +21,17 @@ from apf_gunicorn.simulate import (
     to_json,
 )
 
+LEGEND = """\
+Virtual time, production fair-queuing and borrowing code. Per evaluation window and client:
+  avg seats    seats its requests held, averaged over the window (what it got)
+  demand       seats it would hold if never throttled: threads x seats x exec / (exec + think)
+  fair share   Kubernetes' fair allocation of the limit given every client's demand
+  seat demand  the ledger's seat-demand statistics (borrowing's input) checked against
+               the harness's own count
+Totals per client: dispatched, completed, and rejected by reason (queue-full: its queue
+was full; conc-limit: a level without queues was at its limit; time-out: waited too long).
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", help="scenario file (YAML or JSON)")
@@ -36,7 +47,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"apf-gunicorn simulate: {exc}", file=sys.stderr)
         return 1
     except ScenarioError as exc:
-        print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
+        errors = getattr(exc, "errors", None) or [exc]
+        if len(errors) == 1:
+            print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
+        else:
+            print(f"apf-gunicorn simulate: {args.scenario}: {len(errors)} errors:",
+                  file=sys.stderr)
+            for err in errors:
+                print(f"  {err}", file=sys.stderr)
         return 1
     started = time.perf_counter()
     try:
@@ -44,12 +62,16 @@ def run(args: argparse.Namespace) -> int:
     except SimulationUnavailable as exc:
         print(f"apf-gunicorn simulate: {exc}", file=sys.stderr)
         return 2
+    except ScenarioError as exc:  # the configuration form's objects, checked when run
+        print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - started
     if args.json:
         doc = to_json(result, {"wallSeconds": round(elapsed, 3)})
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
+        print(LEGEND)
         print(format_table(result, max_clients=args.max_clients))
         print(f"simulated in {elapsed:.2f} s of wall time")
     return 0

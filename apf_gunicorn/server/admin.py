@@ -329,7 +329,10 @@ class AdminServer:
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name="apf-admin", daemon=True)
         self._thread.start()
-        log.info("apf admin endpoint on http://%s:%d/", self.address[0], self.port)
+        # at start the server's "ready" line names the address (server/startup.py); a retry
+        # that succeeds later is news
+        (log.info if quiet else log.debug)("apf admin endpoint on http://%s:%d/",
+                                           self.address[0], self.port)
         return True
 
     def stop(self) -> None:

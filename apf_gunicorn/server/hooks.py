@@ -29,7 +29,7 @@ import os
 import signal
 import time
 
-from apf_gunicorn.server import state
+from apf_gunicorn.server import startup, state
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
 log = logging.getLogger("apf_gunicorn")
@@ -119,6 +119,7 @@ def thread_budget(gen, settings, workers: int, threads: int) -> str | None:
 # -- master hooks -----------------------------------------------------------------------------
 
 def on_starting(server) -> None:
+    startup.route_logs(server.log)
     problem = check_worker_class(server.worker_class)
     if problem:
         _fail(server, [problem])
@@ -126,6 +127,7 @@ def on_starting(server) -> None:
         settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
     except SettingsError as e:
         _fail(server, [str(e)])
+    startup.warn_unknown_variables(server.log)
     resolver = _build_resolver(server, settings)
     if settings.work_estimator:
         from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
@@ -169,8 +171,6 @@ def on_starting(server) -> None:
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
-    server.log.info("apf: ledger %s ready: limit %d seats, %d priority levels",
-                    segment.name, settings.concurrency_limit, len(gen.level_index))
 
 
 def _build_resolver(server, settings):
@@ -203,6 +203,7 @@ def when_ready(server) -> None:
     m.services = MasterServices(m, server.log)
     m.services.start_admin()
     m.services.start()
+    startup.log_ready(server.log, m, server.cfg)
 
 
 def pre_fork(server, worker) -> None:
@@ -364,6 +365,8 @@ def post_worker_init(worker) -> None:
         worker.apf_on_head_timeout = ledger.count_head_timeout
         worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
         worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
+    if index == 0:
+        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen)
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,

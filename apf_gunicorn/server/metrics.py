@@ -11,7 +11,10 @@ per request by this module:
   (a dead worker's counts are already in shared memory) and never go backwards.
 * :class:`LedgerCollector`: instantaneous values (executing and waiting requests and seats,
   limits, demand statistics, ``seat_fair_frac``) from ``ledger.snapshot()`` and the borrowing
-  state, plus the snapshot's cumulative ``epoch_advance_total{priority_level, success}``.
+  state, plus the snapshot's cumulative ``epoch_advance_total{priority_level, success}``. The
+  per-(level, FlowSchema) gauges (``current_executing_seats``, ``current_executing_requests``,
+  ``current_inqueue_requests``, ``current_inqueue_seats``) are exported for every pair that has
+  seen a request since start (the ledger's stats table knows them), at 0 when idle.
 * A courtesy for the application's own metrics: when the *user* runs prometheus-client's
   multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts), ``/metrics``
   also serves the aggregate of those files, and :func:`mark_process_dead` (``child_exit``)
@@ -34,6 +37,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from apf_gunicorn.ledger.stats import OVERFLOW
 
 log = logging.getLogger("apf_gunicorn.metrics")
 
@@ -215,8 +220,15 @@ class LedgerCollector:
                     c[1] += seats
                 elif state == "lingering":
                     c[1] += seats
+        # Every pair that has seen a request since start is exported, at 0 when idle (as
+        # Kubernetes keeps its gauge children): the stats table has an entry for each pair
+        # admitted so far; pairs seen executing by an earlier scrape are kept as well (a pair
+        # folded into an overflow stats entry has no entry of its own).
+        seen = [(st.level, st.flow_schema) for st in view.ledger.request_stats()
+                if st.flow_schema != OVERFLOW and st.level != OVERFLOW]
         with self._lock:
             self._pairs.update(counts)
+            self._pairs.update(seen)
             pairs = sorted(self._pairs)
         for pair in pairs:
             c = counts.get(pair, (0, 0, 0, 0))

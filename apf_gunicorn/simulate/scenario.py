@@ -9,7 +9,8 @@ Two forms share the client and ``evaluate`` parts:
   ``verb``, ``path`` or ``resource`` …) and are classified.
 
 Durations are Go strings (``"1s"``, ``"-1ns"``, ``"2184h"``) or numbers of seconds; every
-error names the offending field::
+error names the offending field, and every error of a file is reported at once
+(:class:`ScenarioErrors`, a :class:`ScenarioError`)::
 
     >>> scenario = load_scenario("tests/scenarios/kubernetes/k8s-03-baseline.yaml")
     >>> scenario.queue_set.concurrency_limit, scenario.evaluate
@@ -44,6 +45,39 @@ class ScenarioError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
+
+
+class ScenarioErrors(ScenarioError):
+    """Every error of a scenario, in file order; ``field`` and ``message`` are the first's,
+    ``str()`` lists them all, one per line (just the one when there is one)."""
+
+    def __init__(self, errors: list[ScenarioError]) -> None:
+        self.errors = list(errors)
+        first = self.errors[0]
+        ValueError.__init__(self, "\n".join(str(e) for e in self.errors))
+        self.field = first.field
+        self.message = first.message
+
+
+class _Errors:
+    """Collects the errors of independent parts, so one run reports all of them."""
+
+    def __init__(self) -> None:
+        self.errors: list[ScenarioError] = []
+
+    def get(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, or None after recording its ScenarioError(s)."""
+        try:
+            return fn(*args, **kwargs)
+        except ScenarioErrors as exc:
+            self.errors.extend(exc.errors)
+        except ScenarioError as exc:
+            self.errors.append(exc)
+        return None
+
+    def check(self) -> None:
+        if self.errors:
+            raise ScenarioErrors(self.errors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,34 +161,39 @@ def parse_scenario(data: Any, base_dir: str = ".", source: str = "") -> Scenario
     """Validate a decoded scenario document and return the typed :class:`Scenario`."""
     if not isinstance(data, dict):
         raise ScenarioError("", "a scenario must be a mapping")
-    _no_unknown(data, _TOP_KEYS, "")
+    errs = _Errors()
+    errs.get(_no_unknown, data, _TOP_KEYS, "")
     has_qs = "queueSet" in data
     has_cfg = "config" in data or "objects" in data
     if has_qs == has_cfg:
-        raise ScenarioError("", "give exactly one of queueSet, or config/objects")
-    queue_set = _parse_queue_set(data["queueSet"]) if has_qs else None
-    config = None if has_qs else _parse_config(data, base_dir)
-    clients = _parse_clients(data.get("clients"), config_form=not has_qs)
-    evaluate = _parse_evaluate(data.get("evaluate"))
+        errs.errors.append(ScenarioError("", "give exactly one of queueSet, or config/objects"))
+    queue_set = errs.get(_parse_queue_set, data["queueSet"]) if has_qs else None
+    config = None if has_qs or not has_cfg else errs.get(_parse_config, data, base_dir)
+    clients = errs.get(_parse_clients, data.get("clients"), config_form=not has_qs)
+    evaluate = errs.get(_parse_evaluate, data.get("evaluate"))
+    errs.check()
     return Scenario(clients, evaluate, queue_set, config, source)
 
 
 def _parse_queue_set(raw: Any) -> QueueSetSpec:
     if not isinstance(raw, dict):
         raise ScenarioError("queueSet", "must be a mapping")
-    _no_unknown(raw, _QUEUESET_KEYS, "queueSet")
-    limit = _int(raw, "concurrencyLimit", "queueSet", required=True, minimum=0)
-    queues = _int(raw, "queues", "queueSet", required=True, minimum=-1)
-    if queues > 0:
-        hand = _int(raw, "handSize", "queueSet", required=True, minimum=1)
-        qll = _int(raw, "queueLengthLimit", "queueSet", required=True, minimum=1)
-        try:
-            check_dealer(queues, hand)
-        except DealerError as exc:
-            raise ScenarioError("queueSet.handSize", str(exc)) from None
+    errs = _Errors()
+    errs.get(_no_unknown, raw, _QUEUESET_KEYS, "queueSet")
+    limit = errs.get(_int, raw, "concurrencyLimit", "queueSet", required=True, minimum=0)
+    queues = errs.get(_int, raw, "queues", "queueSet", required=True, minimum=-1)
+    if queues is None or queues > 0:
+        hand = errs.get(_int, raw, "handSize", "queueSet", required=True, minimum=1)
+        qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", required=True, minimum=1)
+        if queues is not None and hand is not None:
+            try:
+                check_dealer(queues, hand)
+            except DealerError as exc:
+                errs.errors.append(ScenarioError("queueSet.handSize", str(exc)))
     else:  # Kubernetes ignores the queuing parameters of exempt and reject-type sets
-        hand = _int(raw, "handSize", "queueSet", default=0, minimum=0)
-        qll = _int(raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
+        hand = errs.get(_int, raw, "handSize", "queueSet", default=0, minimum=0)
+        qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
+    errs.check()
     return QueueSetSpec(limit, queues, hand, qll)
 
 
@@ -178,53 +217,70 @@ def _parse_clients(raw: Any, config_form: bool) -> tuple[ClientSpec, ...]:
         raise ScenarioError("clients", "must be a non-empty list")
     clients: list[ClientSpec] = []
     names: set[str] = set()
+    errs = _Errors()
     for i, item in enumerate(raw):
-        where = f"clients[{i}]"
-        if not isinstance(item, dict):
-            raise ScenarioError(where, "must be a mapping")
-        _no_unknown(item, _CLIENT_KEYS | (_ATTRIBUTE_KEYS if config_form else set()), where)
-        name = item.get("name", f"client{i}")
-        if not isinstance(name, str) or not name:
-            raise ScenarioError(f"{where}.name", "must be a non-empty string")
-        count = _int(item, "count", where, default=0, minimum=1) if "count" in item else 0
-        start = _duration(item, "start", where, default=0, minimum=0)
-        stagger = _duration(item, "stagger", where, default=0, minimum=0)
-        if stagger and not count:
-            raise ScenarioError(f"{where}.stagger", "only meaningful with count")
-        common = dict(
-            threads=_int(item, "threads", where, default=1, minimum=1),
-            calls=_int(item, "calls", where, required=True, minimum=0),
-            exec_ns=_duration(item, "exec", where, required=True, minimum=0),
-            think_ns=_duration(item, "think", where, default=0),
-            seats=_int(item, "seats", where, default=1, minimum=1),
-            final_seats=_int(item, "finalSeats", where, default=0, minimum=0),
-            additional_latency_ns=_duration(item, "additionalLatency", where, default=0, minimum=0),
-            split=_bool(item, "split", where),
-        )
-        if config_form:
-            if "hash" in item:
-                raise ScenarioError(f"{where}.hash", "not allowed with config: clients are classified")
-            attrs = _attributes(item, where)
-            expanded = [(name, attrs)] if not count else [
-                (f"{name}-{k}", _with_user(attrs, f"{attrs.user}-{k}")) for k in range(count)]
-            new = [ClientSpec(n, attributes=a, start_ns=start + k * stagger, **common)
-                   for k, (n, a) in enumerate(expanded)]
-        else:
-            if count:
-                if "hash" in item:
-                    raise ScenarioError(f"{where}.hash", "not allowed with count (each copy is its own flow)")
-                new = [ClientSpec(f"{name}-{k}", hash=flow_hash(name, str(k)),
-                                  start_ns=start + k * stagger, **common)
-                       for k in range(count)]
-            else:
-                new = [ClientSpec(name, hash=_int(item, "hash", where, required=True, minimum=0,
-                                                  maximum=_U64_MAX), start_ns=start, **common)]
-        for client in new:
-            if client.name in names:
-                raise ScenarioError(f"{where}.name", f"duplicate client name {client.name!r}")
-            names.add(client.name)
-        clients.extend(new)
+        errs.get(_parse_client, i, item, config_form, names, clients)
+    errs.check()
     return tuple(clients)
+
+
+def _parse_client(i: int, item: Any, config_form: bool, names: set[str],
+                  clients: list[ClientSpec]) -> None:
+    """Append client ``i`` (or its ``count`` copies) to ``clients``; every error of its
+    fields is raised together."""
+    where = f"clients[{i}]"
+    if not isinstance(item, dict):
+        raise ScenarioError(where, "must be a mapping")
+    errs = _Errors()
+    errs.get(_no_unknown, item, _CLIENT_KEYS | (_ATTRIBUTE_KEYS if config_form else set()), where)
+    name = item.get("name", f"client{i}")
+    if not isinstance(name, str) or not name:
+        errs.errors.append(ScenarioError(f"{where}.name", "must be a non-empty string"))
+    count = errs.get(_int, item, "count", where, default=0, minimum=1) if "count" in item else 0
+    start = errs.get(_duration, item, "start", where, default=0, minimum=0)
+    stagger = errs.get(_duration, item, "stagger", where, default=0, minimum=0)
+    if stagger and "count" not in item:
+        errs.errors.append(ScenarioError(f"{where}.stagger", "only meaningful with count"))
+    common = dict(
+        threads=errs.get(_int, item, "threads", where, default=1, minimum=1),
+        calls=errs.get(_int, item, "calls", where, required=True, minimum=0),
+        exec_ns=errs.get(_duration, item, "exec", where, required=True, minimum=0),
+        think_ns=errs.get(_duration, item, "think", where, default=0),
+        seats=errs.get(_int, item, "seats", where, default=1, minimum=1),
+        final_seats=errs.get(_int, item, "finalSeats", where, default=0, minimum=0),
+        additional_latency_ns=errs.get(_duration, item, "additionalLatency", where, default=0,
+                                       minimum=0),
+        split=errs.get(_bool, item, "split", where),
+    )
+    if config_form:
+        if "hash" in item:
+            errs.errors.append(ScenarioError(f"{where}.hash",
+                                             "not allowed with config: clients are classified"))
+        attrs = errs.get(_attributes, item, where)
+    elif count and "hash" in item:
+        errs.errors.append(ScenarioError(f"{where}.hash",
+                                         "not allowed with count (each copy is its own flow)"))
+    elif not count:
+        errs.get(_int, item, "hash", where, required=True, minimum=0, maximum=_U64_MAX)
+    errs.check()
+    if config_form:
+        expanded = [(name, attrs)] if not count else [
+            (f"{name}-{k}", _with_user(attrs, f"{attrs.user}-{k}")) for k in range(count)]
+        new = [ClientSpec(n, attributes=a, start_ns=start + k * stagger, **common)
+               for k, (n, a) in enumerate(expanded)]
+    else:
+        if count:
+            new = [ClientSpec(f"{name}-{k}", hash=flow_hash(name, str(k)),
+                              start_ns=start + k * stagger, **common)
+                   for k in range(count)]
+        else:
+            new = [ClientSpec(name, hash=_int(item, "hash", where, required=True, minimum=0,
+                                              maximum=_U64_MAX), start_ns=start, **common)]
+    for client in new:
+        if client.name in names:
+            raise ScenarioError(f"{where}.name", f"duplicate client name {client.name!r}")
+        names.add(client.name)
+    clients.extend(new)
 
 
 def _attributes(item: dict, where: str) -> RequestAttributes:
@@ -285,10 +341,11 @@ def _parse_evaluate(raw: Any) -> tuple[int, ...]:
 
 
 def _no_unknown(raw: dict, allowed: set[str], where: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            path = f"{where}.{key}" if where else str(key)
-            raise ScenarioError(path, f"unknown field (allowed: {', '.join(sorted(allowed))})")
+    errors = [ScenarioError(f"{where}.{key}" if where else str(key),
+                            f"unknown field (allowed: {', '.join(sorted(allowed))})")
+              for key in raw if key not in allowed]
+    if errors:
+        raise ScenarioErrors(errors)
 
 
 def _int(raw: dict, key: str, where: str, *, required: bool = False, default: int = 0,

@@ -1,0 +1,330 @@
+"""What the server says when it starts: unknown ``APF_*`` variables, one "ready" line, and the
+per-route notes of each worker, all through gunicorn's own error log (its format, timestamps
+and ``--error-logfile``).
+
+The hooks call, in this order::
+
+    startup.route_logs(server.log)              # on_starting: apf_gunicorn.* loggers -> gunicorn
+    startup.warn_unknown_variables(server.log)  # on_starting, once the settings are valid
+    startup.log_ready(server.log, state.MASTER, server.cfg)   # when_ready, admin bound
+    startup.log_route_notes(worker.log, app, routes, max_seats, generation)
+                                                # post_worker_init, first worker
+
+A misspelled setting (``APF_CONCURENCY_LIMIT=4``) would otherwise be ignored silently and the
+server would run with another limit; it gets a warning naming the closest known variable. The
+known names are the variables :func:`~apf_gunicorn.server.settings.load_settings` reads
+(recorded while it runs, so the list cannot fall behind it) plus the few read elsewhere
+(:data:`READ_ELSEWHERE`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
+from apf_gunicorn.server.settings import SettingsError, load_settings
+
+#: APF_* variables read outside load_settings: the accept slack (server/worker.py), the switch
+#: off of the C fast path (ledger/lock.py), and the identity sources of issue 13
+#: (APF_USER_FROM) in case they are read by the resolver rather than the settings.
+READ_ELSEWHERE = ("APF_NO_ACCELERATOR", "APF_USER_FROM")
+PREFIX = "APF_"
+#: The logger every module of the package logs under (``apf_gunicorn.middleware`` …).
+PACKAGE_LOGGER = "apf_gunicorn"
+
+
+# -- logging through gunicorn -----------------------------------------------------------------
+
+class GunicornHandler(logging.Handler):
+    """Hands the package's log records to gunicorn's error logger, whose handlers (set up by
+    gunicorn, replaced on HUP) format and write them."""
+
+    def __init__(self, error_log: logging.Logger) -> None:
+        super().__init__()
+        self.error_log = error_log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= self.error_log.getEffectiveLevel():
+            self.error_log.handle(record)
+
+
+def route_logs(glog: Any) -> None:
+    """Send every ``apf_gunicorn.*`` logger's records to gunicorn's error log, at its level.
+
+    Without this they reach Python's last-resort handler: bare messages on stderr, warnings
+    and errors only, no timestamps, and not in ``--error-logfile``. Called in the master
+    before the first fork, so every worker inherits it. Idempotent.
+
+    Args:
+        glog: gunicorn's logger object (``server.log``); its ``error_log`` is the target.
+    """
+    error_log = getattr(glog, "error_log", None) or logging.getLogger("gunicorn.error")
+    logger = logging.getLogger(PACKAGE_LOGGER)
+    for handler in list(logger.handlers):
+        if isinstance(handler, GunicornHandler):
+            logger.removeHandler(handler)
+    logger.addHandler(GunicornHandler(error_log))
+    logger.setLevel(error_log.getEffectiveLevel())
+    logger.propagate = False  # once is enough, whatever the root logger does
+
+
+# -- unknown APF_* variables ------------------------------------------------------------------
+
+class _Recording(Mapping):
+    """A read-only view of an environment that remembers which keys were asked for."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.asked: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        return self.env[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.asked.add(key)
+        return key in self.env
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.env)
+
+    def __len__(self) -> int:
+        return len(self.env)
+
+
+def known_variables(env: Mapping[str, str] | None = None) -> set[str]:
+    """Every ``APF_*`` variable the server reads.
+
+    Args:
+        env: the environment the settings are read from (default ``os.environ``); only which
+            variables are read matters, not their values.
+
+    Returns:
+        The names :func:`load_settings` reads, plus :data:`READ_ELSEWHERE`.
+    """
+    recording = _Recording(os.environ if env is None else env)
+    try:
+        load_settings(recording)
+    except SettingsError:
+        pass  # the hook has already refused such settings; the names read so far still count
+    return {k for k in recording.asked if k.startswith(PREFIX)} | set(READ_ELSEWHERE)
+
+
+def unknown_variable_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """A warning per ``APF_*`` variable of ``env`` that nothing reads, with the closest known
+    name when there is one (``difflib``).
+
+    Args:
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        Messages such as ``"unknown setting APF_CONCURENCY_LIMIT is ignored; did you mean
+        APF_CONCURRENCY_LIMIT?"``, sorted by variable name.
+    """
+    env = os.environ if env is None else env
+    known = known_variables(env)
+    out = []
+    # compared without the common prefix, which would make every pair look alike
+    suffixes = {k[len(PREFIX):]: k for k in sorted(known)}
+    for name in sorted(k for k in env if k.startswith(PREFIX) and k not in known):
+        close = difflib.get_close_matches(name[len(PREFIX):], list(suffixes), n=1, cutoff=0.6)
+        hint = (f"did you mean {suffixes[close[0]]}?" if close
+                else "known: " + ", ".join(k for k in sorted(known)
+                                           if not k.startswith("APF_TEST_")))
+        out.append(f"unknown setting {name} is ignored; {hint}")
+    return out
+
+
+def warn_unknown_variables(glog: Any, env: Mapping[str, str] | None = None) -> None:
+    """Log :func:`unknown_variable_warnings` as warnings on gunicorn's log (``server.log``)."""
+    for message in unknown_variable_warnings(env):
+        glog.warning("apf: %s", message)
+
+
+# -- the ready line ----------------------------------------------------------------------------
+
+def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | None,
+               admin_state: str, workers: int, threads: int,
+               env: Mapping[str, str] | None = None) -> str:
+    """The one line that says what the server runs with.
+
+    Args:
+        settings: the validated :class:`~apf_gunicorn.server.settings.Settings`.
+        generation: the loaded configuration (``server.state.Generation``).
+        admin_address: the admin endpoint's bound (host, port), or None.
+        admin_state: ``"off"``, ``"busy"`` (the port is taken, retried) or ``"on"``.
+        workers: gunicorn's ``workers``.
+        threads: gunicorn's ``threads``.
+        env: the environment the settings came from (default ``os.environ``): whether
+            ``APF_CONCURRENCY_LIMIT`` set the limit.
+
+    Returns:
+        e.g. ``"ready: configuration builtin:webapp (default), limit 64 seats (default: 2
+        workers x 64 threads / 2), 4 priority levels: exempt (exempt), users 49, anonymous 12,
+        catch-all 3; admin http://127.0.0.1:9180/"``.
+    """
+    from apf_gunicorn.server.settings import default_concurrency_limit
+
+    if settings.config_path is None:
+        config = "builtin:webapp (default; set APF_CONFIG to change)"
+    else:
+        config = f"{settings.config_path} (APF_CONFIG)"
+    limit = settings.concurrency_limit
+    env = os.environ if env is None else env
+    if env.get("APF_CONCURRENCY_LIMIT", "").strip():
+        limit_src = "APF_CONCURRENCY_LIMIT"
+    elif limit == default_concurrency_limit(workers, threads):
+        limit_src = f"default: {workers} workers x {threads} threads / 2"
+    else:
+        limit_src = "default"
+    levels = generation.configuration.priority_levels
+    parts = []
+    for name, pl in levels.items():
+        lim = generation.limits.get(name)
+        if pl.is_exempt:
+            parts.append(f"{name} (exempt)")
+        else:
+            parts.append(f"{name} {int(lim.nominal) if lim is not None else '?'}")
+    if admin_state == "off":
+        admin = "admin endpoint off (APF_ADMIN_BIND=off)"
+    elif admin_state == "busy" or admin_address is None:
+        host, port = settings.admin_bind or ("?", 0)
+        admin = f"admin endpoint {host}:{port} is in use, retrying every second"
+    else:
+        host, port = admin_address
+        shown = f"[{host}]" if ":" in host else host
+        admin = f"admin http://{shown}:{port}/"
+    return (f"ready: configuration {config}, limit {limit} seats ({limit_src}), "
+            f"{len(levels)} priority levels (nominal seats): {', '.join(parts)}; {admin}")
+
+
+def log_ready(glog: Any, master: Any, cfg: Any) -> None:
+    """Log :func:`ready_line` for the master state once the admin endpoint is bound
+    (``when_ready``).
+
+    Args:
+        glog: gunicorn's logger (``server.log``).
+        master: ``server.state.MASTER``.
+        cfg: gunicorn's config (``server.cfg``), for workers and threads.
+    """
+    if master is None:
+        return
+    settings = master.settings
+    services = master.services
+    admin = getattr(services, "admin", None)
+    if settings.admin_bind is None:
+        state, address = "off", None
+    elif admin is None:
+        state, address = "busy", None
+    else:
+        state, address = "on", (admin.address[0], admin.port)
+    segment = getattr(getattr(master, "segment", None), "name", "?")
+    glog.info("apf: %s (ledger in shared memory %s)",
+              ready_line(settings, master.generation, address, state, cfg.workers, cfg.threads),
+              segment)
+
+
+# -- per-route notes at worker start -------------------------------------------------------------
+
+def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
+    """Every cost declared up front: Flask ``@cost`` per (method, rule), then the cost entries
+    of ``APF_ROUTES``.
+
+    Args:
+        app: the WSGI application (Flask-like apps are read through ``url_map``).
+        routes: the ``APF_ROUTES`` table (``flowcontrol.routes.RouteTable``) or None.
+
+    Returns:
+        ``[(where, estimate)]``, ``where`` such as ``"@cost on GET /reports/<int:year>"`` or
+        ``"APF_ROUTES routes[0] (/reports/<path:rest>)"``.
+    """
+    from apf_gunicorn.flask import is_flask_like, view_cost
+
+    out: list[tuple[str, WorkEstimate]] = []
+    if is_flask_like(app):
+        try:
+            rules = list(app.url_map.iter_rules())
+        except Exception:
+            rules = []
+        for rule in rules:
+            view = app.view_functions.get(rule.endpoint)
+            if view is None:
+                continue
+            for method in sorted(rule.methods or ()):
+                if method in ("HEAD", "OPTIONS"):
+                    continue
+                est = view_cost(view, method)
+                if est is not None:
+                    out.append((f"@cost on {method} {rule.rule}", est))
+    for i, route in enumerate(getattr(routes, "routes", None) or ()):
+        if route.cost is not None:
+            out.append((f"APF_ROUTES {routes.source}: routes[{i}] ({route.path})", route.cost))
+    return out
+
+
+def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, int],
+                exempt: set[str]) -> list[str]:
+    """A note for every declared cost some priority level clamps.
+
+    Kubernetes clamps a request's seats to its level's widest request (``maxSeats``); which
+    level a request lands in depends on who sends it, so each note names every level that
+    would clamp it, and to what.
+
+    Args:
+        costs: :func:`declared_costs`.
+        max_seats: level name -> widest request it admits (``hooks.level_max_seats``).
+        exempt: names of exempt levels (never limited; left out).
+
+    Returns:
+        Messages such as ``"@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to
+        1 on priority levels anonymous, catch-all (their widest request)"``.
+    """
+    notes = []
+    for where, est in costs:
+        by_result: dict[tuple[int, int], list[str]] = {}
+        for level in sorted(max_seats):
+            if level in exempt:
+                continue
+            out = clamp(est, max_seats[level])
+            if (out.initial_seats, out.final_seats) != (est.initial_seats, est.final_seats):
+                by_result.setdefault((out.initial_seats, out.final_seats), []).append(level)
+        if not by_result:
+            continue
+        asks = f"{est.initial_seats} seat(s)"
+        if est.final_seats:
+            asks += f" and {est.final_seats} final seat(s)"
+        clamps = "; ".join(
+            f"clamped to {i}" + (f" (final {f})" if est.final_seats else "")
+            + f" on priority level{'s' if len(names) > 1 else ''} {', '.join(names)}"
+            for (i, f), names in sorted(by_result.items()))
+        notes.append(f"{where} asks for {asks}: {clamps} (a level's widest request; "
+                     f"see docs/work-estimation.md)")
+    return notes
+
+
+def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, int],
+                    generation: Any) -> None:
+    """Log :func:`route_notes` as warnings (``post_worker_init``, first worker).
+
+    Args:
+        glog: the worker's gunicorn logger (``worker.log``).
+        app: the application, before the middleware wraps it.
+        routes: the ``APF_ROUTES`` table or None.
+        max_seats: level name -> widest request.
+        generation: the loaded configuration (``server.state.Generation``): which levels are
+            exempt.
+    """
+    try:
+        levels = generation.configuration.priority_levels
+        exempt = {name for name, pl in levels.items() if pl.is_exempt}
+        notes = route_notes(declared_costs(app, routes), max_seats, exempt)
+    except Exception:  # a note is never worth a worker that does not boot
+        glog.exception("apf: could not read the declared costs")
+        return
+    for note in notes:
+        glog.warning("apf: %s", note)

@@ -1,0 +1,150 @@
+"""server/startup.py without a server: unknown APF_* variables and their closest known name,
+the ready line, the per-route clamp notes, and package logs routed through gunicorn's error
+log. (The same on a real gunicorn: tests/test_server_startup.py.)"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+from apf_gunicorn.flask import cost
+from apf_gunicorn.flowcontrol.routes import parse_routes
+from apf_gunicorn.server import startup
+from apf_gunicorn.server.hooks import level_max_seats, load_generation
+from apf_gunicorn.server.settings import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_misspelled_setting_gets_the_closest_known_name() -> None:
+    env = {"APF_CONCURENCY_LIMIT": "4", "APF_TRUSTED_PROXY": "10.0.0.0/8",
+           "APF_CONFIG": "builtin:webapp", "APF_ZZZ": "1", "PATH": "/bin"}
+    assert startup.unknown_variable_warnings(env) == [
+        "unknown setting APF_CONCURENCY_LIMIT is ignored; did you mean APF_CONCURRENCY_LIMIT?",
+        "unknown setting APF_TRUSTED_PROXY is ignored; did you mean APF_TRUSTED_PROXIES?",
+        "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADMIN_BIND, "
+        "APF_BORROWING_PERIOD, APF_CONCURRENCY_LIMIT, APF_CONFIG, APF_EXEMPT_THREADS, "
+        "APF_GROUP_HEADER, APF_HEADER_TIMEOUT, APF_INSTANCE, APF_METRICS_PREFIX, "
+        "APF_NO_ACCELERATOR, APF_QUEUE_WAIT_LIMIT, APF_REQUEST_INFO, APF_ROUTES, "
+        "APF_SERVICE_ESTIMATE, APF_TRUSTED_PROXIES, APF_USER_FROM, APF_USER_HEADER, "
+        "APF_WORKER_OOM_SCORE_ADJ, APF_WORK_ESTIMATOR",
+    ]
+
+
+def test_every_documented_setting_is_known_and_none_warns() -> None:
+    """The README's settings table and what the server reads agree: setting every documented
+    variable warns about none of them."""
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| `(APF_[A-Z_]+)`", readme, re.M))
+    documented |= set(re.findall(r"^\| `APF_[A-Z_]+`, `(APF_[A-Z_]+)`", readme, re.M))
+    assert {"APF_CONFIG", "APF_CONCURRENCY_LIMIT", "APF_GROUP_HEADER"} <= documented
+    known = startup.known_variables({})
+    assert documented <= known, documented - known
+    assert startup.unknown_variable_warnings(dict.fromkeys(documented, "")) == []
+
+
+def _generation(config: str | None, limit: int):
+    settings = load_settings({"APF_CONFIG": config or "", "APF_CONCURRENCY_LIMIT": str(limit)})
+    return settings, load_generation(settings)
+
+
+def test_ready_line_names_config_limit_levels_and_admin() -> None:
+    settings, gen = _generation(None, 64)
+    line = startup.ready_line(settings, gen, ("127.0.0.1", 9180), "on", 2, 64, env={})
+    assert line.startswith("ready: configuration builtin:webapp (default; set APF_CONFIG to "
+                           "change), limit 64 seats (default: 2 workers x 64 threads / 2), "
+                           "4 priority levels (nominal seats): ")
+    assert "exempt (exempt)" in line and ", users " in line and ", anonymous " in line
+    assert line.endswith("; admin http://127.0.0.1:9180/")
+    line = startup.ready_line(settings, gen, None, "off", 2, 64,
+                              env={"APF_CONCURRENCY_LIMIT": "64"})
+    assert "limit 64 seats (APF_CONCURRENCY_LIMIT)" in line
+    assert line.endswith("; admin endpoint off (APF_ADMIN_BIND=off)")
+    line = startup.ready_line(settings, gen, None, "busy", 2, 64, env={})
+    assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
+
+
+def test_route_notes_name_every_level_that_clamps_a_declared_cost() -> None:
+    app = Flask(__name__)
+
+    @app.get("/reports/<int:year>")
+    @cost(seats=4)
+    def report(year):
+        return ""
+
+    @app.post("/jobs")
+    @cost(seats=1, final_seats=3, additional_latency="1s")
+    def jobs():
+        return ""
+
+    @app.get("/small")
+    @cost(seats=1)
+    def small():
+        return ""
+
+    routes = parse_routes({"routes": [{"path": "/export/<path:rest>", "seats": 3}]},
+                          "routes.yaml")
+    costs = startup.declared_costs(app, routes)
+    assert [w for w, _ in costs] == ["@cost on GET /reports/<int:year>", "@cost on POST /jobs",
+                                     "@cost on GET /small",
+                                     "APF_ROUTES routes.yaml: routes[0] (/export/<path:rest>)"]
+    max_seats = {"exempt": 100, "big": 8, "mid": 2, "tiny": 1}
+    notes = startup.route_notes(costs, max_seats, {"exempt"})
+    tail = " (a level's widest request; see docs/work-estimation.md)"
+    assert notes == [
+        "@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to 1 on priority level "
+        "tiny; clamped to 2 on priority level mid" + tail,
+        "@cost on POST /jobs asks for 1 seat(s) and 3 final seat(s): clamped to 1 (final 1) on "
+        "priority level tiny; clamped to 1 (final 2) on priority level mid" + tail,
+        "APF_ROUTES routes.yaml: routes[0] (/export/<path:rest>) asks for 3 seat(s): clamped "
+        "to 1 on priority level tiny; clamped to 2 on priority level mid" + tail,
+    ]
+
+
+def test_route_notes_use_the_servers_max_seats() -> None:
+    settings, gen = _generation(str(ROOT / "tests" / "apps" / "seats.yaml"), 16)
+    app = Flask(__name__)
+
+    @app.get("/clamped")
+    @cost(seats=4)
+    def clamped():
+        return ""
+
+    notes = startup.route_notes(startup.declared_costs(app, None),
+                                level_max_seats(gen, settings), {"exempt"})
+    assert notes == ["@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority level "
+                     "catch-all; clamped to 2 on priority level narrow (a level's widest "
+                     "request; see docs/work-estimation.md)"]
+
+
+@pytest.fixture
+def package_logger():
+    logger = logging.getLogger(startup.PACKAGE_LOGGER)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield logger
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
+def test_package_logs_go_through_gunicorns_error_log(package_logger) -> None:
+    from gunicorn.config import Config
+    from gunicorn.glogging import Logger
+
+    glog = Logger(Config())
+    out = io.StringIO()
+    for h in glog.error_log.handlers:  # gunicorn's own handler and format, into a buffer
+        h.setStream(out)
+    startup.route_logs(glog)
+    startup.route_logs(glog)  # idempotent: one handler, one line per record
+    logging.getLogger("apf_gunicorn.middleware").warning("apf: clamped %d", 4)
+    logging.getLogger("apf_gunicorn.admin").debug("not at gunicorn's level (info)")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}\] \[\d+\] \[WARNING\] "
+                        r"apf: clamped 4", lines[0]), lines[0]
