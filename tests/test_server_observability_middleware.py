@@ -10,11 +10,9 @@ import pytest
 
 from apf_gunicorn.flowcontrol import retryafter
 from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
+from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec  # noqa: E402
 from apf_gunicorn.server.dispatcher import Parking
 from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-
-ledger_mod = pytest.importorskip("apf_gunicorn.ledger.ledger")
-Ledger, LevelSpec, Capacity = ledger_mod.Ledger, ledger_mod.LevelSpec, ledger_mod.Capacity
 
 T0 = 1_000_000_000_000
 LEVEL = NS(name="rej", uid="uid-pl", is_exempt=False)

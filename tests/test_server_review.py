@@ -80,6 +80,7 @@ def _kill(pid: int) -> None:
         pass
 
 
+@pytest.mark.server
 def test_a_process_the_app_forked_does_not_keep_the_grant_socket_from_the_next_worker(
         server_factory):
     """An app that forks (multiprocessing's default on Linux) gave the child the worker's grant
@@ -122,6 +123,7 @@ def _pid_gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.server
 def test_admin_endpoint_comes_back_in_the_new_master_after_a_usr2_upgrade(server_factory,
                                                                           tmp_path):
     """USR2: the new master finds the admin port held by the old one and runs without it. Once
@@ -262,6 +264,7 @@ def test_worker_indices_beyond_the_ledger_worker_table_are_not_handed_out(master
     assert _fork(server, 3001).apf_index == 3
 
 
+@pytest.mark.server
 def test_a_configuration_larger_than_the_ledger_fails_start_cleanly(server_factory, tmp_path):
     """A valid configuration with more priority levels than the ledger holds (64): the ledger's
     ValueError escaped on_starting after the segment was created, so gunicorn died with a
@@ -337,6 +340,7 @@ def test_refresh_does_not_bring_back_an_index_child_exit_just_freed(master):
     assert 0 not in master.workers, f"index resurrected: {dict(master.workers)}"
 
 
+@pytest.mark.server
 def test_max_requests_restarts_reuse_worker_indices_on_real_gunicorn(server_factory):
     """End to end for the index leak: a worker restarted by max_requests again and again must
     keep getting index 0 (one worker), whatever the master's 1 s refresh saw while it booted."""

@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import APPS
 
+pytestmark = pytest.mark.server
+
 ENV = {"APF_CONCURRENCY_LIMIT": "16", "APF_ROUTES": str(APPS / "seats_routes.yaml")}
 
 

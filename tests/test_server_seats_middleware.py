@@ -17,11 +17,9 @@ from apf_gunicorn.flask import ViewCosts, cost, view_cost
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
 from apf_gunicorn.flowcontrol.routes import parse_routes
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec  # noqa: E402
 from apf_gunicorn.server.dispatcher import Parking
 from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-
-ledger_mod = pytest.importorskip("apf_gunicorn.ledger.ledger")
-Ledger, LevelSpec, Capacity = ledger_mod.Ledger, ledger_mod.LevelSpec, ledger_mod.Capacity
 
 T0 = 1_000_000_000_000
 LEVEL = NS(name="lvl", uid="uid-pl", is_exempt=False)

@@ -34,19 +34,17 @@ def _burst(srv, n=8, ms=500):
     return results, max(r[2] for r in results) - t0
 
 
-@pytest.mark.parametrize("worker_class,expect_balanced", [(WORKER, True), ("gthread", False)])
-def test_accept_gating_balances_workers(server_factory, worker_class, expect_balanced):
-    conf = ("-k", worker_class, "--no-control-socket")
+def test_accept_gating_balances_workers(server_factory):
+    # Stock gthread (-k gthread) usually splits these unevenly, up to 8/0: it accepts while its
+    # only thread is busy (docs/server.md has the measured 4.03 s against 2.03 s). Not tested:
+    # how uneven depends on scheduling.
+    conf = ("-k", WORKER, "--no-control-socket")
     with server_factory(workers=2, threads=1, conf=conf) as srv:
         srv.request("/hello")
         results, makespan = _burst(srv)
     assert all(r[0] == 200 for r in results)
     split = sorted(collections.Counter(r[1] for r in results).values())
-    print(f"{worker_class}: split {split}, makespan {makespan:.2f}s")
-    if expect_balanced:
-        assert split == [4, 4]
-        assert makespan < 2.4  # 4 rounds of 0.5 s
-    else:
-        # Stock gthread: documents the problem; it usually splits unevenly (not asserted,
-        # it depends on scheduling).
-        assert sum(split) == 8
+    print(f"{WORKER}: split {split}, makespan {makespan:.2f}s")
+    # one connection per worker at a time, the rest in the shared backlog: both workers
+    # serve every round
+    assert split == [4, 4]

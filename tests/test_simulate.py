@@ -15,7 +15,6 @@ from oracle_queueset import OracleBackend, OracleLevels
 
 from apf_gunicorn.simulate import (
     ScenarioError,
-    SimulationUnavailable,
     format_table,
     load_scenario,
     parse_scenario,
@@ -272,10 +271,7 @@ def test_borrowing_on_reference_port(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(BORROWING_EXPECTATIONS))
 def test_borrowing_on_production_ledger(name: str) -> None:
     scenario = load_scenario(os.path.join(BORROWING, name))
-    try:
-        doc = to_json(simulate(scenario))
-    except SimulationUnavailable as exc:
-        pytest.skip(f"production ledger not available: {exc}")
+    doc = to_json(simulate(scenario))
     _check_borrowing(doc, BORROWING_EXPECTATIONS[name])
 
 

@@ -18,7 +18,6 @@ import random
 import pytest
 from oracle_queueset import OracleBackend
 
-from apf_gunicorn.simulate import SimulationUnavailable
 from apf_gunicorn.simulate.backends import LedgerBackend
 
 CONFIGS = [
@@ -33,10 +32,7 @@ CONFIGS = [
 
 
 def _ledger(queues, hand, qll, limit):
-    try:
-        return LedgerBackend.create([("l", queues, hand, qll, limit)], slots=4096)
-    except SimulationUnavailable as exc:
-        pytest.skip(f"production ledger not available: {exc}")
+    return LedgerBackend.create([("l", queues, hand, qll, limit)], slots=4096)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "q{}-h{}-qll{}-c{}".format(*c))

@@ -14,7 +14,6 @@ import time
 
 from apf_gunicorn.simulate import (
     ScenarioError,
-    SimulationUnavailable,
     format_table,
     load_scenario,
     simulate,
@@ -59,9 +58,6 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         result = simulate(scenario)
-    except SimulationUnavailable as exc:
-        print(f"apf-gunicorn simulate: {exc}", file=sys.stderr)
-        return 2
     except ScenarioError as exc:  # the configuration form's objects, checked when run
         print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .backends import SimulationUnavailable, ledger_backend
+from .backends import ledger_backend
 from .harness import Backend, RunResult, UniformHarness
 from .report import format_table, to_json
 from .scenario import (
@@ -28,7 +28,7 @@ from .scenario import (
 )
 
 __all__ = [
-    "Scenario", "ScenarioError", "SimulationUnavailable", "RunResult", "load_scenario",
+    "Scenario", "ScenarioError", "RunResult", "load_scenario",
     "parse_scenario", "simulate", "to_json", "format_table",
 ]
 
@@ -41,8 +41,7 @@ def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
 
     ``backend_factory`` builds the fair-queuing backend for a ``queueSet`` scenario; the
     default is the production ledger; ``levels_factory(level_specs, clients)`` does the same for
-    the configuration form (see :func:`.configured.run_configured`). Raises :class:`SimulationUnavailable` when the scenario
-    needs code that is not there.
+    the configuration form (see :func:`.configured.run_configured`).
     """
     if scenario.queue_set is None:
         from .configured import run_configured  # the configuration form

@@ -9,17 +9,13 @@ a ``bytearray`` with a ``NullLock``, fed virtual nanoseconds. Handles are ``(slo
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from types import SimpleNamespace
-from typing import Any
+
+from apf_gunicorn.ledger import EXECUTE, REJECTED, Capacity, Ledger, LevelSpec
+from apf_gunicorn.ledger.lock import NullLock
 
 from .harness import Admission, DemandResults
 from .scenario import ClientSpec, QueueSetSpec
-
-
-class SimulationUnavailable(RuntimeError):
-    """The scenario needs code that is not in this installation (exit status 2)."""
 
 
 def concurrent_requests_bound(clients: Sequence[ClientSpec]) -> int:
@@ -36,59 +32,36 @@ def concurrent_requests_bound(clients: Sequence[ClientSpec]) -> int:
     return total
 
 
-def _ledger_api() -> SimpleNamespace:
-    """The ledger's public names, from the package or (while it is being assembled) from its
-    modules ``ledger``, ``layout`` and ``lock``."""
-    names = ("Ledger", "LevelSpec", "EXECUTE", "REJECTED", "Capacity", "NullLock")
-    found: dict[str, Any] = {}
-    for module in ("apf_gunicorn.ledger", "apf_gunicorn.ledger.ledger",
-                   "apf_gunicorn.ledger.layout", "apf_gunicorn.ledger.lock"):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        for n in names:
-            if n not in found and hasattr(mod, n):
-                found[n] = getattr(mod, n)
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise SimulationUnavailable(
-            "the seat ledger (apf_gunicorn.ledger) does not provide "
-            + ", ".join(missing) + " yet; the simulator drives only the production ledger")
-    return SimpleNamespace(**found)
-
-
 class LedgerBackend:
     """Levels of one production ledger; ``admit`` takes the level index ``configure`` gave."""
 
     name = "ledger"
 
-    def __init__(self, ledger: Any, levels: dict[str, int], api: Any) -> None:
+    def __init__(self, ledger: Ledger, levels: dict[str, int]) -> None:
         self.ledger = ledger
         self.levels = levels
-        self._api = api
-        self._rejected = api.REJECTED
 
     @classmethod
     def create(cls, specs: Sequence[tuple[str, int, int, int, int]], slots: int,
                now: int = 0) -> LedgerBackend:
         """``specs``: (name, desired_queues, hand_size, queue_length_limit, concurrency_limit)."""
-        api = _ledger_api()
         queues = max([1, *(s[1] for s in specs)])
-        capacity = _capacity(api, levels=len(specs), queues=queues * len(specs), slots=slots)
-        buf = bytearray(api.Ledger.size(capacity))
-        ledger = api.Ledger.create(buf, capacity, lock=api.NullLock())
-        levels, _ = ledger.configure([api.LevelSpec(*s) for s in specs], ["simulated"], now)
-        return cls(ledger, dict(levels), api)
+        default = Capacity()
+        capacity = Capacity(levels=max(len(specs), default.levels),
+                            queues=max(queues * len(specs), default.queues),
+                            slots=max(slots, default.slots))
+        ledger = Ledger.create(bytearray(Ledger.size(capacity)), capacity, lock=NullLock())
+        levels, _ = ledger.configure([LevelSpec(*s) for s in specs], ["simulated"], now)
+        return cls(ledger, dict(levels))
 
     def admit(self, level: int, flow_hash: int, initial: int, final: int,
               additional_latency_ns: int, now: int) -> Admission:
         res = self.ledger.admit(level, flow_hash, initial, final, additional_latency_ns, 0, now)
         granted = [(slot, gen) for slot, gen, _owner in res.granted]
-        if res.outcome == self._rejected:
+        if res.outcome == REJECTED:
             return Admission(None, res.reason, granted)
         handle = (res.slot, res.gen)
-        if res.outcome == self._api.EXECUTE and handle not in granted:
+        if res.outcome == EXECUTE and handle not in granted:
             granted.append(handle)
         return Admission(handle, "", granted)
 
@@ -110,15 +83,6 @@ class LedgerBackend:
     def epoch_advances(self) -> int:
         snap = self.ledger.snapshot(0)
         return sum(getattr(lv, "epoch_advances", 0) for lv in snap.levels)
-
-
-def _capacity(api: Any, levels: int, queues: int, slots: int) -> Any:
-    """A ``Capacity`` big enough for the scenario, with whatever fields the ledger names."""
-    fields = getattr(api.Capacity, "__dataclass_fields__", {})
-    wanted = {"levels": levels, "max_levels": levels, "queues": queues, "max_queues": queues,
-              "slots": slots, "max_slots": slots, "requests": slots}
-    kwargs = {k: max(v, getattr(api.Capacity(), k, 0)) for k, v in wanted.items() if k in fields}
-    return api.Capacity(**kwargs)
 
 
 def ledger_backend(qs: QueueSetSpec, clients: Sequence[ClientSpec]) -> LedgerBackend:

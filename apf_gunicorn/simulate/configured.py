@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from .backends import LedgerBackend, SimulationUnavailable, concurrent_requests_bound
+from apf_gunicorn.flowcontrol import borrowing, limits, loader, matching, validation
+
+from .backends import LedgerBackend, concurrent_requests_bound
 from .harness import RunResult, UniformHarness, Window
 from .scenario import ClientSpec, Scenario, ScenarioError
 
@@ -26,22 +28,9 @@ LevelSpecs = list[tuple[str, int, int, int, int]]
 ConfiguredBackendFactory = Callable[[LevelSpecs, Sequence[ClientSpec]], Any]
 
 
-def _modules() -> dict[str, Any]:
-    try:
-        from apf_gunicorn.flowcontrol import borrowing, limits, loader, matching, validation
-    except ImportError as exc:
-        raise SimulationUnavailable(
-            f"the configuration form needs the configuration loader, classifier and borrowing "
-            f"code, which this installation does not have ({exc}); use the queueSet form"
-        ) from None
-    return {"borrowing": borrowing, "limits": limits, "loader": loader, "matching": matching,
-            "validation": validation}
-
-
-def _load(scenario: Scenario, m: dict[str, Any]) -> Any:
+def _load(scenario: Scenario) -> Any:
     cfg = scenario.config
     assert cfg is not None
-    loader, validation = m["loader"], m["validation"]
     try:
         if cfg.path is not None:
             return loader.load_configuration(cfg.path)
@@ -65,10 +54,9 @@ def run_configured(scenario: Scenario,
     """Run a configuration-form scenario; ``backend_factory(level_specs, clients)`` must return
     a backend whose ``ledger`` has ``take_demand_stats`` and ``set_limits`` (the production
     ledger by default)."""
-    m = _modules()
-    config = _load(scenario, m)
+    config = _load(scenario)
     server_limit = scenario.config.server_concurrency_limit
-    level_limits = m["limits"].compute_limits(config.priority_levels.values(), server_limit)
+    level_limits = limits.compute_limits(config.priority_levels.values(), server_limit)
     levels = list(config.priority_levels.values())
     specs: LevelSpecs = []
     for pl in levels:
@@ -80,19 +68,19 @@ def run_configured(scenario: Scenario,
                       lim.nominal - lim.lendable // 2))
     backend = (backend_factory or ledger_factory)(specs, scenario.clients)
     index = backend.levels  # level name -> ledger index
-    classifier = m["matching"].Classifier(config)
+    classifier = matching.Classifier(config)
     routes, client_levels = [], []
     for client in scenario.clients:
         c = classifier.classify(client.attributes)
         routes.append((index[c.priority_level.name], c.flow_hash))
         client_levels.append(c.priority_level.name)
-    states = m["borrowing"].BorrowingStates()
+    states = borrowing.BorrowingStates()
     for pl in levels:
         states.state(pl.name, specs[levels.index(pl)][4])
     level_triples = [(pl.name, index[pl.name], pl.is_exempt) for pl in levels]
 
     def borrow(now: int) -> list:
-        grants = m["borrowing"].run_borrowing(backend.ledger, level_limits, states, now,
+        grants = borrowing.run_borrowing(backend.ledger, level_limits, states, now,
                                               server_limit=server_limit, levels=level_triples)
         return backend.handles_of(grants)
 
@@ -115,6 +103,6 @@ def run_configured(scenario: Scenario,
     harness = UniformHarness(
         scenario.clients, scenario.evaluate, backend, routes=routes,
         capacity=float(server_limit), on_window=on_window,
-        periodic=(m["borrowing"].ADJUSTMENT_PERIOD_NS, borrow),
+        periodic=(borrowing.ADJUSTMENT_PERIOD_NS, borrow),
     )
     return harness.run()
