@@ -452,19 +452,11 @@ def _die_after(settings, worker) -> int:
 
 
 def _optional_pieces(m, gen) -> dict:
-    """Retry-After tracker and request-detail encoder, when those modules exist."""
-    out = {}
-    try:
-        from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
-        out["retry_after"] = RetryAfterTracker()
-    except ImportError:
-        pass
-    try:
-        from apf_gunicorn.server.dumps import encode_detail
-        out["encode_detail"] = encode_detail
-    except ImportError:
-        pass
-    return out
+    """Retry-After tracker and request-detail encoder."""
+    from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
+    from apf_gunicorn.server.dumps import encode_detail
+
+    return {"retry_after": RetryAfterTracker(), "encode_detail": encode_detail}
 
 
 def worker_exit(server, worker) -> None:

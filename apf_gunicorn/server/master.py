@@ -22,6 +22,10 @@ import os
 import threading
 import time
 
+from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
+from apf_gunicorn.server.admin import AdminServer
+from apf_gunicorn.server.metrics import view_of_master_state
+
 log = logging.getLogger("apf_gunicorn.master")
 
 BORROWING_PERIOD_S = 10.0
@@ -106,10 +110,6 @@ class MasterServices(threading.Thread):
 
     def borrow_once(self) -> None:
         m = self.state
-        try:
-            from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
-        except ImportError:
-            return
         if m.borrowing_states is None:
             m.borrowing_states = BorrowingStates()
         gen = m.generation
@@ -134,11 +134,6 @@ class MasterServices(threading.Thread):
         bind = self.state.settings.admin_bind
         self.admin_retry = False
         if bind is None or self.admin is not None:
-            return
-        try:
-            from apf_gunicorn.server.admin import AdminServer
-            from apf_gunicorn.server.metrics import view_of_master_state
-        except ImportError:
             return
         try:
             from apf_gunicorn.server import state

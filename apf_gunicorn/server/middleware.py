@@ -36,7 +36,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from gunicorn.http.wsgi import HEADER_VALUE_RE as _GUNICORN_VALUE_RE
+from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
+from gunicorn.http.wsgi import Response as _GunicornResponse
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
@@ -47,13 +51,11 @@ from apf_gunicorn.flowcontrol.workestimate import (
     clamp,
     default_estimator,
 )
+from apf_gunicorn.ledger.ledger import EXECUTE, QUEUED
 from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
-# Ledger outcomes (contract in docs/ARCHITECTURE.md); resolved from the ledger package when
-# it provides constants, else these strings.
-EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 MAX_WAIT_NS = 60_000_000_000
 _CACHE_SIZE = 4096
@@ -96,21 +98,31 @@ class WorkerContext:
     nonexempt_threads: int = 0
 
 
-try:
-    from gunicorn.http.wsgi import HEADER_VALUE_RE as _GUNICORN_VALUE_RE
-    from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
-    from gunicorn.http.wsgi import Response as _GunicornResponse
-except ImportError:  # another server, or a gunicorn without these names: the plain WSGI way
-    _GunicornResponse = None
 
 
 def _gunicorn_accepts(headers: list[tuple[str, str]]) -> bool:
     """Whether gunicorn's own response-header checks pass ``headers`` (then they can go
     straight into its header list: see ``APFMiddleware.__call__``)."""
-    if _GunicornResponse is None:
-        return False
     return all(_GUNICORN_NAME_RE.fullmatch(n) and _GUNICORN_VALUE_RE.fullmatch(v)
                for n, v in headers)
+
+
+class Shape(NamedTuple):
+    """What the middleware decides once per request shape (cached by the environ values the
+    built-in resolver reads)."""
+
+    level: int  # the ledger's level index
+    flow_hash: int
+    initial: int  # seats while the request runs
+    final: int  # seats held after it, for ``al`` ns (Kubernetes' final seats)
+    al: int  # additional latency, ns
+    fs_index: int  # the ledger's FlowSchema index (stats entry)
+    detail: bytes  # encoded request attributes for the dumps
+    early: bool  # seats go back when the app returns its iterable (watch, long-running);
+    #              also admit's ``watch`` (the execution histogram's type)
+    route: _Route
+    attrs: Any  # flowcontrol.requestinfo.RequestAttributes
+    c: Any  # flowcontrol.matching.Classification
 
 
 class _Route:
@@ -176,14 +188,6 @@ class APFMiddleware:
         self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0}
-        try:  # the ledger's own outcome constants, if it defines them
-            from apf_gunicorn.ledger import ledger as _ledger
-            global EXECUTE, QUEUED, REJECTED
-            EXECUTE = getattr(_ledger, "EXECUTE", EXECUTE)
-            QUEUED = getattr(_ledger, "QUEUED", QUEUED)
-            REJECTED = getattr(_ledger, "REJECTED", REJECTED)
-        except ImportError:
-            pass
 
     # -- the request path ------------------------------------------------------------------
 
@@ -205,6 +209,7 @@ class APFMiddleware:
                     cache[key] = shape
             else:
                 shape = self._classify_request(environ)
+            # Shape's fields, unpacked at once (cheaper than eleven attribute reads)
             level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c = shape
             if self._hook is not None:
                 dynamic = self._hook(environ, attrs, c)
@@ -282,12 +287,8 @@ class APFMiddleware:
         body._gen = gen
         return body
 
-    def _classify_request(self, environ) -> tuple:
-        """Everything a request shape decides, in the order ``__call__`` unpacks it: (level
-        index, flow hash, initial seats, final seats, additional latency ns, FlowSchema index,
-        detail, early, route, attributes, classification). ``early``: seats go back when the
-        app returns its iterable (a watch, or a long-running cost); it is also ``admit``'s
-        ``watch`` (the execution histogram's type)."""
+    def _classify_request(self, environ) -> Shape:
+        """Everything a request shape decides (:class:`Shape`)."""
         attrs = self._resolve(environ)
         c = self._classify(attrs)
         route = self._routes.get(c.flow_schema.name)
@@ -302,10 +303,10 @@ class APFMiddleware:
         est = self._shape_estimate(environ, attrs, c, route) if self._shape_costs else None
         early = attrs.verb == "watch" or (est is not None and est.long_running)
         if est is None:  # one seat, no tail: the common case
-            return (route.level, c.flow_hash, 1, 0, 0, route.fs_index, detail, early, route,
-                    attrs, c)
-        return (route.level, c.flow_hash, est.initial_seats, est.final_seats,
-                est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c)
+            return Shape(route.level, c.flow_hash, 1, 0, 0, route.fs_index, detail, early,
+                         route, attrs, c)
+        return Shape(route.level, c.flow_hash, est.initial_seats, est.final_seats,
+                     est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c)
 
     def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
         """The per-shape cost: Flask ``@cost`` > route file > ctx.estimator; None: one seat."""
