@@ -272,7 +272,7 @@ def micro(config_path: str, n: int = 50_000) -> tuple[float, float]:
     from apf_gunicorn.server import shm
     from apf_gunicorn.server.dispatcher import Parking
     from apf_gunicorn.server.dumps import encode_detail
-    from apf_gunicorn.server.hooks import level_specs
+    from apf_gunicorn.server.generation import level_specs
     from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
     from apf_gunicorn.server.state import Generation
 

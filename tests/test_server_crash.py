@@ -73,8 +73,9 @@ def test_sigkill_random_workers_under_load(server_factory):
 
 
 def test_worker_killed_while_holding_the_ledger_lock(server_factory):
-    env = {"APF_TEST_DIE_IN_LOCK": "40"}
-    with server_factory(workers=2, threads=16, env=env) as srv:
+    env = {"APF_TEST_DIE_IN_LOCK": "40"}  # read by tests/apps/dying_conf.py
+    with server_factory(workers=2, threads=16, env=env,
+                        conf=("-c", "python:tests.apps.dying_conf")) as srv:
         first = set(srv.workers())
         stop = threading.Event()
         clients = [Client(srv.port, "/work?ms=20", user=f"d{i}", stop=stop, timeout=10)

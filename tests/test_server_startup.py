@@ -79,6 +79,9 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     with server_factory(workers=2, threads=8, env=env, config=str(APPS / "seats.yaml"),
                         args=("tests.apps.seats_app:app",)) as srv:
         assert srv.request("/clamped?ms=1")[0] == 200
+        # the first worker (index 0) logs the notes as it boots, which may be after the other
+        # worker answered
+        log = srv.wait_for(lambda: "@cost on GET /clamped" in srv.log() and srv.log())
         log = srv.log()
     check = subprocess.run([sys.executable, "-m", "apf_gunicorn", "check", str(APPS / "seats.yaml"),
                             "--workers", "2", "--threads", "8", "--json"],

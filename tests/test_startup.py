@@ -15,7 +15,7 @@ from flask import Flask
 from apf_gunicorn.flask import cost
 from apf_gunicorn.flowcontrol.routes import parse_routes
 from apf_gunicorn.server import startup
-from apf_gunicorn.server.hooks import level_max_seats, load_generation
+from apf_gunicorn.server.generation import level_max_seats, load_generation
 from apf_gunicorn.server.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.matching import Classifier
-from apf_gunicorn.server.hooks import thread_budget
+from apf_gunicorn.server.generation import thread_budget
 from apf_gunicorn.server.settings import load_settings
 from apf_gunicorn.server.state import Generation
 

@@ -178,7 +178,7 @@ def test_settings_and_server_wiring(tmp_path) -> None:
     from apf_gunicorn.flowcontrol.loader import load_configuration
     from apf_gunicorn.flowcontrol.requestinfo import HookedResolver, RequestInfoResolver
     from apf_gunicorn.flowcontrol.routes import parse_routes
-    from apf_gunicorn.server import hooks
+    from apf_gunicorn.server import generation
     from apf_gunicorn.server.settings import SettingsError, load_settings
 
     assert load_settings({}).work_estimator is None
@@ -188,16 +188,16 @@ def test_settings_and_server_wiring(tmp_path) -> None:
 
     settings = load_settings({"APF_CONCURRENCY_LIMIT": "16"})
     seats_yaml = str(Path(__file__).parent / "apps" / "seats.yaml")
-    gen = hooks.load_generation(dataclass_replace(settings, seats_yaml))
-    assert hooks.level_max_seats(gen, settings) == {"wide": 8, "narrow": 2, "exempt": 16,
-                                                    "catch-all": 1}
+    gen = generation.load_generation(dataclass_replace(settings, seats_yaml))
+    assert generation.level_max_seats(gen, settings) == {
+        "wide": 8, "narrow": 2, "exempt": 16, "catch-all": 1}
     assert load_configuration(seats_yaml)  # the file the server test uses
 
     table = parse_routes([{"path": "/a", "seats": 2}])
     builtin = RequestInfoResolver(routes=table)
-    assert hooks.route_table(builtin) is table
-    assert hooks.route_table(HookedResolver(lambda e: {}, builtin)) is table
-    assert hooks.route_table(RequestInfoResolver()) is None
+    assert generation.route_table(builtin) is table
+    assert generation.route_table(HookedResolver(lambda e: {}, builtin)) is table
+    assert generation.route_table(RequestInfoResolver()) is None
 
 
 def dataclass_replace(settings, config_path):

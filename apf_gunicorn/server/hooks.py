@@ -23,13 +23,17 @@ A user config that defines its own hook of the same name should call ours from i
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import signal
 import time
 
-from apf_gunicorn.server import startup, state
+from apf_gunicorn.server import startup, state, worker_setup
+from apf_gunicorn.server.generation import (
+    config_error_lines,
+    configure_ledger,
+    load_generation,
+    thread_budget,
+)
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
 log = logging.getLogger("apf_gunicorn")
@@ -53,67 +57,8 @@ def check_worker_class(worker_class) -> str | None:
             "requests park a thread while they wait in a queue")
 
 
-# -- configuration --------------------------------------------------------------------------
-
-def load_generation(settings, number: int = 1, ledger=None):
-    """Load APF_CONFIG and derive limits and the classifier. Raises the loader's error list."""
-    from apf_gunicorn.flowcontrol.limits import compute_limits
-    from apf_gunicorn.flowcontrol.loader import load_configuration
-    from apf_gunicorn.flowcontrol.matching import Classifier
-
-    cfg = load_configuration(settings.config_path)
-    limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
-    return state.Generation(cfg, limits, Classifier(cfg), {}, {}, number)
 
 
-def level_specs(gen) -> list:
-    from apf_gunicorn.ledger.ledger import LevelSpec
-
-    specs = []
-    for name, pl in sorted(gen.configuration.priority_levels.items()):
-        q = pl.queuing
-        specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
-                               q.queue_length_limit if q else 0, int(gen.limits[name].nominal)))
-    return specs
-
-
-def configure_ledger(ledger, gen, now: int):
-    fs_names = [fs.name for fs in gen.configuration.flow_schemas]
-    levels, schemas = ledger.configure(level_specs(gen), fs_names, now)
-    gen.level_index = dict(levels)
-    gen.fs_index = dict(schemas)
-
-
-def config_error_lines(exc: BaseException) -> list[str]:
-    errors = exc if isinstance(exc, list) else getattr(exc, "errors", None)
-    if errors:
-        return [str(e) for e in errors]
-    return [str(exc) or type(exc).__name__]
-
-
-def thread_budget(gen, settings, workers: int, threads: int) -> str | None:
-    """A warning when the threads non-exempt requests may use (each worker's threads less
-    ``APF_EXEMPT_THREADS``) cannot hold the executing + queued requests the configuration
-    allows (parked requests hold a thread each)."""
-    reserve = settings.exempt_threads
-    total = workers * (threads - reserve)
-    queued = 0
-    for pl in gen.configuration.priority_levels.values():
-        if pl.queuing is not None and not pl.is_exempt:
-            queued += pl.queuing.queues * pl.queuing.queue_length_limit
-    limit = settings.concurrency_limit
-    usable = (f"workers x (threads - APF_EXEMPT_THREADS) = {workers} x ({threads} - {reserve}) "
-              f"= {total} threads")
-    if total <= limit:
-        return (f"{usable} cannot even run the concurrency limit of {limit} seats "
-                f"(APF_CONCURRENCY_LIMIT); nothing would ever queue in APF. Raise "
-                f"--threads/--workers or lower the limit.")
-    if total < limit + queued:
-        return (f"{usable} hold the {limit} executing seats plus only {total - limit} waiting "
-                f"requests, while the configuration allows {queued} queued (sum of queues x "
-                f"queueLengthLimit); beyond that, a worker whose non-exempt threads are all "
-                f"taken answers 429 (reason thread-reserve) at once.")
-    return None
 
 
 # -- master hooks -----------------------------------------------------------------------------
@@ -308,7 +253,9 @@ def post_fork(server, worker) -> None:
         m.sender.close()
     if m.services is not None:
         m.services.close_in_child()
-    set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid, server.log)
+    worker_setup.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
+                                          server.log)
+
 
 
 def post_worker_init(worker) -> None:
@@ -318,145 +265,13 @@ def post_worker_init(worker) -> None:
     m = state.MASTER
     if m is None:
         raise SystemExit("apf: the master did not set up the ledger (on_starting hook missing?)")
-
-    from apf_gunicorn.ledger.ledger import Ledger
-    from apf_gunicorn.server.channel import GrantInbox, GrantSender
-    from apf_gunicorn.server.dispatcher import Dispatcher, Parking
-    from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-    from apf_gunicorn.server.worker import ApfThreadWorker
-
-    index = getattr(worker, "apf_index", None)
-    if index is None:
+    if getattr(worker, "apf_index", None) is None:
         worker.log.error("apf: the ledger's worker table (%d entries) is full; this worker "
                          "(pid %s) serves WITHOUT priority and fairness. Restart the server "
                          "to size the table for the new number of workers.",
                          m.capacity.workers, os.getpid())
         return
-    gen = m.generation
-    lock = _worker_lock(_die_after(m.settings, worker))
-    ledger = Ledger.attach(m.segment.ledger_buffer, lock=lock)
-    ledger.register_worker(index, os.getpid(), time.monotonic_ns())
-    inbox = GrantInbox(m.token, index)
-    os.register_at_fork(after_in_child=_close_grant_socket_in_child)
-    sender = GrantSender(m.token)
-    parking = Parking()
-
-    def deliver(granted, _grant=parking.grant, _me=index, _send=sender.send_grants):
-        others = False
-        for slot, gen_, owner in granted:
-            if owner == _me:
-                _grant(slot, gen_)
-            else:
-                others = True
-        if others:
-            _send(granted, _me)
-
-    dispatcher = Dispatcher(parking, inbox, ledger, owner=index, deliver=deliver,
-                            alive=lambda: worker.alive)
-    ctx = WorkerContext(
-        ledger=ledger, resolver=m.resolver, classifier=gen.classifier,
-        level_index=gen.level_index, fs_index=gen.fs_index, owner=index, parking=parking,
-        deliver=deliver, add_linger=dispatcher.add_linger,
-        queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
-        max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
-        work_estimator=_work_estimator(m.settings), **_thread_reserve(worker, m.settings),
-        **_optional_pieces(m, gen))
-    if isinstance(worker, ApfThreadWorker):
-        worker.apf_on_head_timeout = ledger.count_head_timeout
-        worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
-        worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
-    if index == 0:
-        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen)
-    middleware = APFMiddleware(worker.wsgi, ctx)
-    worker.wsgi = middleware
-    state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,
-                                     parking=parking, dispatcher=dispatcher, inbox=inbox,
-                                     sender=sender, middleware=middleware, worker=worker)
-    dispatcher.start()
-
-
-def _close_grant_socket_in_child() -> None:
-    """A process the application forks (multiprocessing, os.fork) must not keep this worker's
-    grant socket: it would hold the abstract name after the worker dies, and the replacement
-    worker's bind would fail (EADDRINUSE in post_worker_init halts the whole server)."""
-    w = state.WORKER
-    if w is not None and w.inbox is not None and os.getpid() != w.pid:
-        w.inbox.close()
-
-
-def _thread_reserve(worker, settings) -> dict:
-    """The middleware's view of the worker's thread reserve (ApfThreadWorker only)."""
-    from apf_gunicorn.server.worker import ApfThreadWorker
-
-    if not isinstance(worker, ApfThreadWorker):
-        return {}
-    return {"inflight": worker.apf_inflight,
-            "nonexempt_threads": worker.cfg.threads - settings.exempt_threads}
-
-
-def set_worker_oom_score_adj(step: int | None, master_pid: int, log_) -> int | None:
-    """Raise this process's ``oom_score_adj`` to the master's + ``step`` (at most 1000), so
-    under memory pressure the kernel kills a worker (whose seats the master reclaims) before
-    the master (which owns the ledger). Raising needs no privilege. Returns the value set,
-    None when off or not possible (logged)."""
-    if step is None:
-        return None
-    try:
-        with open(f"/proc/{master_pid}/oom_score_adj") as f:
-            base = int(f.read().strip() or 0)
-        value = min(1000, base + step)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(value))
-        return value
-    except (OSError, ValueError) as e:
-        log_.warning("apf: could not raise this worker's oom_score_adj above the master's "
-                     "(APF_WORKER_OOM_SCORE_ADJ): %s", e)
-        return None
-
-
-def level_max_seats(gen, settings) -> dict[str, int]:
-    """Per level, the widest request the work estimate is clamped to (docs/work-estimation.md)."""
-    from apf_gunicorn.flowcontrol.workestimate import level_max_seats as widest
-
-    levels = gen.configuration.priority_levels
-    return {name: widest(lim, levels[name].is_exempt if name in levels else False,
-                         settings.concurrency_limit)
-            for name, lim in gen.limits.items()}
-
-
-def route_table(resolver):
-    """The APF_ROUTES table behind a resolver (the built-in one, or an APF_REQUEST_INFO hook's
-    fallback), for its cost entries; None without one."""
-    for candidate in (resolver, getattr(resolver, "fallback", None)):
-        table = getattr(candidate, "routes", None)
-        if table is not None:
-            return table
-    return None
-
-
-def _work_estimator(settings):
-    """The APF_WORK_ESTIMATOR hook (already imported by the master, so loading is cheap)."""
-    if not settings.work_estimator:
-        return None
-    from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
-
-    return load_estimator_hook(settings.work_estimator)
-
-
-def _die_after(settings, worker) -> int:
-    """Test only (APF_TEST_DIE_IN_LOCK=N): the first worker SIGKILLs itself inside its Nth
-    critical section, so tests can check recovery from a lock holder that died."""
-    if settings.test_die_in_lock and getattr(worker, "age", 0) == 1:
-        return settings.test_die_in_lock
-    return 0
-
-
-def _optional_pieces(m, gen) -> dict:
-    """Retry-After tracker and request-detail encoder."""
-    from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
-    from apf_gunicorn.server.dumps import encode_detail
-
-    return {"retry_after": RetryAfterTracker(), "encode_detail": encode_detail}
+    state.WORKER = worker_setup.attach(worker, m)
 
 
 def worker_exit(server, worker) -> None:
@@ -487,22 +302,3 @@ def worker_abort(worker) -> None:
         w.parking.stop_all()
 
 
-def _worker_lock(die_after: int):
-    from apf_gunicorn.ledger.lock import ProcessLock
-
-    if not die_after:
-        return ProcessLock()
-
-    class DyingLock(ProcessLock):
-        """Test only: SIGKILLs this process while it holds the ledger lock."""
-
-        count = 0
-
-        def acquire(self):
-            dead = super().acquire()
-            DyingLock.count += 1
-            if DyingLock.count == die_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return dead
-
-    return DyingLock()

@@ -62,7 +62,6 @@ class Settings:
     admin_bind: tuple[str, int] | None  # None: off
     metrics_prefix: str
     instance: str  # user-chosen instance id, part of the shm and socket names
-    test_die_in_lock: int  # test only: a worker SIGKILLs itself in its Nth critical section
     # seconds between borrowing rounds; Kubernetes' 10 s unless changed for tests/experiments
     borrowing_period_s: float = DEFAULT_BORROWING_PERIOD_S
     # "module:callable" (environ, attributes, classification) -> WorkEstimate | dict | None
@@ -170,13 +169,6 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         raise SettingsError("APF_INSTANCE", instance,
                             "must be at most 40 characters from A-Z a-z 0-9 _ . -")
 
-    raw = get("APF_TEST_DIE_IN_LOCK")
-    die = 0
-    if raw is not None:
-        die = _int(raw) if _int(raw) is not None else -1
-        if die < 0:
-            raise SettingsError("APF_TEST_DIE_IN_LOCK", raw, "must be a non-negative integer")
-
     raw = get("APF_BORROWING_PERIOD")
     if raw is None:
         period = DEFAULT_BORROWING_PERIOD_S
@@ -249,7 +241,6 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         admin_bind=admin_bind,
         metrics_prefix=prefix,
         instance=instance,
-        test_die_in_lock=die,
         borrowing_period_s=period,
         work_estimator=work_estimator,
         service_estimate_ns=service_ns,

@@ -277,7 +277,7 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
 
     Args:
         costs: :func:`declared_costs`.
-        max_seats: level name -> widest request it admits (``hooks.level_max_seats``).
+        max_seats: level name -> widest request it admits (``generation.level_max_seats``).
         exempt: names of exempt levels (never limited; left out).
 
     Returns:

@@ -1,0 +1,107 @@
+"""A configuration generation: what the master derives from ``APF_CONFIG`` and applies to the
+ledger, at start and on every HUP.
+
+    gen = load_generation(settings)            # raises the loader's errors
+    configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
+    warning = thread_budget(gen, settings, workers, threads)
+
+Workers take the per-level request widths (``level_max_seats``) and the route cost table
+(``route_table``) from the generation they inherit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apf_gunicorn.flowcontrol.limits import compute_limits
+from apf_gunicorn.flowcontrol.loader import load_configuration
+from apf_gunicorn.flowcontrol.matching import Classifier
+from apf_gunicorn.flowcontrol.workestimate import level_max_seats as widest
+from apf_gunicorn.ledger.ledger import LevelSpec
+from apf_gunicorn.server.state import Generation
+
+if TYPE_CHECKING:
+    from apf_gunicorn.ledger.ledger import Ledger
+    from apf_gunicorn.server.settings import Settings
+
+
+def load_generation(settings: Settings, number: int = 1) -> Generation:
+    """Load ``APF_CONFIG`` and derive the levels' limits and the classifier.
+
+    Raises:
+        ConfigErrors: the configuration is invalid (every error listed).
+        OSError: it cannot be read.
+    """
+    cfg = load_configuration(settings.config_path)
+    limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
+    return Generation(cfg, limits, Classifier(cfg), {}, {}, number)
+
+
+def level_specs(gen: Generation) -> list[LevelSpec]:
+    """The ledger's view of each priority level (queues, hand, queue length, nominal seats)."""
+    specs = []
+    for name, pl in sorted(gen.configuration.priority_levels.items()):
+        q = pl.queuing
+        specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
+                               q.queue_length_limit if q else 0, int(gen.limits[name].nominal)))
+    return specs
+
+
+def configure_ledger(ledger: Ledger, gen: Generation, now: int) -> None:
+    """Apply ``gen`` to the ledger and record the level and FlowSchema indices it gave."""
+    fs_names = [fs.name for fs in gen.configuration.flow_schemas]
+    levels, schemas = ledger.configure(level_specs(gen), fs_names, now)
+    gen.level_index = dict(levels)
+    gen.fs_index = dict(schemas)
+
+
+def config_error_lines(exc: BaseException) -> list[str]:
+    """One line per configuration error in ``exc`` (a ConfigErrors, a list, or any error)."""
+    errors = exc if isinstance(exc, list) else getattr(exc, "errors", None)
+    if errors:
+        return [str(e) for e in errors]
+    return [str(exc) or type(exc).__name__]
+
+
+def thread_budget(gen: Generation, settings: Settings, workers: int,
+                  threads: int) -> str | None:
+    """A warning when the threads non-exempt requests may use (each worker's threads less
+    ``APF_EXEMPT_THREADS``) cannot hold the executing + queued requests the configuration
+    allows (parked requests hold a thread each)."""
+    reserve = settings.exempt_threads
+    total = workers * (threads - reserve)
+    queued = 0
+    for pl in gen.configuration.priority_levels.values():
+        if pl.queuing is not None and not pl.is_exempt:
+            queued += pl.queuing.queues * pl.queuing.queue_length_limit
+    limit = settings.concurrency_limit
+    usable = (f"workers x (threads - APF_EXEMPT_THREADS) = {workers} x ({threads} - {reserve}) "
+              f"= {total} threads")
+    if total <= limit:
+        return (f"{usable} cannot even run the concurrency limit of {limit} seats "
+                f"(APF_CONCURRENCY_LIMIT); nothing would ever queue in APF. Raise "
+                f"--threads/--workers or lower the limit.")
+    if total < limit + queued:
+        return (f"{usable} hold the {limit} executing seats plus only {total - limit} waiting "
+                f"requests, while the configuration allows {queued} queued (sum of queues x "
+                f"queueLengthLimit); beyond that, a worker whose non-exempt threads are all "
+                f"taken answers 429 (reason thread-reserve) at once.")
+    return None
+
+
+def level_max_seats(gen: Generation, settings: Settings) -> dict[str, int]:
+    """Per level, the widest request the work estimate is clamped to (docs/work-estimation.md)."""
+    levels = gen.configuration.priority_levels
+    return {name: widest(lim, levels[name].is_exempt if name in levels else False,
+                         settings.concurrency_limit)
+            for name, lim in gen.limits.items()}
+
+
+def route_table(resolver):
+    """The APF_ROUTES table behind a resolver (the built-in one, or an APF_REQUEST_INFO hook's
+    fallback), for its cost entries; None without one."""
+    for candidate in (resolver, getattr(resolver, "fallback", None)):
+        table = getattr(candidate, "routes", None)
+        if table is not None:
+            return table
+    return None

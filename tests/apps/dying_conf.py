@@ -1,0 +1,34 @@
+"""gunicorn config for the lock-holder crash test: apf_gunicorn's conf, but the first worker
+SIGKILLs itself inside its Nth ledger critical section (``APF_TEST_DIE_IN_LOCK=N``, read here
+only), so the test sees the next locker repair the ledger after a holder died.
+
+    gunicorn -c python:tests.apps.dying_conf tests.apps.app:app
+"""
+
+import os
+import signal
+
+from apf_gunicorn.conf import *  # noqa: F403 - the whole product config
+from apf_gunicorn.ledger.lock import ProcessLock
+from apf_gunicorn.server import hooks, worker_setup
+
+DIE_AFTER = int(os.environ.get("APF_TEST_DIE_IN_LOCK", "0"))
+
+
+class DyingLock(ProcessLock):
+    """SIGKILLs this process while it holds the ledger lock, at its ``DIE_AFTER``th acquire."""
+
+    count = 0
+
+    def acquire(self):
+        dead = super().acquire()
+        DyingLock.count += 1
+        if DyingLock.count == DIE_AFTER:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return dead
+
+
+def post_fork(server, worker):
+    hooks.post_fork(server, worker)
+    if DIE_AFTER and worker.age == 1:  # the first worker only: its replacement lives
+        worker_setup.make_lock = DyingLock
