@@ -216,3 +216,146 @@ def test_a_failing_repair_keeps_the_lock_usable_and_is_retried(monkeypatch) -> N
     assert led.admit(levels["a"], 1, 1, 0, 0, 0, 2).outcome == EXECUTE  # repaired, then admitted
     assert led._w[L.H_REPAIRS] == 1
     assert verify(led) == []
+
+
+# -- a worker killed inside an operation: whole events only (the undo log) ----------------------
+
+DYING, SURVIVOR = 4242, 4343  # pids of worker 1 (killed) and worker 0
+
+
+class _Killed(BaseException):
+    """Raised by the tracer where the worker is SIGKILLed: nothing after it runs."""
+
+
+def _request_counters(led: Ledger) -> list[str]:
+    """Every broken identity between the per-request counters, level by level: each request
+    estimated is dispatched, rejected or still waiting, and the level's counters (the dumps)
+    are the sums of its stats entries' (the metrics)."""
+    out = []
+    snap = led.snapshot(1000 * S)
+    stats = led.request_stats()
+    for lv in snap.levels:
+        es = [e for e in stats if e.level == lv.name]
+        work = sum(e.work.count for e in es)
+        dispatched = sum(e.dispatched for e in es)
+        rejected = sum(sum(e.rejected.values()) for e in es)
+        cancelled = sum(e.rejected["cancelled"] + e.rejected["time-out"] for e in es)
+        if work != dispatched + rejected + lv.requests_waiting:
+            out.append(f"{lv.name}: estimated {work} != dispatched {dispatched} + rejected "
+                       f"{rejected} + waiting {lv.requests_waiting}")
+        if (lv.dispatched, lv.rejected, lv.cancelled) != (dispatched, rejected, cancelled):
+            out.append(f"{lv.name}: level counters {lv.dispatched, lv.rejected, lv.cancelled} "
+                       f"!= stats entries {dispatched, rejected, cancelled}")
+    return out
+
+
+def _dying_worker(led: Ledger, lv: dict) -> None:
+    """What worker 1 does: every kind of event (the inline fast admit and finish, queuing,
+    queue-full, dispatch by a finish, time-out, cancel, a reject-type level, exempt), and it
+    leaves one request running and one waiting."""
+    q, r, x = lv["q"], lv["r"], lv["x"]
+    t = 10 * MS
+    run = led.admit(q, 1, 1, 0, 0, 1, t)
+    assert run.outcome == EXECUTE  # the inline fast path: a seat free, nothing waiting
+    first = led.admit(q, 2, 1, 0, 0, 1, t + 1)
+    second = led.admit(q, 3, 1, 0, 0, 1, t + 2)
+    assert led.admit(q, 2, 1, 0, 0, 1, t + 3).reason == "queue-full"
+    assert (first.outcome, second.outcome) == (QUEUED, QUEUED)
+    assert led.cancel(first.slot, first.gen, t + 4, "time-out")
+    granted, _ = led.finish(run.slot, run.gen, t + 5)  # dispatches the second one
+    assert granted == [(second.slot, second.gen, 1)]
+    assert not led.cancel(second.slot, second.gen, t + 6, "cancelled")  # too late: it runs
+    led.finish(second.slot, second.gen, t + 7)
+    assert led.admit(q, 10, 1, 0, 0, 1, t + 7).outcome == EXECUTE  # still running at the end
+    gone = led.admit(q, 4, 1, 0, 0, 1, t + 8)
+    assert led.cancel(gone.slot, gone.gen, t + 9, "cancelled")
+    assert led.admit(q, 5, 1, 0, 0, 1, t + 10).outcome == QUEUED  # still waiting at the end
+    ran = led.admit(r, 6, 1, 0, 0, 1, t + 11)
+    assert led.admit(r, 7, 1, 0, 0, 1, t + 12).reason == "concurrency-limit"
+    led.finish(ran.slot, ran.gen, t + 13)
+    exempt = led.admit(x, 8, 1, 0, 0, 1, t + 14)
+    led.finish(exempt.slot, exempt.gen, t + 15)
+
+
+def _kill_at(line: int) -> bool:
+    """Run the dying worker until its ``line``-th line of ledger code under the lock, then
+    repair as the next locker does when the lock reports its dead holder, and reap it as
+    child_exit does. Returns whether it died."""
+    import sys
+
+    from apf_gunicorn.ledger import ledger as ledger_module
+    from apf_gunicorn.ledger import repair
+
+    lock = DeadHolderLock()
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=lock)
+    lv, _ = led.configure([LevelSpec("q", 2, 1, 1, 2), LevelSpec("r", 0, 0, 0, 1),
+                           LevelSpec("x", -1, 0, 0, 0)], ["fs"], 0)
+    led.register_worker(0, SURVIVOR, 0)
+    led.register_worker(1, DYING, 0)
+    held = led.admit(lv["q"], 9, 1, 0, 0, 0, MS)  # worker 0 holds one of q's two seats
+    files = {ledger_module.__file__, repair.__file__}
+    w = led._w
+    seen = [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename not in files:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and w[L.H_DIRTY]:  # inside an operation, holding the lock
+                seen[0] += 1
+                if seen[0] == line:
+                    raise _Killed
+            return local
+        return local
+
+    died = False
+    sys.settrace(tracer)
+    try:
+        _dying_worker(led, lv)
+    except _Killed:
+        died = True
+    finally:
+        sys.settrace(None)
+    lock.dead = DYING if died else None  # the next locker learns that the holder died
+    problems = _request_counters(led)
+    led.reap_worker(1, S)
+    led.finish(held.slot, held.gen, S + 1)
+    problems += _request_counters(led) + verify(led)
+    assert problems == [], f"killed at line {line}"
+    snap = led.snapshot(2 * S)
+    assert all(level.requests == [] for level in snap.levels)
+    assert led._w[L.H_REPAIRS] == (1 if died else 0)
+    return died
+
+
+def test_a_worker_killed_anywhere_in_an_operation_leaves_whole_events() -> None:
+    """SIGKILL at every line the ledger runs under the lock (the OOM killer, a test's kill):
+    the next locker's repair puts back the words of the half-done event from the undo log, so
+    the counters stay whole: estimated = dispatched + rejected, the dumps' level counters =
+    the metrics' stats entries. Without the undo log about a quarter of these points broke
+    them (test_metrics_match_dumps_and_clients_across_kill_and_hup failed when its kill
+    landed on one)."""
+    line = 1
+    while _kill_at(line):
+        line += 1
+    assert line > 500  # every line of every event was a death point
+
+
+def test_the_c_fast_admit_logs_every_word_it_counts() -> None:
+    """The C admit writes the same undo log as the Python fast path (byte identity is tested in
+    test_ledger_accelerator): killed just before it clears the log, its request is undone."""
+    led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=NullLock())
+    lv, _ = led.configure([LevelSpec("q", 2, 1, 1, 2)], ["fs"], 0)
+    led.finish(*led.admit(lv["q"], 1, 1, 0, 0, 0, MS)[1:3], 2 * MS)  # creates the stats entry
+    before = (led.snapshot(3 * MS).levels[0].dispatched,
+              [(e.work.count, e.dispatched) for e in led.request_stats()])
+    run = led.admit(lv["q"], 1, 1, 0, 0, 0, 4 * MS)
+    assert run.outcome == EXECUTE and led._w[L.H_UNDO_N] == 0
+    led._w[L.H_UNDO_N] = 5  # as if killed after its writes, before the log was cleared
+    led._w[L.H_DIRTY] = 1
+    after = (led.snapshot(5 * MS).levels[0].dispatched,
+             [(e.work.count, e.dispatched) for e in led.request_stats()])
+    assert after == before
+    assert led.snapshot(6 * MS).levels[0].requests == []  # its slot is free again
+    assert verify(led) == []

@@ -220,6 +220,23 @@ def test_metrics_match_dumps_and_clients_across_kill_and_hup(server_factory):
         assert total(m, "apf_current_inqueue_requests") == 0
 
 
+def test_the_readiness_probe_is_counted_once_when_workers_boot_slowly(server_factory):
+    # The test above takes its baseline right after the fixture's probe is answered. A probe
+    # the fixture gave up on (it waited 2 s) while no worker had booted stayed in the listen
+    # backlog, was served later and counted: one exempt request nobody sent, which broke
+    # "sent <= answered + errors" whenever the exempt clients saw no error.
+    aport = free_port()
+    with server_factory(workers=1, threads=4, env=admin_env(aport, APP_IMPORT_DELAY="2.5")):
+        def exempt() -> float:
+            return total(scrape(aport), "apf_dispatched_requests_total",
+                         priority_level="exempt")
+
+        late = exempt()
+        time.sleep(1.0)  # a probe left behind is accepted no later than the one answered
+        late = max(late, exempt())
+    assert late == 1
+
+
 # -- dumps ------------------------------------------------------------------------------------
 
 def test_dumps_layout_and_consistency_with_parked_requests(server_factory):

@@ -36,7 +36,7 @@
 /* layout.py, checked against LAYOUT at import */
 enum {
     H_FREE_HEAD = 12, H_FREE_COUNT = 13, H_HOLDER_PID = 15, H_DIRTY = 16, H_SERVICE_ADAPT = 22,
-    H_MUTEX = 24, LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 24,
+    H_UNDO_N = 23, H_MUTEX = 24, LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 24,
     L_USED = 0, L_QUIESCING = 1, L_DESIRED = 3, L_HAND = 4, L_C = 6, L_QBASE = 7, L_NQ = 9,
     L_SERIAL = 12, L_WAITING = 13, L_SEATS_WAITING = 14, L_R = 15, L_LAST_NS = 16,
     L_EXECUTING = 17, L_SEATS_IN_USE = 18, L_ACTIVE_QUEUES = 19, L_QSEATS = 20, L_I_T = 21,
@@ -50,6 +50,9 @@ enum {
     S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22, S_SERVICE_NS = 23,
     ST_FREE = 0, ST_EXECUTING = 2, NIL = -1,
 };
+
+/* stores to the ledger stay in program order (the undo log before what it covers) */
+#define COMPILER_BARRIER() __asm__ __volatile__("" ::: "memory")
 
 #define EXACT_BOUND ((__int128)1 << 50)
 #define HIGH_R (((uint64_t)-1 / 2) + ((uint64_t)-1 / 2) / 2)
@@ -77,7 +80,7 @@ typedef struct {
     PyObject *admit_resume;  /* Ledger._admit_resume(decline, *args, **kw), or NULL */
     PyObject *finish_resume; /* Ledger._finish_resume(decline, *args, **kw), or NULL */
     int64_t lvb, qb, sb, nlevels, nslots, details, detail_stride, detail_bytes;
-    int64_t e_work_sum, e_wait_x, e_exec_r, exec_stride, nd;
+    int64_t e_work_sum, e_wait_x, e_exec_r, exec_stride, nd, ub;
     int64_t work_at[102];    /* bucket word for 0..100 seats; [101] for more */
     int64_t dur[MAX_DUR];
     int ndur;
@@ -389,7 +392,24 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(res, 3, self->empty);
     PyTuple_SET_ITEM(res, 4, granted);
 
-    w[eb + (ms < 101 ? self->work_at[ms] : self->work_at[101])] += 1;
+    /* the undo log (Ledger._log): the words of this event that are not derived, with their
+     * values before; a worker killed from here on is rolled back by the next locker's repair */
+    int64_t bw = eb + (ms < 101 ? self->work_at[ms] : self->work_at[101]);
+    int64_t *undo = w + self->ub;
+    undo[0] = bw;
+    undo[1] = w[bw];
+    undo[2] = eb + self->e_work_sum;
+    undo[3] = w[eb + self->e_work_sum];
+    undo[4] = eb + self->e_wait_x;
+    undo[5] = w[eb + self->e_wait_x];
+    undo[6] = sa + S_STATE;
+    undo[7] = w[sa + S_STATE];
+    undo[8] = lb + L_DISPATCHED;
+    undo[9] = dispatched;
+    COMPILER_BARRIER();
+    w[H_UNDO_N] = 5; /* the pairs count only from here */
+    COMPILER_BARRIER();
+    w[bw] += 1;
     w[eb + self->e_work_sum] += ms;
     w[eb + self->e_wait_x] += 1; /* dispatched at arrival: a 0 s wait */
     int64_t q = deal_card(h, desired, enq % hs);
@@ -460,6 +480,8 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     w[lb + L_ROBIN] = q;
     w[lb + L_ENQUEUES] = enq + 1;
     w[lb + L_DISPATCHED] = dispatched + 1;
+    COMPILER_BARRIER();
+    w[H_UNDO_N] = 0; /* the event is whole */
     drop_lock(self);
     return res;
 }
@@ -677,8 +699,8 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "result_type must be a tuple subclass");
         return -1;
     }
-    int64_t c[13];
-    if (!fill_i64(consts, c, 13, "consts") || !fill_i64(work_at, self->work_at, 102, "work_at"))
+    int64_t c[14];
+    if (!fill_i64(consts, c, 14, "consts") || !fill_i64(work_at, self->work_at, 102, "work_at"))
         return -1;
     if (!PyTuple_Check(dur) || PyTuple_GET_SIZE(dur) > MAX_DUR) {
         PyErr_SetString(PyExc_ValueError, "dur: a tuple of at most 64 bounds");
@@ -719,6 +741,7 @@ fp_init(FastPath *self, PyObject *args, PyObject *kwds)
     self->e_exec_r = c[10];
     self->exec_stride = c[11];
     self->nd = c[12];
+    self->ub = c[13];
     return 0;
 }
 
@@ -846,7 +869,7 @@ PyInit__fastpath(void)
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii))",
+        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii)i)",
         H_FREE_HEAD, H_FREE_COUNT, H_HOLDER_PID, H_DIRTY, H_MUTEX, LEVEL_WORDS, QUEUE_WORDS,
         SLOT_WORDS,
         L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L_SERIAL, L_WAITING,
@@ -858,7 +881,7 @@ PyInit__fastpath(void)
         S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
         S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
         ST_FREE, ST_EXECUTING, NIL, H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N,
-        S_SERVICE_NS);
+        S_SERVICE_NS, H_UNDO_N);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

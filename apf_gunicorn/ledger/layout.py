@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
-VERSION = 6  # 6: thread-reserve rejections in the stats entries, H_HEAD_TIMEOUTS
+# 6: the undo log (H_UNDO_N, UNDO_PAIRS pairs after the header), the server counters after
+# it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM
+VERSION = 6
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -30,13 +32,19 @@ NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain)
     H_MAGIC, H_VERSION, H_CAP_LEVELS, H_CAP_QUEUES, H_CAP_SLOTS, H_CAP_WORKERS, H_CAP_FS,
     H_CAP_DETAIL, H_SIZE, H_OWNER_PID, H_GENERATION, H_SERVICE_NS, H_FREE_HEAD, H_FREE_COUNT,
     H_FS_COUNT, H_HOLDER_PID, H_DIRTY, H_REPAIRS, H_LEVELS_USED,
-    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL, H_SERVICE_ADAPT, H_HEAD_TIMEOUTS,
+    H_CAP_STATS, H_STATS_COUNT, H_LEVEL_SERIAL, H_SERVICE_ADAPT, H_UNDO_N,
 ) = range(24)
-# H_HEAD_TIMEOUTS: connections the workers answered 408 for a request head that did not
-#   arrive within APF_HEADER_TIMEOUT (server/worker.py); read lock-free
 H_MUTEX = 24  # 64 bytes (8 words) for a pthread_mutex_t (40 bytes on x86_64 glibc)
 MUTEX_BYTES = 64
 HEADER_WORDS = 32
+# The undo log (ledger.py ``_log``, repair.py ``rollback``): (word address, value before the
+# write) pairs of the event in progress, H_UNDO_N of them; 0 when no event is half done.
+UNDO_PAIRS = 32
+# Server-wide counters, after the undo log, written under the lock and read lock-free:
+# C_HEAD_TIMEOUTS = connections the workers answered 408 for a request head that did not arrive
+# within APF_HEADER_TIMEOUT (server/worker.py). The rest are spare.
+C_HEAD_TIMEOUTS = 0
+COUNTER_WORDS = 8
 
 # -- level record -----------------------------------------------------------------------------
 # Ordered for the fast paths (ledger.py): each reads one prefix of the record and writes back
@@ -123,7 +131,7 @@ class Layout:
     """Word offsets (and byte offsets for the raw areas) of every table for a capacity."""
 
     __slots__ = (
-        "cap", "level_base", "queue_base", "tree_base", "tree_words", "slot_base",
+        "cap", "undo_base", "counters_base", "level_base", "queue_base", "tree_base", "tree_words", "slot_base",
         "worker_base", "stats_base", "level_names", "fs_names", "details", "detail_stride",
         "stats_names", "size",
     )
@@ -131,6 +139,10 @@ class Layout:
     def __init__(self, cap: Capacity) -> None:
         self.cap = cap
         pos = HEADER_WORDS
+        self.undo_base = pos
+        pos += 2 * UNDO_PAIRS
+        self.counters_base = pos
+        pos += COUNTER_WORDS
         self.level_base = pos
         pos += cap.levels * LEVEL_WORDS
         self.queue_base = pos

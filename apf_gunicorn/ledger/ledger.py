@@ -39,6 +39,7 @@ from apf_gunicorn.ledger.layout import (
     H_FREE_HEAD,
     H_SERVICE_ADAPT,
     H_SERVICE_NS,
+    H_UNDO_N,
     L_ACTIVE_QUEUES,
     L_C,
     L_CANCELLED,
@@ -163,6 +164,7 @@ _HOT_ADMIT = struct.Struct("<Q5q6d4q")  # L_R .. L_DISPATCHED, what admit writes
 _SLOT = struct.Struct("<12q4Q2qQ5q")  # S_STATE .. S_SERVICE_NS
 _SLOT_FREE = struct.Struct("<7q")  # S_STATE .. S_NEXT
 _FREE_LIST = struct.Struct("<2q")  # H_FREE_HEAD, H_FREE_COUNT
+_UNDO5 = struct.Struct("<10q")  # five undo log pairs: what the fast admit logs
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 # the work histogram's bucket word for 0..100 seats
 _WORK_AT = tuple(E_WORK + bisect_left(WORK_BOUNDS, n) for n in range(101))
@@ -214,7 +216,8 @@ def _load_accelerator():
                 (S_STATE, S_GEN, S_OWNER, S_LEVEL, S_QUEUE, S_PREV, S_NEXT, S_INITIAL, S_FINAL,
                  S_AL, S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
                  S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
-                FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS))
+                FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS),
+                H_UNDO_N)
     if _fastpath.LAYOUT != expected:
         return None
     return _fastpath
@@ -336,6 +339,7 @@ class Ledger:
         self._qb = lay.queue_base
         self._sb = lay.slot_base
         self._lvb = lay.level_base
+        self._ub = lay.undo_base
         self._names: dict[str, int] = {}
         self._names_gen = -1
         self.pending_grants: list = []  # grants found by a repair inside snapshot/stats calls
@@ -438,7 +442,7 @@ class Ledger:
             self._mv, mode, pid, self._stats_at, AdmitResult, EXECUTE,
             (self._lvb, self._qb, self._sb, self._nlevels, self._nslots,
              self._details, self._detail_stride, self._detail_bytes, E_WORK_SUM, E_WAIT_X,
-             E_EXEC_R, EXEC_STRIDE, ND),
+             E_EXEC_R, EXEC_STRIDE, ND, self._ub),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
         self._fp.set_resume(self._admit_resume, self._finish_resume)
         self.admit = self._fp.admit_call
@@ -514,8 +518,41 @@ class Ledger:
         return granted
 
     def _leave_ok(self) -> None:
-        self._w[H_DIRTY] = 0
+        w = self._w
+        w[H_DIRTY] = 0
+        w[H_UNDO_N] = 0
         self._lock.release()
+
+    # -- the undo log -----------------------------------------------------------------------------
+    # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds
+    # the lock. Repair rebuilds everything derived from the slot table, but the per-request
+    # counters and the slot states it rebuilds from are not derivable: an event half written
+    # (a request's estimate counted but not its dispatch or rejection, a level's counter but not
+    # its stats entry's, a slot freed but its cancel not counted) would stay wrong for good. So
+    # each event notes the value of every counter and slot state word before it writes it
+    # (``_log``), and clears the log once the event is whole (``_commit``); repair puts back what
+    # a half-done event wrote (``repair.rollback``) before anything else. An event is one
+    # request's arrival with its outcome (run, queued, rejected), one dispatch, one cancel or
+    # time-out, one lost wait (a dead worker's queued request); an operation that dies between
+    # events keeps the events it completed. Execution histograms (finish) and derived state are
+    # not logged.
+
+    def _log(self, *addrs: int) -> None:
+        """Note each word's value before the current event writes it."""
+        w = self._w
+        n = w[H_UNDO_N]
+        if n + len(addrs) > L.UNDO_PAIRS:
+            raise RuntimeError("the ledger's undo log is full (an event logs too many words)")
+        at = self._ub + 2 * n
+        for a in addrs:
+            w[at] = a
+            w[at + 1] = w[a]
+            at += 2
+        w[H_UNDO_N] = n + len(addrs)  # the pairs count only from here
+
+    def _commit(self) -> None:
+        """The current event is complete: nothing to undo."""
+        self._w[H_UNDO_N] = 0
 
     # -- addressing ---------------------------------------------------------------------------
 
@@ -580,7 +617,9 @@ class Ledger:
 
     def _observe_wait(self, eb: int, ns: int) -> None:
         """The wait histogram with execute="true" (at dispatch, time-out or cancel)."""
-        self._w[eb + E_WAIT_X + bisect_left(_DUR, ns)] += 1
+        b = eb + E_WAIT_X + bisect_left(_DUR, ns)
+        self._log(b, eb + E_WAIT_X + ND)
+        self._w[b] += 1
         if ns:
             self._f[eb + E_WAIT_X + ND] += ns / 1e9
 
@@ -591,6 +630,7 @@ class Ledger:
 
     def _note_rejection(self, eb: int, reason: int, exempt: bool) -> None:
         w = self._w
+        self._log(eb + E_REJECTED + reason, eb + E_WAIT_R)
         w[eb + E_REJECTED + reason] += 1
         if not exempt:
             w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
@@ -599,17 +639,20 @@ class Ledger:
         """A waiting request whose worker is gone: counted as a cancel (reap, repair)."""
         w = self._w
         self._count_rejection(lb)
+        self._log(lb + L_CANCELLED)
         w[lb + L_CANCELLED] += 1
         eb = w[sa + S_STATS] >> 1
         lay = self._lay
         # (after a holder died mid-admit the slot may be half written: check the address)
         if (lay.stats_base <= eb < lay.stats_entry(lay.cap.stats_entries + 1)
                 and (eb - lay.stats_base) % ENTRY_WORDS == 0):
+            self._log(eb + E_REJECTED + R_CANCELLED)
             w[eb + E_REJECTED + R_CANCELLED] += 1
             self._observe_wait(eb, max(0, now - w[sa + S_ARRIVAL_NS]))
 
     def _count_rejection(self, lb: int) -> None:
         w = self._w
+        self._log(lb + L_REJECTED, lb + L.L_REJECTED_SHADOW)
         total = w[lb + L_REJECTED] + 1
         w[lb + L_REJECTED] = total
         w[lb + L.L_REJECTED_SHADOW] = total
@@ -647,12 +690,12 @@ class Ledger:
         self._locked(None, self._count_head_timeout_locked)
 
     def _count_head_timeout_locked(self) -> None:
-        self._w[L.H_HEAD_TIMEOUTS] += 1
+        self._w[self._lay.counters_base + L.C_HEAD_TIMEOUTS] += 1
 
     @property
     def head_timeouts(self) -> int:
         """Connections answered 408 for a late request head, server-wide (one word read)."""
-        return self._w[L.H_HEAD_TIMEOUTS]
+        return self._w[self._lay.counters_base + L.C_HEAD_TIMEOUTS]
 
     def rejected_total(self, level: int) -> int:
         """Cumulative rejections (every reason) of the level now at index ``level``; one word
@@ -1018,6 +1061,7 @@ class Ledger:
         w[lb + L_ROBIN] = q
         w[lb + L_WAITING] -= 1
         w[lb + L_SEATS_WAITING] -= ms
+        self._log(sa + S_STATE, lb + L_DISPATCHED)  # one event: this dispatch
         w[sa + S_STATE] = EXECUTING
         w[sa + S_START_NS] = now
         w[sa + S_HELD] = held
@@ -1025,6 +1069,7 @@ class Ledger:
         w[lb + L_SEATS_IN_USE] += held
         w[lb + L_DISPATCHED] += 1
         self._observe_wait(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
+        self._commit()
         ex = w[qa + Q_EXECUTING]
         w[qa + Q_EXECUTING] = ex + 1
         if ex == 0 and w[qa + Q_WAITING] == 0:
@@ -1151,7 +1196,14 @@ class Ledger:
                     eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
                     if eb is None:
                         eb = self._stats_entry(lb, level, fs_index)
-                    w[eb + (_WORK_AT[ms] if ms < 101 else _WORK_INF)] += 1
+                    bw = eb + (_WORK_AT[ms] if ms < 101 else _WORK_INF)
+                    sa = self._sb + head * SLOT_WORDS
+                    # the undo log (_log inline): the words of this event that are not derived
+                    _UNDO5.pack_into(mv, self._ub * 8, bw, w[bw], eb + E_WORK_SUM,
+                                     w[eb + E_WORK_SUM], eb + E_WAIT_X, w[eb + E_WAIT_X],
+                                     sa + S_STATE, w[sa + S_STATE], lb + L_DISPATCHED, dispatched)
+                    w[H_UNDO_N] = 5
+                    w[bw] += 1
                     w[eb + E_WORK_SUM] += ms
                     w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
                     # nothing waits anywhere in the level, so every queue's waiting work is 0
@@ -1159,7 +1211,6 @@ class Ledger:
                     h = flow_hash & U64
                     q = deal(h, desired, hs)[enq % hs]
                     qa = self._qb + (qbase + q) * QUEUE_WORDS
-                    sa = self._sb + head * SLOT_WORDS
                     gen = w[sa + S_GEN] + 1
                     _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
                     g = w[lb + L_SERVICE_NS]
@@ -1221,6 +1272,7 @@ class Ledger:
             lock.release()
             raise
         w[H_DIRTY] = 0
+        w[H_UNDO_N] = 0
         lock.release()
         return res
 
@@ -1236,21 +1288,27 @@ class Ledger:
         eb = self._stats_at.get((w[lb + L.L_SERIAL] << 32) | (fs_index & 0xFFFFFFFF))
         if eb is None:
             eb = self._stats_entry(lb, level, fs_index)
-        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
+        bw = eb + E_WORK + bisect_left(WORK_BOUNDS, ms)
+        self._log(bw, eb + E_WORK_SUM)  # one event: this arrival and its outcome
+        w[bw] += 1
         w[eb + E_WORK_SUM] += ms
         desired = w[lb + L_DESIRED]
         if w[H_FREE_HEAD] == NIL:
             self._count_rejection(lb)
             self._note_rejection(eb, R_NO_SLOT, desired < 0)
+            self._commit()
             return AdmitResult(REJECTED, -1, 0, "no-slot", granted)
         if desired < 1:
             # queueless: exempt (always) or reject-type (concurrency-limit)
             if not self._can_accommodate(lb, ms):
                 self._count_rejection(lb)
                 self._note_rejection(eb, R_CONCURRENCY_LIMIT, False)
+                self._commit()
                 return AdmitResult(REJECTED, -1, 0, "concurrency-limit", granted)
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
                                      now, detail)
+            self._log(sa + S_STATE, lb + L_DISPATCHED,
+                      eb + (E_WAIT_X if desired == 0 else E_DISPATCHED))
             w[sa + S_STATS] = 2 * eb + watch
             u[sa + S_ARRIVAL_R] = u[lb + L_R]
             w[sa + S_SEQ] = w[lb + L_ENQUEUES]
@@ -1263,6 +1321,7 @@ class Ledger:
                 w[eb + E_WAIT_X] += 1
             else:
                 w[eb + E_DISPATCHED] += 1
+            self._commit()
             self._demand(lb, now)
             return AdmitResult(EXECUTE, s, gen, "", granted)
 
@@ -1285,6 +1344,7 @@ class Ledger:
             qa = qbase + q * QUEUE_WORDS
             s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al,
                                      now, detail)
+            self._log(sa + S_STATE, lb + L_DISPATCHED, eb + E_WAIT_X)
             w[sa + S_STATS] = 2 * eb + watch
             w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
             u[sa + S_ARRIVAL_R] = r
@@ -1308,6 +1368,7 @@ class Ledger:
             w[lb + L_EXECUTING] += 1
             w[lb + L_SEATS_IN_USE] = in_use + held
             w[lb + L_DISPATCHED] += 1
+            self._commit()
             w[qa + Q_EXECUTING] = ex + 1
             if ex == 0:
                 w[lb + L_ACTIVE_QUEUES] += 1
@@ -1331,6 +1392,7 @@ class Ledger:
         if in_use >= c and w[qa + Q_WAITING] >= w[lb + L_QLL]:
             self._count_rejection(lb)
             self._note_rejection(eb, R_QUEUE_FULL, False)
+            self._commit()
             return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
         s, sa, gen = self._alloc(level, owner, flow_hash, fs_index, initial, final, al, now,
                                  detail)
@@ -1338,7 +1400,9 @@ class Ledger:
         u[sa + S_ARRIVAL_R] = r
         w[sa + S_SEQ] = enq
         w[sa + S_QUEUE] = q
+        self._log(sa + S_STATE)
         w[sa + S_STATE] = WAITING
+        self._commit()
         if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
             u[qa + Q_NDR] = r
         self._link_tail(lb, qa, s, sa)
@@ -1455,6 +1519,7 @@ class Ledger:
             lock.release()
             raise
         w[H_DIRTY] = 0
+        w[H_UNDO_N] = 0
         lock.release()
         return granted, linger
 
@@ -1543,22 +1608,25 @@ class Ledger:
         w = self._w
         lb = self._lvb + w[sa + S_LEVEL] * LEVEL_WORDS
         self._sync(lb, now)
-        self._drop_waiting(lb, s, sa, now)
+        self._drop_waiting(lb, s, sa, now)  # one event: the drop and its counts
         self._count_rejection(lb)
-        w[lb + L_CANCELLED] += 1
         eb = w[sa + S_STATS] >> 1
-        if reason == "time-out":
+        r = R_TIME_OUT if reason == "time-out" else R_CANCELLED
+        self._log(lb + L_CANCELLED, lb + L_TIMEDOUT, eb + E_REJECTED + r)
+        w[lb + L_CANCELLED] += 1
+        if r == R_TIME_OUT:
             w[lb + L_TIMEDOUT] += 1
-            w[eb + E_REJECTED + R_TIME_OUT] += 1
-        else:
-            w[eb + E_REJECTED + R_CANCELLED] += 1
+        w[eb + E_REJECTED + r] += 1
         self._observe_wait(eb, now - w[sa + S_ARRIVAL_NS])  # Kubernetes observes it too
+        self._commit()
         self._maybe_drop(lb)
         return True
 
     def _drop_waiting(self, lb: int, s: int, sa: int, now: int) -> None:
+        """Take a waiting request out (an event that its caller counts and commits)."""
         w = self._w
         q = w[sa + S_QUEUE]
+        self._log(sa + S_STATE, sa + S_QUEUE)
         self._unlink(lb, self._qa(lb, q), sa)
         w[lb + L_WAITING] -= 1
         w[lb + L_SEATS_WAITING] -= w[sa + S_MAX_SEATS]
@@ -1643,6 +1711,7 @@ class Ledger:
             if state == WAITING:
                 self._drop_waiting(lb, s, sa, now)
                 self._count_lost_wait(lb, sa, now)
+                self._commit()
                 continue
             if state == EXECUTING:
                 self._end_main_phase(lb, sa, now)
@@ -1953,7 +2022,8 @@ class Ledger:
                 w[lb + L_TIMEDOUT], w[lb + L_CANCELLED], queues, requests,
                 w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL],
                 w[lb + L_SERVICE_NS]))
-        return Snapshot(now, levels, self._fs_names_locked(), w[L.H_HEAD_TIMEOUTS])
+        return Snapshot(now, levels, self._fs_names_locked(),
+                        w[self._lay.counters_base + L.C_HEAD_TIMEOUTS])
 
 
 def _results(t: float, x: float, xx: float, mn: float, mx: float) -> DemandStats:

@@ -4,7 +4,9 @@ The slot table is the ledger's source of truth: each slot's state, level, queue,
 and arrival order. Everything else that a half-finished operation can leave inconsistent is
 derived from it: per-queue FIFO links and sums, executing counts and seats, per-level totals,
 the active-queue count and rate inputs, the min-segment trees and the free list. What is *not*
-derivable (each level's R, queues' ``nextDispatchR``, robin index, counters) is kept as found.
+derivable (each level's R, queues' ``nextDispatchR``, robin index, counters) is kept as found,
+except that the words an interrupted event had written are first put back from the undo log
+(:func:`rollback`), so the counters and the slot states are those of whole events.
 
 The ledger calls :func:`repair_locked` itself, under the lock, when the lock reports that its
 previous holder died (``EOWNERDEAD``) or when the dirty mark shows an operation did not
@@ -96,6 +98,22 @@ def _expected(led) -> tuple[dict, dict, list[int], dict]:
     return levels, queues, free, order
 
 
+def rollback(led) -> int:
+    """Put back the words the interrupted event wrote (its undo log, newest first) and clear
+    the log. Returns how many words were logged."""
+    w = led._w
+    n = w[L.H_UNDO_N]
+    words = led._lay.size // L.WORD
+    if 0 < n <= L.UNDO_PAIRS:
+        base = led._lay.undo_base
+        for i in range(n - 1, -1, -1):
+            addr = w[base + 2 * i]
+            if led._lay.level_base <= addr < words:
+                w[addr] = w[base + 2 * i + 1]
+    w[L.H_UNDO_N] = 0
+    return max(0, n)
+
+
 def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
     """Free slots that cannot be placed (dead owner, unknown level or queue, bad state). A dead
     owner's waiting requests are counted as cancelled, as a reap counts them."""
@@ -112,8 +130,10 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
             lb = lay.level(level)
             ok = bool(w[lb + L.L_USED]) and w[sa + L.S_OWNER] not in drop_owners
             if state == WAITING and w[lb + L.L_USED] and w[sa + L.S_OWNER] in drop_owners:
+                # one event: the count, then the slot freed below (not ok: a dropped owner)
                 t = w[lb + L.L_LAST_NS] if now is None else now
                 led._count_lost_wait(lb, sa, t)
+                led._log(sa + L.S_STATE)
             q = w[sa + L.S_QUEUE]
             if ok and not (q == NIL or 0 <= q < w[lb + L.L_NQ]):
                 if state == WAITING:
@@ -124,6 +144,7 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
                 ok = False
         if not ok:
             w[sa + L.S_STATE] = FREE
+            led._commit()
 
 
 def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset()) -> list:
@@ -185,6 +206,7 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
 def repair_locked(led, now: int | None, dead_pid: int = 0) -> list:
     """What the ledger runs on ``EOWNERDEAD`` or a dirty mark: drop the dead holder's slots
     (found by pid in the worker table), rebuild, count the repair. Returns the grants."""
+    rollback(led)
     granted = rebuild(led, now, _owners_of_pid(led, dead_pid))
     led._w[L.H_REPAIRS] += 1
     led._w[L.H_DIRTY] = 0
@@ -229,6 +251,8 @@ def verify(led) -> list[str]:
                 problems.append(f"level {level} queue {q}: nextDispatchR below head arrival R")
     if w[L.H_FREE_COUNT] != len(free):
         problems.append(f"free count {w[L.H_FREE_COUNT]} != {len(free)}")
+    if w[L.H_UNDO_N]:
+        problems.append(f"the undo log holds {w[L.H_UNDO_N]} words of an unfinished event")
     seen = set()
     s = w[L.H_FREE_HEAD]
     while s != NIL and len(seen) <= lay.cap.slots:

@@ -14,6 +14,8 @@ import time
 from flask import Flask, Response, jsonify, request
 
 app = Flask(__name__)
+# A slow worker boot, as on a loaded machine (seconds; tests of the fixture's readiness probe).
+time.sleep(float(os.environ.get("APP_IMPORT_DELAY", "0")))
 
 _COUNTERS = ("work", "other", "light", "heavy")
 _REC = struct.Struct("<qq")  # executing now, max seen
