@@ -137,10 +137,8 @@ class APFMiddleware:
         # read anything, so its requests are classified every time.
         builtin = type(ctx.resolver) is RequestInfoResolver
         self._cache: dict[tuple, tuple] | None = {} if builtin else None
-        self._user_key = getattr(ctx.resolver, "user_key", "HTTP_X_REMOTE_USER")
-        self._group_key = getattr(ctx.resolver, "group_key", "HTTP_X_REMOTE_GROUP")
-        self._trust = bool(getattr(ctx.resolver, "trusted_networks", ())
-                           or getattr(ctx.resolver, "trust_unix", False))
+        # Every environ key the built-in resolver reads (APF_USER_FROM adds its sources').
+        self._keys: tuple[str, ...] = ctx.resolver.environ_keys if builtin else ()
         self._admit = ctx.ledger.admit
         self._deliver = ctx.deliver
         self._finish_ledger = ctx.ledger.finish
@@ -184,10 +182,7 @@ class APFMiddleware:
             if cache is not None:
                 # Everything the built-in resolver reads: the classification is a pure
                 # function of it, and most requests repeat a few shapes.
-                get = environ.get
-                key = (get("REQUEST_METHOD"), get("PATH_INFO"), get("QUERY_STRING"),
-                       get("REMOTE_USER"), get(self._user_key), get(self._group_key),
-                       get("REMOTE_ADDR") if self._trust else None)
+                key = tuple(map(environ.get, self._keys))
                 shape = cache.get(key)
                 if shape is None:
                     shape = self._classify_request(environ)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, parse_user_from
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
@@ -67,6 +68,8 @@ class Settings:
     # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
     service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
     learn_service: bool = True
+    # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
+    user_from: tuple[str, ...] = DEFAULT_USER_FROM
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -194,6 +197,15 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "finished requests) or a fixed duration from 0 to 60s such as "
                                 "3ms (Kubernetes' value) or 0.25")
 
+    raw = get("APF_USER_FROM")
+    user_from = DEFAULT_USER_FROM
+    if raw is not None:
+        try:
+            user_from = parse_user_from(raw)
+        except ValueError as e:
+            raise SettingsError("APF_USER_FROM", raw, f"{e} (comma-separated, tried in order; "
+                                "default proxy,remote_user)") from None
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -211,6 +223,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         work_estimator=work_estimator,
         service_estimate_ns=service_ns,
         learn_service=learn,
+        user_from=user_from,
     )
 
 
