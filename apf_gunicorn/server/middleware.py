@@ -45,6 +45,7 @@ from apf_gunicorn.flowcontrol.workestimate import (
     EstimatorHook,
     WorkEstimate,
     clamp,
+    declared_estimate,
     default_estimator,
 )
 from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
@@ -288,11 +289,7 @@ class APFMiddleware:
         get = environ.get
         method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
         path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
-        est = source = None
-        if self._view_costs is not None:
-            est, source = self._view_costs.lookup(method, path), "@cost"
-        if est is None and self._route_costs is not None:
-            est, source = self._route_costs.cost(method, path), "APF_ROUTES"
+        est, source = declared_estimate(method, path, self._view_costs, self._route_costs)
         if est is None:
             if self._one_seat:
                 return None

@@ -30,6 +30,10 @@ DEFAULT_USER_HEADER = "X-Remote-User"
 DEFAULT_GROUP_HEADER = "X-Remote-Group"
 DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
+#: How the ledger picks the next request to dispatch. "kubernetes": Kubernetes' queueset (fair
+#: queuing by virtual finish time over shuffle-sharded queues, seats borrowed between levels).
+#: The only one today; a second policy gets its name here and a setting to choose it.
+DISPATCH_POLICIES = ("kubernetes",)
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -70,6 +74,7 @@ class Settings:
     learn_service: bool = True
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
     user_from: tuple[str, ...] = DEFAULT_USER_FROM
+    dispatch_policy: str = DISPATCH_POLICIES[0]
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
