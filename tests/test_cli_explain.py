@@ -265,3 +265,10 @@ def test_request_and_attribute_forms_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["explain", "--request", "GET /", "--verb", "get", "--path", "/"])
     assert exc.value.code == 2
+
+
+def test_request_user_through_a_unix_socket_proxy(capsys, monkeypatch):
+    monkeypatch.setenv("APF_TRUSTED_PROXIES", "unix")
+    out = explain_json(capsys, *K8S, "--request", "GET /api/v1/nodes", "--user", "dora",
+                       "--group", "system:masters")
+    assert (out["user"], out["flowSchema"]) == ("dora", "exempt")

@@ -242,3 +242,24 @@ def test_forged_identity_is_never_exempt(tmp_path, user_from):
 def test_prefixes_are_the_documented_ones():
     assert (identity.KEY_PREFIX, identity.JWT_PREFIX, identity.ADDRESS_PREFIX) == (
         "key:", "jwt:", "addr:")
+
+
+def test_shape_key_reads_exactly_the_environ_keys():
+    r = RequestInfoResolver(trusted_proxies=["10.0.0.0/8"],
+                            user_from=("proxy", "address", "header:X-Api-Key"))
+    env = environ(HTTP_X_API_KEY="k", HTTP_X_FORWARDED_FOR="1.2.3.4", OTHER="x")
+    assert r.shape_key(env.get) == tuple(env.get(k) for k in r.environ_keys)
+    assert r.shape_key(env.get)[-1] == "k" and len(r.shape_key(env.get)) == 8
+
+
+def test_trusted_proxies_setting_accepts_unix():
+    """The README promised `unix` (a proxy on the same host), and the resolver took it, but
+    the setting refused it."""
+    from apf_gunicorn.server.resolver import build_resolver
+
+    s = load_settings({"APF_TRUSTED_PROXIES": "10.0.0.0/8, UNIX"})
+    assert [str(n) for n in s.trusted_proxies] == ["10.0.0.0/8", "unix"]
+    r = build_resolver(s)
+    assert r(environ(REMOTE_ADDR="", HTTP_X_REMOTE_USER="alice")).user == "alice"
+    with pytest.raises(SettingsError, match="not an IP address, a CIDR or 'unix'"):
+        load_settings({"APF_TRUSTED_PROXIES": "unixx"})

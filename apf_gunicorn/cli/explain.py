@@ -120,7 +120,7 @@ def _wsgi(text: str) -> str:
 def _trusted_address(settings: Any) -> str | None:
     """An address the resolver trusts as a proxy ("" for a Unix-socket peer), or None."""
     for net in settings.trusted_proxies:
-        return str(net.network_address)
+        return "" if isinstance(net, str) else str(net.network_address)  # "unix": no address
     return None
 
 
@@ -344,6 +344,9 @@ def run(args: argparse.Namespace) -> int:
     from apf_gunicorn.server.resolver import ResolverError, build_resolver
 
     _check_form(args)
+    # As gunicorn does: the app and the APF_* hooks import from the current directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         settings = _settings(args)
         cfg = load_or_report(settings.config_path, "explain")

@@ -138,8 +138,8 @@ class APFMiddleware:
         # read anything, so its requests are classified every time.
         builtin = type(ctx.resolver) is RequestInfoResolver
         self._cache: dict[tuple, tuple] | None = {} if builtin else None
-        # Every environ key the built-in resolver reads (APF_USER_FROM adds its sources').
-        self._keys: tuple[str, ...] = ctx.resolver.environ_keys if builtin else ()
+        # The values of every environ key the built-in resolver reads (APF_USER_FROM's too)
+        self._shape_key = ctx.resolver.shape_key if builtin else None
         self._admit = ctx.ledger.admit
         self._deliver = ctx.deliver
         self._finish_ledger = ctx.ledger.finish
@@ -183,7 +183,7 @@ class APFMiddleware:
             if cache is not None:
                 # Everything the built-in resolver reads: the classification is a pure
                 # function of it, and most requests repeat a few shapes.
-                key = tuple(map(environ.get, self._keys))
+                key = self._shape_key(environ.get)
                 shape = cache.get(key)
                 if shape is None:
                     shape = self._classify_request(environ)

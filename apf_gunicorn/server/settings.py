@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, parse_user_from
+from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
@@ -54,7 +55,8 @@ class Settings:
     config_path: str | None  # None: the built-in configuration
     concurrency_limit: int
     queue_wait_limit_ns: int
-    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    # CIDRs, and "unix" for peers on a Unix socket
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network | str, ...]
     user_header: str
     group_header: str
     request_info: str | None  # "module:callable" or None for the built-in resolver
@@ -125,11 +127,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         item = item.strip()
         if not item:
             continue
+        if item.lower() == UNIX_PEER:  # peers on a Unix socket (a proxy on this host)
+            proxies.append(UNIX_PEER)
+            continue
         try:
             proxies.append(ipaddress.ip_network(item, strict=False))
         except ValueError:
             raise SettingsError("APF_TRUSTED_PROXIES", raw or "",
-                                f"{item!r} is not an IP address or CIDR; expected a "
+                                f"{item!r} is not an IP address, a CIDR or 'unix'; expected a "
                                 "comma-separated list such as 10.0.0.0/8,127.0.0.1") from None
 
     headers = {}
