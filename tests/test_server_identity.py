@@ -247,3 +247,38 @@ def test_anonymous_clients_by_address_are_separate_flows(server_factory, tmp_pat
                                *[a for n, v in forged for a in ("--header", f"{n}: {v}")]])
         assert (out["user"], out["groups"]) == ("jwt:admin", ["system:unauthenticated"])
         assert out["flowSchemaUID"] == headers[FS_UID]
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 30.0):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        import socket
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def test_trusted_proxy_on_a_unix_socket(server_factory, tmp_path):
+    """APF_TRUSTED_PROXIES=unix: identity headers count from a peer on the Unix socket (a proxy
+    on the same host), not from a TCP peer."""
+    config = tmp_path / "apf.yaml"
+    config.write_text(ADDRESS_CONFIG)
+    sock_path = str(tmp_path / "apf.sock")
+    env = {"APF_TRUSTED_PROXIES": "unix"}
+    with server_factory(workers=1, threads=2, config=str(config), env=env,
+                        args=("-b", f"unix:{sock_path}")) as srv:
+        conn = _UnixConnection(sock_path)
+        try:
+            conn.request("GET", "/hello", headers={"X-Remote-User": "alice"})
+            resp = conn.getresponse()
+            resp.read()
+            via_unix = resp.getheader(FS_UID)
+        finally:
+            conn.close()
+        _, via_tcp = send(srv.port, "GET", "/hello", [("X-Remote-User", "alice")])
+    assert via_unix == derived_uid("FlowSchema", "members")
+    assert via_tcp[FS_UID] == derived_uid("FlowSchema", "anonymous")
