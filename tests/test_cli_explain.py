@@ -272,3 +272,17 @@ def test_request_user_through_a_unix_socket_proxy(capsys, monkeypatch):
     out = explain_json(capsys, *K8S, "--request", "GET /api/v1/nodes", "--user", "dora",
                        "--group", "system:masters")
     assert (out["user"], out["flowSchema"]) == ("dora", "exempt")
+
+
+def test_request_cost_from_the_estimator_hook(capsys, monkeypatch, tmp_path):
+    (tmp_path / "explain_estimator.py").write_text(
+        "def estimate(environ, attrs, c):\n"
+        "    return {'seats': 3} if environ['PATH_INFO'].startswith('/big') else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("APF_WORK_ESTIMATOR", "explain_estimator:estimate")
+    big = explain_json(capsys, *K8S, "--request", "GET /big/report", "--user", "x",
+                       "--concurrency-limit", "2000")
+    assert (big["seats"]["initial"], big["seats"]["source"]) == (3, "APF_WORK_ESTIMATOR")
+    assert big["seats"]["maxSeats"] > 3 and big["seats"]["concurrencyLimit"] == 2000
+    small = explain_json(capsys, *K8S, "--request", "GET /small", "--user", "x")
+    assert (small["seats"]["initial"], small["seats"]["source"]) == (1, "default")
