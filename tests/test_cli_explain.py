@@ -286,3 +286,15 @@ def test_request_cost_from_the_estimator_hook(capsys, monkeypatch, tmp_path):
     assert big["seats"]["maxSeats"] > 3 and big["seats"]["concurrencyLimit"] == 2000
     small = explain_json(capsys, *K8S, "--request", "GET /small", "--user", "x")
     assert (small["seats"]["initial"], small["seats"]["source"]) == (1, "default")
+
+
+def test_attribute_form_points_to_the_request_form_for_api_paths(capsys):
+    out = explain_json(capsys, *K8S, "--user", "bob", "--verb", "list", "--path",
+                       "/api/v1/namespaces/default/pods")
+    assert out["attributes"]["isResource"] is False
+    assert out["notes"] == ["--path is a non-resource request here, but the server parses "
+                            "/api/v1/namespaces/default/pods as a resource request: ask with "
+                            '--request "GET /api/v1/namespaces/default/pods" for the server\'s '
+                            "answer"]
+    assert explain_json(capsys, *K8S, "--user", "bob", "--verb", "get", "--path",
+                        "/healthz")["notes"] == []

@@ -58,7 +58,11 @@ from apf_gunicorn.flowcontrol.matching import (
     hand,
 )
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
-from apf_gunicorn.flowcontrol.requestinfo import ANONYMOUS_USER, identity_groups
+from apf_gunicorn.flowcontrol.requestinfo import (
+    ANONYMOUS_USER,
+    identity_groups,
+    parse_kubernetes_path,
+)
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
     WorkEstimate,
@@ -69,6 +73,7 @@ from apf_gunicorn.flowcontrol.workestimate import (
 )
 
 DEFAULT_REMOTE_ADDR = "127.0.0.1"
+_HTTP_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
 class UsageError(ValueError):
@@ -360,6 +365,14 @@ def run(args: argparse.Namespace) -> int:
             attrs = resolver(environ)
         else:
             attrs = request_attributes(args)
+            method = args.verb.upper()
+            if method not in _HTTP_METHODS:
+                method = "GET"
+            if args.path is not None and parse_kubernetes_path(
+                    method, args.path.partition("?")[0], "") is not None:
+                notes.append(f"--path is a non-resource request here, but the server parses "
+                             f"{args.path} as a resource request: ask with --request "
+                             f"\"{method} {args.path}\" for the server's answer")
         c = Classifier(cfg).classify(attrs)
         limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
         seats = _estimate(args, settings, resolver, environ, attrs, c,
