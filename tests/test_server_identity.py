@@ -282,3 +282,26 @@ def test_trusted_proxy_on_a_unix_socket(server_factory, tmp_path):
         _, via_tcp = send(srv.port, "GET", "/hello", [("X-Remote-User", "alice")])
     assert via_unix == derived_uid("FlowSchema", "members")
     assert via_tcp[FS_UID] == derived_uid("FlowSchema", "anonymous")
+
+
+def test_dump_names_the_flow_on_a_single_queue_level(server_factory):
+    """builtin:webapp's anonymous level has one queue, where Kubernetes computes no
+    distinguisher; the dump's FlowDistingsher column still names the flow."""
+    aport = free_port()
+    env = {"APF_USER_FROM": "address", "APF_ADMIN_BIND": f"127.0.0.1:{aport}"}
+    with server_factory(workers=1, threads=4, config="builtin:webapp", env=env) as srv:
+        t = threading.Thread(target=send, args=(srv.port, "GET", "/work?ms=3000"),
+                             kwargs={"source": "127.0.0.2"})
+        t.start()
+        rows = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not rows:
+            conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=10)
+            conn.request("GET", DUMP)
+            rows = [r for r in _rows(conn.getresponse().read().decode())
+                    if r.get("APIPath") == "/work"]
+            conn.close()
+            time.sleep(0.05)
+        t.join()
+    assert [(r["PriorityLevelName"], r["FlowDistingsher"]) for r in rows] == [
+        ("anonymous", "addr:127.0.0.2")]
