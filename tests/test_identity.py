@@ -94,6 +94,10 @@ def test_jwt_subject_rejects(value):
     assert jwt_subject(value) == ""
 
 
+def test_jwt_subject_control_characters_are_replaced():
+    assert jwt_subject("Bearer " + token({"sub": "a\nb\r,c\x00"})) == "a\ufffdb\ufffd,c\ufffd"
+
+
 def test_jwt_subject_is_bounded():
     assert jwt_subject("Bearer " + token({"sub": "s" * 5000})) == ""  # payload too long
     long_sub = "s" * 1000

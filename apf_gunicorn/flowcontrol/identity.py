@@ -137,7 +137,8 @@ def jwt_subject(authorization: str) -> str:
         authorization: the ``Authorization`` header value.
 
     Returns:
-        The subject (at most :data:`MAX_SUBJECT_LENGTH` characters), or ``""`` when the value
+        The subject (at most :data:`MAX_SUBJECT_LENGTH` characters, control characters
+        replaced by U+FFFD so it cannot break a log line or a dump row), or ``""`` when the value
         is not a bearer token of three base64url segments whose middle one is a JSON object
         with a non-empty string ``sub``. Never raises.
     """
@@ -161,7 +162,10 @@ def jwt_subject(authorization: str) -> str:
     sub = claims.get("sub")
     if not isinstance(sub, str):
         return ""
-    return sub.strip()[:MAX_SUBJECT_LENGTH]
+    sub = sub.strip()[:MAX_SUBJECT_LENGTH]
+    if not sub.isprintable():  # JSON can carry control characters no header could
+        sub = "".join(c if c.isprintable() else "\ufffd" for c in sub)
+    return sub
 
 
 def _normalized(text: str) -> str | None:
