@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from apf_gunicorn.cli import main
+from apf_gunicorn.flowcontrol.objects import derived_uid
 from apf_gunicorn.flowcontrol.shufflesharding import deal, flow_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ("flowSchema", "priorityLevel", "distinguisher", "flowHash", "hand")
 
 
 def explain_json(capsys, *argv: str) -> dict:
@@ -15,12 +20,27 @@ def explain_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.fixture(autouse=True)
+def _no_apf_environment(monkeypatch):
+    """explain reads APF_* as the server does: start every test from none."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("APF_"):
+            monkeypatch.delenv(name)
+
+
+def core(out: dict) -> dict:
+    """The classification keys (the others: identity, attributes, seats, policy, notes)."""
+    return {k: out[k] for k in CORE}
+
+
 def test_node_status_update_json(capsys):
     out = explain_json(capsys, "--config", "builtin:kubernetes", "--user", "system:node:n1",
                        "--group", "system:nodes", "--verb", "update", "--resource", "nodes",
                        "--subresource", "status", "--name", "n1")
     expected_hash = flow_hash("system-node-high", "system:node:n1")
-    assert out == {"flowSchema": "system-node-high", "priorityLevel": "node-high",
+    assert core(out) == {"flowSchema": "system-node-high", "priorityLevel": "node-high",
                    "distinguisher": "system:node:n1", "flowHash": expected_hash,
                    "hand": list(deal(expected_hash, 64, 6))}
 
@@ -38,7 +58,7 @@ def test_leader_election_lease(capsys):
 def test_anonymous_probe_is_exempt(capsys):
     out = explain_json(capsys, "--config", "builtin:kubernetes", "--user", "system:anonymous",
                        "--verb", "GET", "--path", "/healthz")
-    assert out == {"flowSchema": "probes", "priorityLevel": "exempt", "distinguisher": "",
+    assert core(out) == {"flowSchema": "probes", "priorityLevel": "exempt", "distinguisher": "",
                    "flowHash": 0, "hand": []}
 
 
@@ -62,9 +82,15 @@ def test_human_output(capsys):
                  "system:masters", "--verb", "delete", "--resource", "pods", "--namespace", "x",
                  "--name", "y"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["user: admin", "groups: system:masters, system:authenticated",
-                     "flowSchema: exempt", "priorityLevel: exempt", "distinguisher: ",
-                     "flowHash: 0", "hand: (no queues)"]
+    uid_fs, uid_pl = derived_uid("FlowSchema", "exempt"), derived_uid(
+        "PriorityLevelConfiguration", "exempt")
+    assert lines == [
+        "user: admin", "groups: system:masters, system:authenticated",
+        "request: resource request: verb=delete apiGroup='' apiVersion='' namespace='x' "
+        "resource='pods' subresource='' name='y'",
+        f"flowSchema: exempt (uid {uid_fs})", f"priorityLevel: exempt (uid {uid_pl})",
+        "flow: (one flow for the whole FlowSchema)", "distinguisher: ", "flowHash: 0",
+        "hand: (no queues)", "seats: 1 (default) (limit 64 seats)", "policy: kubernetes"]
 
 
 CUSTOM = """
@@ -99,12 +125,12 @@ def test_custom_config_file(tmp_path, capsys):
     out = explain_json(capsys, "--config", str(path), "--user", "bob", "--verb", "create",
                        "--resource", "orders", "--api-group", "shop", "--namespace", "acme")
     h = flow_hash("tenants", "acme")
-    assert out == {"flowSchema": "tenants", "priorityLevel": "tenants", "distinguisher": "acme",
+    assert core(out) == {"flowSchema": "tenants", "priorityLevel": "tenants", "distinguisher": "acme",
                    "flowHash": h, "hand": list(deal(h, 8, 2))}
     # Not in group shop: the mandatory catch-all (Reject, no queues) takes it.
     out = explain_json(capsys, "--config", str(path), "--user", "bob", "--verb", "create",
                        "--resource", "orders", "--api-group", "other", "--namespace", "acme")
-    assert out == {"flowSchema": "catch-all", "priorityLevel": "catch-all", "distinguisher": "",
+    assert core(out) == {"flowSchema": "catch-all", "priorityLevel": "catch-all", "distinguisher": "",
                    "flowHash": 0, "hand": []}
 
 
@@ -132,3 +158,143 @@ def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["explain", *argv])
     assert exc.value.code == 2
+
+
+# --- the request form: the server's resolver ---------------------------------------------------
+
+K8S = ("--config", "builtin:kubernetes")
+
+
+def test_request_resource_path_as_the_server(capsys, monkeypatch):
+    # The issue's example: --path made this non-resource and catch-all; the server says pods.
+    monkeypatch.setenv("APF_TRUSTED_PROXIES", "10.0.0.0/8")
+    out = explain_json(capsys, *K8S, "--request", "GET /api/v1/namespaces/default/pods",
+                       "--user", "bob")
+    assert (out["flowSchema"], out["priorityLevel"]) == ("global-default", "global-default")
+    assert out["attributes"] == {"verb": "list", "path": "/api/v1/namespaces/default/pods",
+                                 "isResource": True, "apiGroup": "", "apiVersion": "v1",
+                                 "namespace": "default", "resource": "pods", "subresource": "",
+                                 "name": ""}
+    assert (out["user"], out["groups"]) == ("bob", ["system:authenticated"])
+    assert out["notes"] == ["--user sent as X-Remote-User by a trusted proxy"]
+    assert out["policy"] == "kubernetes"
+    assert out["seats"]["initial"] == 1 and out["seats"]["source"] == "default"
+    watch = explain_json(capsys, *K8S, "--request", "GET /api/v1/pods?watch=true", "--user", "b")
+    assert watch["attributes"]["verb"] == "watch" and watch["seats"]["longRunning"] is True
+
+
+def test_request_empty_user_is_anonymous(capsys, monkeypatch):
+    monkeypatch.setenv("APF_TRUSTED_PROXIES", "127.0.0.1")
+    out = explain_json(capsys, *K8S, "--request", "GET /version", "--user", "")
+    assert (out["user"], out["groups"]) == ("system:anonymous", ["system:unauthenticated"])
+    assert out["flowSchema"] == "global-default"
+    old = explain_json(capsys, *K8S, "--user", "", "--verb", "get", "--path", "/version")
+    assert (old["user"], old["flowSchema"]) == ("system:anonymous", "global-default")
+
+
+def test_request_headers_count_only_from_a_trusted_peer(capsys, monkeypatch):
+    monkeypatch.setenv("APF_TRUSTED_PROXIES", "10.0.0.0/8")
+    argv = (*K8S, "--request", "GET /api/v1/nodes", "--header", "X-Remote-User: eve",
+            "--header", "X-Remote-Group: system:masters", "--header", "X-Remote-User: mallory")
+    out = explain_json(capsys, *argv, "--remote-addr", "10.1.2.3")
+    assert (out["user"], out["flowSchema"]) == ("eve", "exempt")  # first user wins
+    out = explain_json(capsys, *argv)  # from 127.0.0.1: untrusted
+    assert (out["user"], out["flowSchema"]) == ("system:anonymous", "global-default")
+
+
+def test_request_user_without_proxy_is_remote_user(capsys):
+    out = explain_json(capsys, *K8S, "--request", "GET /api/v1/nodes", "--user", "carol")
+    assert out["user"] == "carol"
+    assert out["notes"] == ["--user set as REMOTE_USER (no trusted proxy is configured)"]
+    assert main(["explain", *K8S, "--request", "GET /", "--user", "c", "--group", "g"]) == 2
+    assert "set APF_TRUSTED_PROXIES" in capsys.readouterr().err
+
+
+def test_request_address_flows(capsys, monkeypatch):
+    monkeypatch.setenv("APF_USER_FROM", "address")
+    config = str(ROOT / "tests" / "apps" / "apf.yaml")
+    a = explain_json(capsys, "--config", config, "--request", "GET /work", "--remote-addr",
+                     "127.0.0.2")
+    b = explain_json(capsys, "--config", config, "--request", "GET /work", "--remote-addr",
+                     "127.0.0.3")
+    assert (a["user"], a["groups"]) == ("addr:127.0.0.2", ["system:unauthenticated"])
+    assert a["flowSchema"] == b["flowSchema"] == "work"
+    assert a["distinguisher"] == a["flow"] == "addr:127.0.0.2"
+    assert a["flowHash"] != b["flowHash"]
+    # --user is ignored when no source reads it, and explain says so
+    c = explain_json(capsys, "--config", config, "--request", "GET /work", "--user", "x")
+    assert c["user"] == "addr:127.0.0.1" and "--user ignored" in c["notes"][0]
+
+
+def test_request_costs(capsys, monkeypatch):
+    apps = ROOT / "tests" / "apps"
+    monkeypatch.setenv("APF_ROUTES", str(apps / "seats_routes.yaml"))
+    monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "16")
+    argv = ("--config", str(apps / "seats.yaml"), "--app", "tests.apps.seats_app:app")
+    wide = explain_json(capsys, *argv, "--request", "GET /wide")
+    assert (wide["seats"]["initial"], wide["seats"]["source"]) == (4, "APF_ROUTES")
+    clamped = explain_json(capsys, *argv, "--request", "GET /clamped")
+    assert clamped["seats"]["source"] == "@cost"
+    assert clamped["seats"]["requested"]["initial"] == 4
+    assert clamped["seats"]["initial"] == clamped["seats"]["maxSeats"] < 4
+    linger = explain_json(capsys, *argv, "--request", "GET /linger")
+    assert (linger["seats"]["final"], linger["seats"]["additionalLatency"]) == (2, "2s")
+    assert main(["explain", *argv, "--request", "GET /clamped"]) == 0
+    assert "clamped to the level's max" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--request", "GET"], 'expected "METHOD PATH"'),
+    (["--request", "GET nothing"], "must start with /"),
+    (["--request", "GET /", "--header", "novalue"], 'expected "Name: value"'),
+    (["--request", "GET /", "--remote-addr", "host"], "not an IP address"),
+    (["--request", "GET /", "--app", "no_such_module:app"], "cannot import"),
+])
+def test_request_usage_errors(argv, words, capsys):
+    assert main(["explain", *K8S, *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_request_bad_setting_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("APF_USER_FROM", "cookie")
+    assert main(["explain", "--request", "GET /"]) == 2
+    assert "invalid APF_USER_FROM='cookie'" in capsys.readouterr().err
+
+
+def test_request_and_attribute_forms_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--request", "GET /", "--verb", "get", "--path", "/"])
+    assert exc.value.code == 2
+
+
+def test_request_user_through_a_unix_socket_proxy(capsys, monkeypatch):
+    monkeypatch.setenv("APF_TRUSTED_PROXIES", "unix")
+    out = explain_json(capsys, *K8S, "--request", "GET /api/v1/nodes", "--user", "dora",
+                       "--group", "system:masters")
+    assert (out["user"], out["flowSchema"]) == ("dora", "exempt")
+
+
+def test_request_cost_from_the_estimator_hook(capsys, monkeypatch, tmp_path):
+    (tmp_path / "explain_estimator.py").write_text(
+        "def estimate(environ, attrs, c):\n"
+        "    return {'seats': 3} if environ['PATH_INFO'].startswith('/big') else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("APF_WORK_ESTIMATOR", "explain_estimator:estimate")
+    big = explain_json(capsys, *K8S, "--request", "GET /big/report", "--user", "x",
+                       "--concurrency-limit", "2000")
+    assert (big["seats"]["initial"], big["seats"]["source"]) == (3, "APF_WORK_ESTIMATOR")
+    assert big["seats"]["maxSeats"] > 3 and big["seats"]["concurrencyLimit"] == 2000
+    small = explain_json(capsys, *K8S, "--request", "GET /small", "--user", "x")
+    assert (small["seats"]["initial"], small["seats"]["source"]) == (1, "default")
+
+
+def test_attribute_form_points_to_the_request_form_for_api_paths(capsys):
+    out = explain_json(capsys, *K8S, "--user", "bob", "--verb", "list", "--path",
+                       "/api/v1/namespaces/default/pods")
+    assert out["attributes"]["isResource"] is False
+    assert out["notes"] == ["--path is a non-resource request here, but the server parses "
+                            "/api/v1/namespaces/default/pods as a resource request: ask with "
+                            '--request "GET /api/v1/namespaces/default/pods" for the server\'s '
+                            "answer"]
+    assert explain_json(capsys, *K8S, "--user", "bob", "--verb", "get", "--path",
+                        "/healthz")["notes"] == []

@@ -157,3 +157,21 @@ def test_detail_round_trip_truncation_and_garbage() -> None:
     assert decode_detail(b"\xc1\xff\x00garbage")["u"] == ""
     assert decode_detail(msgpack.packb("u") + msgpack.packb(5))["u"] == ""
     assert decode_detail(msgpack.packb("u") + b"\xa2\xff\xfe")["u"] == "\ufffd\ufffd"
+
+
+def test_distinguisher_filled_on_every_level():
+    """Kubernetes computes a distinguisher only for levels with more than one queue; the dump
+    names the flow on every level (single queue, Reject, exempt) by the FlowSchema's method."""
+    from apf_gunicorn.flowcontrol.loader import load_configuration
+    from apf_gunicorn.flowcontrol.matching import Classifier
+
+    cfg = load_configuration("builtin:webapp")
+    classifier = Classifier(cfg)
+    anon = RequestAttributes("addr:127.0.0.2", ("system:unauthenticated",), "get", "/x")
+    c = classifier.classify(anon)
+    assert c.priority_level.queuing.queues == 1 and c.distinguisher == ""  # Kubernetes
+    assert decode_detail(encode_detail(anon, c))["d"] == "addr:127.0.0.2"
+    probe = RequestAttributes("bob", ("system:authenticated",), "get", "/healthz")
+    c = classifier.classify(probe)
+    assert c.priority_level.is_exempt and c.flow_schema.distinguisher is None
+    assert decode_detail(encode_detail(probe, c))["d"] == ""  # no method: one flow

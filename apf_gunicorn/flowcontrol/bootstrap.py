@@ -7,7 +7,7 @@ two forms:
 * ``MANDATORY_*_SPECS``: the defaulted v1 ``spec`` as a plain dict, shaped like the normalized
   specs :mod:`apf_gunicorn.flowcontrol.validation` produces, for the equality checks;
 * ``MANDATORY_FLOW_SCHEMAS`` / ``MANDATORY_PRIORITY_LEVELS``: the typed objects
-  (``source="<built-in>"``, ``uid=""``) that :mod:`apf_gunicorn.flowcontrol.configuration` adds
+  (``source="<built-in>"``, a derived uid) that :mod:`apf_gunicorn.flowcontrol.configuration` adds
   when a configuration lacks them.
 
     >>> MANDATORY_PRIORITY_LEVELS["catch-all"].nominal_concurrency_shares

@@ -202,6 +202,20 @@ class Classification:
     flow_hash: int
 
 
+def flow_distinguisher(flow_schema: FlowSchema, attrs: RequestAttributes) -> str:
+    """Who the flow is, by the schema's distinguisher method: the user (ByUser), the namespace
+    (ByNamespace), or ``""`` for a schema without one (all its requests are one flow).
+
+    Unlike :attr:`Classification.distinguisher` (Kubernetes': empty unless the level has more
+    than one queue), this names the flow on every level; the debug dump shows it.
+    """
+    if flow_schema.distinguisher == DISTINGUISH_BY_USER:
+        return attrs.user
+    if flow_schema.distinguisher == DISTINGUISH_BY_NAMESPACE:
+        return attrs.namespace
+    return ""
+
+
 def queues_flows(level: PriorityLevel) -> bool:
     """Whether requests at this level get a distinguisher and flow hash (Limited, Queue,
     more than one queue)."""
@@ -314,10 +328,5 @@ class Classifier:
                         attrs: RequestAttributes) -> Classification:
         if not flows:
             return Classification(fs, level, "", 0)
-        if fs.distinguisher == DISTINGUISH_BY_USER:
-            distinguisher = attrs.user
-        elif fs.distinguisher == DISTINGUISH_BY_NAMESPACE:
-            distinguisher = attrs.namespace
-        else:
-            distinguisher = ""
+        distinguisher = flow_distinguisher(fs, attrs)
         return Classification(fs, level, distinguisher, self._hash(fs.name, distinguisher))

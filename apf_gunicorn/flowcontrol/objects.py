@@ -6,10 +6,15 @@ YAML never reaches the classifier or the ledger. All classes are frozen so a con
 shared between threads and inherited across ``fork`` without copying.
 
 Wildcard conventions are Kubernetes': ``"*"`` in a list counts only when it is the sole element.
+
+Every FlowSchema and priority level has a uid: its ``metadata.uid``, or else one derived from
+its kind and name (:func:`derived_uid`, a UUIDv5), so the ``X-Kubernetes-PF-*-UID`` response
+headers are never empty and stay the same across restarts and reloads.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 WILDCARD = "*"
@@ -31,6 +36,25 @@ RESPONSE_QUEUE = "Queue"
 RESPONSE_REJECT = "Reject"
 
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+KIND_FLOW_SCHEMA = "FlowSchema"
+KIND_PRIORITY_LEVEL = "PriorityLevelConfiguration"
+
+#: The UUIDv5 namespace of derived uids (itself uuid5(NAMESPACE_URL, the API group's URL)).
+UID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://flowcontrol.apiserver.k8s.io/apf-gunicorn")
+
+
+def derived_uid(kind: str, name: str) -> str:
+    """The uid of an object that has no ``metadata.uid``: UUIDv5 of ``"<kind>/<name>"``.
+
+    Args:
+        kind: ``FlowSchema`` or ``PriorityLevelConfiguration``.
+        name: the object's name.
+
+    Returns:
+        A UUID string, the same for the same kind and name on every machine and every run.
+    """
+    return str(uuid.uuid5(UID_NAMESPACE, f"{kind}/{name}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +98,12 @@ class FlowSchema:
     matching_precedence: int = 1000
     distinguisher: str | None = None  # ByUser, ByNamespace or None
     rules: tuple[PolicyRule, ...] = ()
-    uid: str = ""  # metadata.uid; empty for built-in objects
+    uid: str = ""  # metadata.uid; when empty, derived_uid(FlowSchema, name)
     source: str = ""  # file the object came from ("<built-in>" for imagined ones)
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            object.__setattr__(self, "uid", derived_uid(KIND_FLOW_SCHEMA, self.name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +128,12 @@ class PriorityLevel:
     borrowing_limit_percent: int | None = None
     limit_response: str | None = None  # Queue or Reject (None for Exempt)
     queuing: QueuingConfig | None = None  # set iff limit_response == Queue
-    uid: str = ""
+    uid: str = ""  # metadata.uid; when empty, derived_uid(PriorityLevelConfiguration, name)
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            object.__setattr__(self, "uid", derived_uid(KIND_PRIORITY_LEVEL, self.name))
 
     @property
     def is_exempt(self) -> bool:

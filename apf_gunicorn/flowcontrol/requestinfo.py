@@ -6,15 +6,24 @@ This is what the classifier sees of a request: who sent it (user and groups) and
     resolver = RequestInfoResolver(trusted_proxies=["10.0.0.0/8"], routes=load_routes(path))
     attrs = resolver(environ)        # never raises
 
-Identity, in this order:
+Identity: the sources of ``user_from`` (``APF_USER_FROM``, :mod:`.identity`) in order; the
+default ``proxy,remote_user`` is:
 
-1. ``X-Remote-User`` (header name configurable) when ``REMOTE_ADDR`` is in one of the trusted
-   proxy CIDRs; groups from ``X-Remote-Group`` (repeatable or comma-separated; WSGI servers join
-   repeated headers with ``,``). Headers from any other peer are ignored.
-2. ``REMOTE_USER`` set by an upstream WSGI layer.
-3. ``system:anonymous`` in group ``system:unauthenticated``.
+1. ``proxy``: ``X-Remote-User`` (header name configurable) when ``REMOTE_ADDR`` is in one of the
+   trusted proxy CIDRs; groups from ``X-Remote-Group``. WSGI servers join repeated headers with
+   ``,``: as Kubernetes' request-header authenticator, the first user value wins and every
+   group value counts (each value also split at commas). Headers from any other peer are
+   ignored.
+2. ``remote_user``: ``REMOTE_USER`` set by an upstream WSGI layer.
+3. otherwise ``system:anonymous`` in group ``system:unauthenticated``.
 
-An identified user also gets ``system:authenticated`` (Kubernetes' AuthenticatedGroupAdder).
+A verified user also gets ``system:authenticated`` (Kubernetes' AuthenticatedGroupAdder).
+The unverified sources (``header:NAME``, ``jwt-sub``, ``address``) give a prefixed user name
+(``key:``, ``jwt:``, ``addr:``) in group ``system:unauthenticated`` only: they name the flow,
+never a real user.
+
+:attr:`RequestInfoResolver.environ_keys` lists every environ key the result depends on, and
+``shape_key(environ.get)`` reads them: the middleware's per-shape cache keys on exactly those.
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
@@ -37,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from . import identity as sources
 from .hookspec import import_callable
 from .objects import RequestAttributes
 
@@ -234,6 +244,17 @@ def parse_kubernetes_path(method: str, path: str, query: str) -> dict[str, Any] 
     }
 
 
+def key_function(keys: Iterable[str]) -> Callable[[Callable[[str], Any]], tuple]:
+    """A function ``get -> (get(k0), get(k1), ...)`` for a fixed set of keys.
+
+    It is compiled from a tuple display of calls with the keys as constants: the per-request
+    shape key is read with no loop and no iterator (``tuple(map(get, keys))`` costs ~1,000
+    more instructions for four keys). The keys enter the source only as ``repr()`` literals.
+    """
+    body = "".join(f"get({key!r}), " for key in keys if isinstance(key, str))
+    return eval(f"lambda get: ({body})", {"__builtins__": {}})  # noqa: S307 - literals only
+
+
 class RequestInfoResolver:
     """The built-in resolver. Build one per configuration; calls are thread-safe."""
 
@@ -243,11 +264,13 @@ class RequestInfoResolver:
         user_header: str = "X-Remote-User",
         group_header: str = "X-Remote-Group",
         routes: Any = None,
+        user_from: Iterable[str] = sources.DEFAULT_USER_FROM,
     ) -> None:
         """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
         and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
         ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
-        None."""
+        None. ``user_from``: identity sources in order (:func:`.identity.parse_user_from`
+        output; a bad one raises ValueError)."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -268,6 +291,40 @@ class RequestInfoResolver:
         self._trust_cache: dict[str, bool] = {}
         # (raw user header, raw group header) -> (user, groups): clients repeat themselves
         self._identity_cache: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self.user_from = sources.parse_user_from(",".join(user_from))
+        self._sources = tuple(self._source(name) for name in self.user_from)
+        self.environ_keys = self._environ_keys()
+        #: ``shape_key(environ.get)``: the values of :attr:`environ_keys`, as a tuple
+        self.shape_key = key_function(self.environ_keys)
+
+    def _source(self, name: str) -> Callable[[Environ], tuple[str, tuple[str, ...]] | None]:
+        if name == sources.PROXY:
+            return self._from_proxy
+        if name == sources.REMOTE_USER:
+            return self._from_remote_user
+        if name == sources.JWT_SUB:
+            return self._from_jwt
+        if name == sources.ADDRESS:
+            return self._from_address
+        key = sources.header_environ_key(name.split(":", 1)[1])
+        return lambda environ: self._from_header(environ, key)
+
+    def _environ_keys(self) -> tuple[str, ...]:
+        """Every environ key the resolution reads, in a fixed order."""
+        keys = ["REQUEST_METHOD", "PATH_INFO", "QUERY_STRING"]
+        trusting = bool(self.trusted_networks or self.trust_unix)
+        for name in self.user_from:
+            if name == sources.PROXY:
+                keys += ["REMOTE_ADDR", self.user_key, self.group_key] if trusting else []
+            elif name == sources.REMOTE_USER:
+                keys.append("REMOTE_USER")
+            elif name == sources.JWT_SUB:
+                keys.append("HTTP_AUTHORIZATION")
+            elif name == sources.ADDRESS:
+                keys += ["REMOTE_ADDR", "HTTP_X_FORWARDED_FOR"] if trusting else ["REMOTE_ADDR"]
+            else:
+                keys.append(sources.header_environ_key(name.split(":", 1)[1]))
+        return tuple(dict.fromkeys(keys))
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
@@ -292,29 +349,62 @@ class RequestInfoResolver:
         return trusted
 
     def identity(self, environ: Environ) -> tuple[str, tuple[str, ...]]:
-        """(user, groups) of a request."""
-        if (self.trusted_networks or self.trust_unix) and self.is_trusted(environ.get("REMOTE_ADDR")):
-            raw_user = environ.get(self.user_key)
-            if raw_user and isinstance(raw_user, str):
-                raw_groups = environ.get(self.group_key)
-                if not isinstance(raw_groups, str):
-                    raw_groups = ""
-                key = (raw_user, raw_groups)
-                cached = self._identity_cache.get(key)
-                if cached is not None:
-                    return cached
-                user = wsgi_str(raw_user, MAX_HEADER_LENGTH).strip()[:MAX_NAME_LENGTH]
-                if user:
-                    groups = _split_groups(wsgi_str(raw_groups, MAX_HEADER_LENGTH))
-                    identity = (user, identity_groups(user, groups))
-                    if len(self._identity_cache) >= _IDENTITY_CACHE_SIZE:
-                        self._identity_cache.clear()
-                    self._identity_cache[key] = identity
-                    return identity
-        user = wsgi_str(environ.get("REMOTE_USER"), MAX_NAME_LENGTH).strip()
-        if user:
-            return user, identity_groups(user, ())
+        """(user, groups) of a request: the first source of ``user_from`` that names one."""
+        for source in self._sources:
+            found = source(environ)
+            if found is not None:
+                return found
         return ANONYMOUS_USER, _ANONYMOUS_GROUPS
+
+    def _from_proxy(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        if not (self.trusted_networks or self.trust_unix):
+            return None
+        if not self.is_trusted(environ.get("REMOTE_ADDR")):
+            return None
+        raw_user = environ.get(self.user_key)
+        if not raw_user or not isinstance(raw_user, str):
+            return None
+        raw_groups = environ.get(self.group_key)
+        if not isinstance(raw_groups, str):
+            raw_groups = ""
+        key = (raw_user, raw_groups)
+        cached = self._identity_cache.get(key)
+        if cached is not None:
+            return cached
+        # Repeated headers arrive joined with ",": the first value is Kubernetes' user.
+        user = wsgi_str(raw_user, MAX_HEADER_LENGTH).split(",", 1)[0].strip()[:MAX_NAME_LENGTH]
+        if not user:
+            return None
+        groups = _split_groups(wsgi_str(raw_groups, MAX_HEADER_LENGTH))
+        found = (user, identity_groups(user, groups))
+        if len(self._identity_cache) >= _IDENTITY_CACHE_SIZE:
+            self._identity_cache.clear()
+        self._identity_cache[key] = found
+        return found
+
+    def _from_remote_user(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        user = wsgi_str(environ.get("REMOTE_USER"), MAX_NAME_LENGTH).strip()
+        return (user, identity_groups(user, ())) if user else None
+
+    def _from_header(self, environ: Environ, key: str) -> tuple[str, tuple[str, ...]] | None:
+        value = environ.get(key)
+        if not value or not isinstance(value, str):
+            return None
+        return sources.KEY_PREFIX + sources.key_digest(value), _ANONYMOUS_GROUPS
+
+    def _from_jwt(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        sub = sources.jwt_subject(environ.get("HTTP_AUTHORIZATION"))
+        if not sub:
+            return None
+        return sources.JWT_PREFIX + sub, _ANONYMOUS_GROUPS
+
+    def _from_address(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        remote = environ.get("REMOTE_ADDR")
+        if not isinstance(remote, str):
+            return None
+        addr = sources.client_address(remote, environ.get("HTTP_X_FORWARDED_FOR"),
+                                      self.is_trusted)
+        return (sources.ADDRESS_PREFIX + addr, _ANONYMOUS_GROUPS) if addr else None
 
     def __call__(self, environ: Environ) -> RequestAttributes:
         try:

@@ -32,6 +32,8 @@ from apf_gunicorn.flowcontrol.bootstrap import (
 )
 from apf_gunicorn.flowcontrol.objects import (
     EXEMPT,
+    KIND_FLOW_SCHEMA,
+    KIND_PRIORITY_LEVEL,
     RESPONSE_QUEUE,
     RESPONSE_REJECT,
     SUBJECT_GROUP,
@@ -42,9 +44,6 @@ from apf_gunicorn.flowcontrol.objects import (
     WILDCARD,
 )
 from apf_gunicorn.flowcontrol.shufflesharding import MAX_HASH_BITS, required_entropy_bits
-
-KIND_FLOW_SCHEMA = "FlowSchema"
-KIND_PRIORITY_LEVEL = "PriorityLevelConfiguration"
 
 MAX_MATCHING_PRECEDENCE = 10000
 MAX_QUEUES = 10 * 1000 * 1000

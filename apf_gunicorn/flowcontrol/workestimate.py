@@ -160,6 +160,33 @@ def estimate_from_result(result: Any) -> WorkEstimate | None:
     raise TypeError(f"expected a WorkEstimate, a dict or None, got {type(result).__name__}")
 
 
+def declared_estimate(method: str, path: str, view_costs: Any, route_costs: Any
+                      ) -> tuple[WorkEstimate | None, str]:
+    """The cost declared for a request shape: a Flask view's ``@cost``, else an ``APF_ROUTES``
+    cost entry (the middleware and ``apf-gunicorn explain`` both ask this).
+
+    Args:
+        method: the upper-cased HTTP method.
+        path: the URL path.
+        view_costs: an :class:`apf_gunicorn.flask.ViewCosts` (``lookup(method, path)``) or None.
+        route_costs: a :class:`.routes.RouteTable` with cost entries (``cost(method, path)``)
+            or None.
+
+    Returns:
+        ``(estimate, source)`` with source ``"@cost"`` or ``"APF_ROUTES"``; ``(None, "")``
+        when neither declares one.
+    """
+    if view_costs is not None:
+        est = view_costs.lookup(method, path)
+        if est is not None:
+            return est, "@cost"
+    if route_costs is not None:
+        est = route_costs.cost(method, path)
+        if est is not None:
+            return est, "APF_ROUTES"
+    return None, ""
+
+
 def clamp(est: WorkEstimate, max_seats: int) -> WorkEstimate:
     """Clamp the seats to ``[1, max_seats]`` (initial) and ``[0, max_seats]`` (final),
     keeping the tail's area (seats x latency) when the final seats are cut, as Kubernetes'

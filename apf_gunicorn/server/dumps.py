@@ -30,6 +30,8 @@ from typing import Any
 import msgpack
 
 from apf_gunicorn.flowcontrol.gomath import format_duration, format_rfc3339nano
+from apf_gunicorn.flowcontrol.matching import flow_distinguisher
+from apf_gunicorn.flowcontrol.objects import FlowSchema, RequestAttributes
 
 WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
 DETAIL_CAPACITY = 256  # the ledger's default Capacity.detail_bytes
@@ -63,10 +65,18 @@ REQUEST_DETAIL_HEADERS = (
 # -- request detail blobs ---------------------------------------------------------------------
 
 def encode_detail(attrs: Any, classification: Any = None, max_bytes: int = DETAIL_CAPACITY) -> bytes:
-    """The detail blob of one request from its ``RequestAttributes`` and ``Classification``
-    (for the distinguisher). Empty fields are left out; long fields are shortened so the blob
-    fits ``max_bytes`` (the path first, as it is the longest and least needed)."""
-    fields = {"d": getattr(classification, "distinguisher", "") or ""}
+    """The detail blob of one request from its ``RequestAttributes`` and ``Classification``.
+
+    The distinguisher is the flow's name on every level (:func:`flow_distinguisher`: the user
+    or namespace by the FlowSchema's method), also where Kubernetes leaves it empty because the
+    level has a single queue or none. Empty fields are left out; long fields are shortened so
+    the blob fits ``max_bytes`` (the path first, as it is the longest and least needed)."""
+    fs = getattr(classification, "flow_schema", None)
+    if isinstance(fs, FlowSchema) and isinstance(attrs, RequestAttributes):
+        distinguisher = flow_distinguisher(fs, attrs)
+    else:
+        distinguisher = getattr(classification, "distinguisher", "") or ""
+    fields = {"d": distinguisher}
     for key, attr in _ATTR_FIELDS:
         fields[key] = getattr(attrs, attr, "") or ""
     return _pack(fields, max_bytes)

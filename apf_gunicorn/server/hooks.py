@@ -119,24 +119,12 @@ def on_starting(server) -> None:
 
 
 def _build_resolver(server, settings):
-    from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver, load_request_info_hook
+    from apf_gunicorn.server.resolver import ResolverError, build_resolver
 
-    routes = None
-    if settings.routes:
-        from apf_gunicorn.flowcontrol.routes import load_routes
-        try:
-            routes = load_routes(settings.routes)
-        except Exception as e:
-            _fail(server, [f"invalid APF_ROUTES={settings.routes!r}: {e}"])
-    builtin = RequestInfoResolver(trusted_proxies=[str(n) for n in settings.trusted_proxies],
-                                  user_header=settings.user_header,
-                                  group_header=settings.group_header, routes=routes)
-    if settings.request_info:
-        try:
-            return load_request_info_hook(settings.request_info, builtin)
-        except Exception as e:
-            _fail(server, [str(e)])
-    return builtin
+    try:
+        return build_resolver(settings)
+    except ResolverError as e:
+        _fail(server, [str(e)])
 
 
 def when_ready(server) -> None:

@@ -49,6 +49,7 @@ from apf_gunicorn.flowcontrol.workestimate import (
     EstimatorHook,
     WorkEstimate,
     clamp,
+    declared_estimate,
     default_estimator,
 )
 from apf_gunicorn.ledger.ledger import EXECUTE, QUEUED
@@ -157,10 +158,8 @@ class APFMiddleware:
         # read anything, so its requests are classified every time.
         builtin = type(ctx.resolver) is RequestInfoResolver
         self._cache: dict[tuple, tuple] | None = {} if builtin else None
-        self._user_key = getattr(ctx.resolver, "user_key", "HTTP_X_REMOTE_USER")
-        self._group_key = getattr(ctx.resolver, "group_key", "HTTP_X_REMOTE_GROUP")
-        self._trust = bool(getattr(ctx.resolver, "trusted_networks", ())
-                           or getattr(ctx.resolver, "trust_unix", False))
+        # The values of every environ key the built-in resolver reads (APF_USER_FROM's too)
+        self._shape_key = ctx.resolver.shape_key if builtin else None
         self._admit = ctx.ledger.admit
         self._deliver = ctx.deliver
         self._finish_ledger = ctx.ledger.finish
@@ -197,10 +196,7 @@ class APFMiddleware:
             if cache is not None:
                 # Everything the built-in resolver reads: the classification is a pure
                 # function of it, and most requests repeat a few shapes.
-                get = environ.get
-                key = (get("REQUEST_METHOD"), get("PATH_INFO"), get("QUERY_STRING"),
-                       get("REMOTE_USER"), get(self._user_key), get(self._group_key),
-                       get("REMOTE_ADDR") if self._trust else None)
+                key = self._shape_key(environ.get)
                 shape = cache.get(key)
                 if shape is None:
                     shape = self._classify_request(environ)
@@ -313,11 +309,7 @@ class APFMiddleware:
         get = environ.get
         method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
         path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
-        est = source = None
-        if self._view_costs is not None:
-            est, source = self._view_costs.lookup(method, path), "@cost"
-        if est is None and self._route_costs is not None:
-            est, source = self._route_costs.cost(method, path), "APF_ROUTES"
+        est, source = declared_estimate(method, path, self._view_costs, self._route_costs)
         if est is None:
             if self._one_seat:
                 return None

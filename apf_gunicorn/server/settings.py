@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, parse_user_from
+from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
@@ -34,6 +36,10 @@ DEFAULT_EXEMPT_THREADS = 2
 # Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
 # master reclaims), not the master (which owns the ledger)
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
+#: How the ledger picks the next request to dispatch. "kubernetes": Kubernetes' queueset (fair
+#: queuing by virtual finish time over shuffle-sharded queues, seats borrowed between levels).
+#: The only one today; a second policy gets its name here and a setting to choose it.
+DISPATCH_POLICIES = ("kubernetes",)
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -54,7 +60,8 @@ class Settings:
     config_path: str | None  # None: the built-in configuration
     concurrency_limit: int
     queue_wait_limit_ns: int
-    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    # CIDRs, and "unix" for peers on a Unix socket
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network | str, ...]
     user_header: str
     group_header: str
     request_info: str | None  # "module:callable" or None for the built-in resolver
@@ -77,6 +84,9 @@ class Settings:
     accept_slack: int = 0  # connections accepted beyond the worker's threads
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
+    # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
+    user_from: tuple[str, ...] = DEFAULT_USER_FROM
+    dispatch_policy: str = DISPATCH_POLICIES[0]
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -127,11 +137,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         item = item.strip()
         if not item:
             continue
+        if item.lower() == UNIX_PEER:  # peers on a Unix socket (a proxy on this host)
+            proxies.append(UNIX_PEER)
+            continue
         try:
             proxies.append(ipaddress.ip_network(item, strict=False))
         except ValueError:
             raise SettingsError("APF_TRUSTED_PROXIES", raw or "",
-                                f"{item!r} is not an IP address or CIDR; expected a "
+                                f"{item!r} is not an IP address, a CIDR or 'unix'; expected a "
                                 "comma-separated list such as 10.0.0.0/8,127.0.0.1") from None
 
     headers = {}
@@ -228,6 +241,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
             raise SettingsError("APF_WORKER_OOM_SCORE_ADJ", raw,
                                 "must be 'off' or an integer from 1 to 2000 that each worker "
                                 "adds to the master's oom_score_adj (capped at 1000)")
+    raw = get("APF_USER_FROM")
+    user_from = DEFAULT_USER_FROM
+    if raw is not None:
+        try:
+            user_from = parse_user_from(raw)
+        except ValueError as e:
+            raise SettingsError("APF_USER_FROM", raw, f"{e} (comma-separated, tried in order; "
+                                "default proxy,remote_user)") from None
 
     return Settings(
         config_path=config_path,
@@ -249,6 +270,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         exempt_threads=reserve,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
+        user_from=user_from,
     )
 
 

@@ -28,10 +28,9 @@ from typing import Any
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
-#: APF_* variables read outside load_settings: the accept slack (server/worker.py), the switch
-#: off of the C fast path (ledger/lock.py), and the identity sources of issue 13
-#: (APF_USER_FROM) in case they are read by the resolver rather than the settings.
-READ_ELSEWHERE = ("APF_NO_ACCELERATOR", "APF_USER_FROM")
+#: APF_* variables read outside load_settings: the switch off of the C fast path
+#: (ledger/lock.py).
+READ_ELSEWHERE = ("APF_NO_ACCELERATOR",)
 PREFIX = "APF_"
 #: The logger every module of the package logs under (``apf_gunicorn.middleware`` …).
 PACKAGE_LOGGER = "apf_gunicorn"

@@ -1,0 +1,59 @@
+"""The request resolver the server runs, built from its settings.
+
+One construction for the master's ``on_starting`` and for ``apf-gunicorn explain``, so both
+turn the same WSGI environ into the same request attributes:
+
+    resolver = build_resolver(load_settings())   # raises ResolverError with a clear message
+    attrs = resolver(environ)
+
+It is the built-in :class:`~apf_gunicorn.flowcontrol.requestinfo.RequestInfoResolver`
+(Kubernetes API paths, ``APF_ROUTES``, ``APF_TRUSTED_PROXIES``, ``APF_USER_HEADER``/
+``APF_GROUP_HEADER``, ``APF_USER_FROM``), behind the ``APF_REQUEST_INFO`` hook when one is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apf_gunicorn.flowcontrol.requestinfo import (
+    HookedResolver,
+    RequestInfoResolver,
+    load_request_info_hook,
+)
+from apf_gunicorn.flowcontrol.routes import load_routes
+
+
+class ResolverError(ValueError):
+    """The settings name a routes file or hook that cannot be used; ``str()`` says why."""
+
+
+def build_resolver(settings: Any) -> RequestInfoResolver | HookedResolver:
+    """The server's resolver for ``settings`` (a :class:`~apf_gunicorn.server.settings.Settings`).
+
+    Args:
+        settings: validated settings; ``routes``, ``trusted_proxies``, ``user_header``,
+            ``group_header``, ``user_from`` and ``request_info`` are read.
+
+    Returns:
+        The built-in resolver, or the ``APF_REQUEST_INFO`` hook with it as fallback.
+
+    Raises:
+        ResolverError: an invalid ``APF_ROUTES`` file or an ``APF_REQUEST_INFO`` that cannot
+            be imported (the message names the setting).
+    """
+    routes = None
+    if settings.routes:
+        try:
+            routes = load_routes(settings.routes)
+        except Exception as e:  # RouteError, or a file that vanished since the settings check
+            raise ResolverError(f"invalid APF_ROUTES={settings.routes!r}: {e}") from None
+    builtin = RequestInfoResolver(trusted_proxies=[str(n) for n in settings.trusted_proxies],
+                                  user_header=settings.user_header,
+                                  group_header=settings.group_header, routes=routes,
+                                  user_from=settings.user_from)
+    if settings.request_info:
+        try:
+            return load_request_info_hook(settings.request_info, builtin)
+        except Exception as e:
+            raise ResolverError(str(e)) from None
+    return builtin
