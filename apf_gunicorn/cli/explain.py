@@ -227,7 +227,7 @@ def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
         est = load_estimator_hook(settings.work_estimator)(environ, attrs, c)
         source = "APF_WORK_ESTIMATOR" if est is not None else ""
     if est is None and environ is not None:
-        from apf_gunicorn.server.hooks import route_table
+        from apf_gunicorn.server.generation import route_table
 
         view_costs = None
         if args.app:
