@@ -198,6 +198,7 @@ def when_ready(server) -> None:
         return
     m.services = MasterServices(m, server.log)
     m.services.start_admin()
+    m.services.start_agent(server)  # APF_AGENT_BIND (off by default)
     m.services.start()
 
 
@@ -349,7 +350,8 @@ def post_worker_init(worker) -> None:
         deliver=deliver, add_linger=dispatcher.add_linger,
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
-        work_estimator=_work_estimator(m.settings), **_optional_pieces(m, gen))
+        work_estimator=_work_estimator(m.settings), load_report=_load_report(m, ledger, gen),
+        **_optional_pieces(m, gen))
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     state.WORKER = state.WorkerState(index=index, pid=os.getpid(), ledger=ledger,
@@ -394,6 +396,15 @@ def _work_estimator(settings):
     from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 
     return load_estimator_hook(settings.work_estimator)
+
+
+def _load_report(m, ledger, gen):
+    """The worker's ORCA reporter when APF_LOAD_REPORT=orca, else None."""
+    if getattr(m.settings, "load_report", "off") != "orca":
+        return None
+    from apf_gunicorn.server.loadreport import OrcaReport
+
+    return OrcaReport(ledger.load, {i: name for name, i in gen.level_index.items()})
 
 
 def _die_after(settings, worker) -> int:

@@ -89,6 +89,7 @@ class WorkerContext:
     routes: Any = None  # flowcontrol.routes.RouteTable (its cost entries) or None
     work_estimator: Any = None  # EstimatorHook (or a plain callable) for APF_WORK_ESTIMATOR
     clock: Callable[[], int] = time.monotonic_ns
+    load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
 
 
 try:
@@ -165,6 +166,7 @@ class APFMiddleware:
         self._hook = hook
         self._clamp_logged: set[tuple] = set()
         self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
+        self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0}
         try:  # the ledger's own outcome constants, if it defines them
@@ -226,6 +228,8 @@ class APFMiddleware:
                 return answer
         # Run the app (inline rather than a method: one Python frame less per request).
         headers = route.headers
+        if self._orca is not None:  # APF_LOAD_REPORT=orca: the cached ORCA header
+            headers = self._orca.extend(headers, now)
         self.stats["served"] += 1
         resp = getattr(start_response, "__self__", None)
         if route.checked and type(resp) is _GunicornResponse:
@@ -379,7 +383,7 @@ class APFMiddleware:
             start_response("503 Service Unavailable", [
                 ("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1"),
                 ("Content-Length", str(len(STOPPING_BODY))),
-                ("Connection", "close"), *route.headers])
+                ("Connection", "close"), *route.headers, *self._load_headers(False)])
             return [STOPPING_BODY]
         if outcome == CANCELLED:
             # The client is gone; answer anyway so the server's bookkeeping stays normal.
@@ -409,8 +413,21 @@ class APFMiddleware:
             ("Retry-After", str(retry)),
             ("Content-Length", str(len(TOO_MANY))),
             *route.headers,
+            *self._load_headers(True),
         ])
         return [TOO_MANY]
+
+    def _load_headers(self, rejected: bool) -> list:
+        """The ORCA header (and ``x-envoy-ratelimited`` on a 429) when APF_LOAD_REPORT=orca."""
+        orca = self._orca
+        if orca is None:
+            return []
+        try:
+            now = self._clock()
+            return orca.reject_headers(now) if rejected else orca.extend([], now)
+        except Exception:
+            log.exception("apf: load report failed")
+            return []
 
     def _finish_on_close(self, result, slot: int, gen: int):
         """A ``wsgi.file_wrapper`` response keeps sendfile: hook its close instead of wrapping

@@ -29,6 +29,7 @@ DEFAULT_USER_HEADER = "X-Remote-User"
 DEFAULT_GROUP_HEADER = "X-Remote-Group"
 DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
+DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -67,6 +68,10 @@ class Settings:
     # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
     service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
     learn_service: bool = True
+    # -- load balancer exports (docs/load-balancers.md) --
+    agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
+    agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
+    load_report: str = "off"  # APF_LOAD_REPORT: "off" or "orca"
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -211,7 +216,31 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         work_estimator=work_estimator,
         service_estimate_ns=service_ns,
         learn_service=learn,
+        **_load_balancer_settings(get),
     )
+
+
+def _load_balancer_settings(get) -> dict:
+    """APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY and APF_LOAD_REPORT, as Settings fields."""
+    raw = get("APF_AGENT_BIND")
+    agent_bind = None if raw is None else _bind(raw, "APF_AGENT_BIND", "127.0.0.1:9200")
+
+    raw = get("APF_AGENT_DRAIN_DELAY")
+    delay = DEFAULT_AGENT_DRAIN_DELAY_S
+    if raw is not None:
+        delay = _float(raw)
+        if delay is None or not 0 <= delay <= 300:
+            raise SettingsError("APF_AGENT_DRAIN_DELAY", raw,
+                                "must be a number of seconds from 0 to 300 (how long a "
+                                "gracefully stopping server answers drain and keeps serving)")
+
+    raw = get("APF_LOAD_REPORT")
+    report = "off" if raw is None else raw.lower()
+    if report not in ("off", "orca"):
+        raise SettingsError("APF_LOAD_REPORT", raw or "",
+                            "must be 'orca' (an endpoint-load-metrics header on every response "
+                            "APF handled) or 'off'")
+    return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report}
 
 
 def _float(raw: str) -> float | None:
@@ -228,13 +257,15 @@ def _int(raw: str) -> int | None:
         return None
 
 
-def _bind(raw: str) -> tuple[str, int] | None:
+def _bind(raw: str, var: str = "APF_ADMIN_BIND",
+          example: str = "127.0.0.1:9180") -> tuple[str, int] | None:
     if raw.lower() == "off":
         return None
     host, sep, port = raw.rpartition(":")
     host = host.strip("[]")
     p = _int(port) if sep else None
     if not host or p is None or not (0 <= p <= 65535):
-        raise SettingsError("APF_ADMIN_BIND", raw,
-                            "must be host:port (e.g. 127.0.0.1:9180, [::1]:9180) or 'off'")
+        ipv6 = example.replace("127.0.0.1", "[::1]")
+        raise SettingsError(var, raw,
+                            f"must be host:port (e.g. {example}, {ipv6}) or 'off'")
     return host, p
