@@ -64,6 +64,7 @@ class AgentState:
         self.master = master
         self.arbiter = arbiter
         self.stopping = False  # set on SIGTERM: "drain" until the master exits
+        self.last = b""  # the previous reply (a change to down is logged once)
 
     def workers_restarting(self, ledger: Any) -> bool:
         """Whether gunicorn is starting or replacing workers right now."""
@@ -80,17 +81,18 @@ class AgentState:
     def reply(self) -> bytes:
         """The line for one agent connection (never raises)."""
         ledger = getattr(self.master, "ledger", None)
-        if ledger is None:
-            return DOWN
         try:
+            if ledger is None:
+                raise ValueError("no ledger")
             load = summarize(ledger.load())
             restarting = self.workers_restarting(ledger)
         except Exception as e:
-            log.warning("apf agent: the ledger is unusable, answering down: %s", e)
+            if self.last != DOWN:
+                log.error("apf agent: the ledger is unusable, answering down: %s", e)
+            self.last = DOWN
             return DOWN
-        if self.stopping or restarting:
-            return DRAIN
-        return ready_line(weight_percent(load))
+        self.last = DRAIN if self.stopping or restarting else ready_line(weight_percent(load))
+        return self.last
 
 
 class AgentServer:
@@ -201,7 +203,8 @@ class AgentServer:
             sock.close()
 
 
-def install_drain_on_term(arbiter: Any, agent: AgentState, delay_s: float) -> None:
+def install_drain_on_term(arbiter: Any, agent: AgentState, delay_s: float,
+                          timer: Callable[..., Any] = threading.Timer) -> None:
     """Make gunicorn's SIGTERM (graceful stop) drain first: the agent answers ``drain`` at once,
     the server keeps serving for ``delay_s`` seconds so the balancer moves new traffic away,
     then the master stops as usual (a second SIGTERM stops at once). SIGINT and SIGQUIT (quick
@@ -211,6 +214,7 @@ def install_drain_on_term(arbiter: Any, agent: AgentState, delay_s: float) -> No
         arbiter: gunicorn's Arbiter (its ``handle_term`` is wrapped on this instance).
         agent: the :class:`AgentState` to switch to ``drain``.
         delay_s: seconds to keep serving; 0: only answer ``drain`` while stopping.
+        timer: ``threading.Timer`` (tests pass their own): re-sends SIGTERM to the master.
     """
     original = arbiter.handle_term
     if getattr(original, "apf_drain", False):
@@ -225,9 +229,9 @@ def install_drain_on_term(arbiter: Any, agent: AgentState, delay_s: float) -> No
         arbiter.log.info("apf: graceful stop: agent-check answers drain; serving for %.1f s "
                          "more so the load balancer moves traffic away (APF_AGENT_DRAIN_DELAY)",
                          delay_s)
-        timer = threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM))
-        timer.daemon = True
-        timer.start()
+        resend = timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM))
+        resend.daemon = True
+        resend.start()
 
     handle_term.apf_drain = True  # type: ignore[attr-defined]
     arbiter.handle_term = handle_term
