@@ -190,6 +190,8 @@ def test_ledger_load_matches_its_snapshot():
             lv.dispatched, lv.rejected)
         assert row.exempt == (lv.desired_queues < 0)
     assert rows[levels["work"]].seats_in_use == 3 and rows[levels["work"]].requests_waiting == 3
+    # only the levels asked for (unknown or unused indices skipped)
+    assert [r.index for r in led.load((levels["exempt"], 3, 99, -1))] == [levels["exempt"]]
 
 
 def test_ledger_load_refuses_a_clobbered_buffer():
@@ -205,7 +207,9 @@ def test_ledger_load_refuses_a_clobbered_buffer():
 
 def test_settings_defaults_and_values():
     s = load_settings({})
-    assert (s.agent_bind, s.agent_drain_delay_s, s.load_report) == (None, 3.0, "off")
+    assert (s.agent_bind, s.agent_drain_delay_s, s.load_report, s.load_report_interval_s) == (
+        None, 3.0, "off", 0.1)
+    assert load_settings({"APF_LOAD_REPORT_INTERVAL": "2"}).load_report_interval_s == 2.0
     s = load_settings({"APF_AGENT_BIND": "[::1]:9200", "APF_AGENT_DRAIN_DELAY": "0",
                        "APF_LOAD_REPORT": "ORCA"})
     assert (s.agent_bind, s.agent_drain_delay_s, s.load_report) == (("::1", 9200), 0.0, "orca")
@@ -218,6 +222,7 @@ def test_settings_defaults_and_values():
     ("APF_AGENT_DRAIN_DELAY", "soon", "seconds from 0 to 300"),
     ("APF_AGENT_DRAIN_DELAY", "301", "seconds from 0 to 300"),
     ("APF_LOAD_REPORT", "json", "'orca'"),
+    ("APF_LOAD_REPORT_INTERVAL", "0", "seconds from 0.001 to 60"),
 ])
 def test_bad_settings_name_the_variable(var, value, words):
     with pytest.raises(SettingsError) as e:

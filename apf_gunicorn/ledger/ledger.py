@@ -1912,11 +1912,13 @@ class Ledger:
         return Snapshot(now, levels, self._fs_names_locked())
 
 
-    def load(self) -> list[LevelLoad]:
+    def load(self, levels: tuple[int, ...] | None = None) -> list[LevelLoad]:
         """Every configured level's seats and counters, read without the lock.
 
         For load reports (the HAProxy agent, ORCA headers): it never waits for a request.
-        Returns a :class:`LevelLoad` per level in index order.
+        Returns a :class:`LevelLoad` per configured level in index order, or only for the
+        configured ones among ``levels`` (indices, in that order; cheaper than scanning the
+        whole level table).
 
         Each word is read whole (memoryview stores are single 8-byte writes), but the levels
         are not read at one instant and may be mid-operation. The pure-Python fast paths
@@ -1934,7 +1936,9 @@ class Ledger:
             raise ValueError("the buffer does not hold a valid apf_gunicorn ledger")
         out = []
         base = self._lvb
-        for i in range(self._nlevels):
+        for i in range(self._nlevels) if levels is None else levels:
+            if not 0 <= i < self._nlevels:
+                continue
             lb = base + i * LEVEL_WORDS
             if not w[lb + L_USED]:
                 continue

@@ -402,9 +402,13 @@ def _load_report(m, ledger, gen):
     """The worker's ORCA reporter when APF_LOAD_REPORT=orca, else None."""
     if getattr(m.settings, "load_report", "off") != "orca":
         return None
+    from functools import partial
+
     from apf_gunicorn.server.loadreport import OrcaReport
 
-    return OrcaReport(ledger.load, {i: name for name, i in gen.level_index.items()})
+    names = {i: name for name, i in gen.level_index.items()}
+    return OrcaReport(partial(ledger.load, tuple(sorted(names))), names,
+                      int(m.settings.load_report_interval_s * 1e9))
 
 
 def _die_after(settings, worker) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from math import isfinite
 from typing import NamedTuple
 
 log = logging.getLogger("apf_gunicorn.loadreport")
@@ -140,31 +141,42 @@ class RateMeter:
 
 def _num(x: float) -> str:
     """A short decimal that any float parser reads back (no exponent, no NaN)."""
-    if x != x or x in (float("inf"), float("-inf")):
+    if not isfinite(x):
         return "0"
     text = f"{x:.3f}".rstrip("0").rstrip(".")
-    return text if text not in ("", "-0") else "0"
+    return text if text and text != "-0" else "0"
 
 
 def orca_text(load: ServerLoad, rps: float, names: dict[int, str]) -> str:
+    """See :func:`orca_text_with`; ``names`` as level index -> name."""
+    return orca_text_with(load, rps, level_prefixes(names))
+
+
+def level_prefixes(names: dict[int, str]) -> dict[int, str]:
+    """Level index -> ``", named_metrics.<name>_utilization="`` (built once per worker)."""
+    return {i: f", named_metrics.{name}_utilization=" for i, name in names.items() if name}
+
+
+def orca_text_with(load: ServerLoad, rps: float, prefixes: dict[int, str]) -> str:
     """The ``endpoint-load-metrics`` value in ORCA's TEXT encoding.
 
     Args:
         load: the server's :class:`ServerLoad`.
         rps: the recent dispatch rate (``rps_fractional``).
-        names: level index -> level name, for ``named_metrics.<level>_utilization``.
+        prefixes: :func:`level_prefixes` of the level names, for
+            ``named_metrics.<level>_utilization``.
 
     Returns:
         ``"TEXT application_utilization=0.5, rps_fractional=12.3, named_metrics.work_..."``.
     """
-    parts = [f"TEXT application_utilization={_num(utilization(load))}",
+    parts = [f"TEXT application_utilization={_num(utilization(load))}, "
              f"rps_fractional={_num(rps)}"]
     for index, in_use, limit in load.levels:
-        name = names.get(index)
-        if name:
-            parts.append(f"named_metrics.{name}_utilization="
-                         f"{_num(in_use / limit if limit > 0 else 0.0)}")
-    return ", ".join(parts)
+        prefix = prefixes.get(index)
+        if prefix is not None:
+            parts.append(prefix)
+            parts.append(_num(in_use / limit if limit > 0 else 0.0))
+    return "".join(parts)
 
 
 class OrcaReport:
@@ -179,7 +191,7 @@ class OrcaReport:
     def __init__(self, read: Callable[[], list], names: dict[int, str],
                  refresh_ns: int = REFRESH_NS) -> None:
         self._read = read
-        self._names = dict(names)
+        self._prefixes = level_prefixes(names)
         self._refresh_ns = refresh_ns
         self._next = 0
         self._meter = RateMeter()
@@ -216,6 +228,6 @@ class OrcaReport:
                 log.exception("apf: reading the ledger for the ORCA load report failed")
             return
         rps = self._meter.observe(load.dispatched, now)
-        self.value = orca_text(load, rps, self._names)
+        self.value = orca_text_with(load, rps, self._prefixes)
         self._tail = [(ORCA_HEADER, self.value)]
         self._reject_tail = [(ORCA_HEADER, self.value), RATELIMITED]

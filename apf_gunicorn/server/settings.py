@@ -72,6 +72,7 @@ class Settings:
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
     load_report: str = "off"  # APF_LOAD_REPORT: "off" or "orca"
+    load_report_interval_s: float = 0.1  # APF_LOAD_REPORT_INTERVAL: ORCA value reused this long
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -240,7 +241,17 @@ def _load_balancer_settings(get) -> dict:
         raise SettingsError("APF_LOAD_REPORT", raw or "",
                             "must be 'orca' (an endpoint-load-metrics header on every response "
                             "APF handled) or 'off'")
-    return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report}
+
+    raw = get("APF_LOAD_REPORT_INTERVAL")
+    interval = 0.1
+    if raw is not None:
+        interval = _float(raw)
+        if interval is None or not 0.001 <= interval <= 60:
+            raise SettingsError("APF_LOAD_REPORT_INTERVAL", raw,
+                                "must be a number of seconds from 0.001 to 60 (how long a worker "
+                                "reuses its ORCA load report)")
+    return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
+            "load_report_interval_s": interval}
 
 
 def _float(raw: str) -> float | None:
