@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 import signal
 import socket
 import threading
@@ -149,12 +148,12 @@ class AgentServer:
 
     def _serve(self) -> None:
         sock = self._sock
+        sock.settimeout(0.5)  # wake up to notice stop()
         while not self._stop.is_set():
             try:
-                ready, _, _ = select.select([sock], [], [], 0.5)
-                if not ready:
-                    continue
                 conn, _addr = sock.accept()
+            except TimeoutError:
+                continue
             except (OSError, ValueError):
                 if self._stop.is_set():
                     return
