@@ -1,6 +1,6 @@
 """The HAProxy agent-check endpoint: what it answers (ready + weight, drain, down), its socket,
-the drain on SIGTERM, and a real server's agent port through a flood, a worker restart and a
-graceful stop. (tests/test_haproxy.py puts a real HAProxy in front.)"""
+the drain on SIGTERM, and a real server's agent port through a flood, a worker restart, a HUP
+and a graceful stop. (tests/test_haproxy.py puts a real HAProxy in front.)"""
 
 from __future__ import annotations
 
@@ -181,6 +181,11 @@ def test_agent_port_of_a_real_server(server_factory):
 
         # a worker dies: drain until its replacement has registered, then ready again
         os.kill(srv.workers()[0], signal.SIGKILL)
+        _wait_reply(agent_port, lambda r: r == "drain")
+        _wait_reply(agent_port, lambda r: r == "up ready 100%", timeout=30)
+
+        # a HUP replaces every worker: drain while old and new ones overlap, then ready
+        os.kill(srv.pid, signal.SIGHUP)
         _wait_reply(agent_port, lambda r: r == "drain")
         _wait_reply(agent_port, lambda r: r == "up ready 100%", timeout=30)
 
