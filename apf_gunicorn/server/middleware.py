@@ -21,6 +21,10 @@ and the master exports them at scrape time. 429s carry the level's server-wide R
 the worker's tracker is fed the ledger's cumulative rejected count of the level
 (``RetryAfterTracker.observe_total``), so every worker answers the same back-off.
 
+With ``APF_LOAD_REPORT=orca`` (``WorkerContext.load_report``) every response APF handled also
+carries the worker's cached ORCA ``endpoint-load-metrics`` header, and a 429
+``x-envoy-ratelimited`` (``server/loadreport.py``).
+
 Usage (``post_worker_init`` does this)::
 
     worker.wsgi = APFMiddleware(worker.wsgi, WorkerContext(...))
