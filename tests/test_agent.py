@@ -197,3 +197,29 @@ def test_agent_port_of_a_real_server(server_factory):
         assert "APF_AGENT_DRAIN_DELAY" in srv.log()
         with pytest.raises(OSError):
             _ask(agent_port)
+
+
+def test_master_services_retry_a_taken_agent_port():
+    from apf_gunicorn.server.master import MasterServices
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    led, _, _ = _ledger()
+    settings = SimpleNamespace(agent_bind=("127.0.0.1", port), agent_drain_delay_s=0.0)
+    master = SimpleNamespace(settings=settings, ledger=led)
+    services = MasterServices(master)
+    arbiter = _arbiter()
+    arbiter.handle_term = lambda: None
+    services.start_agent(arbiter)
+    assert services.agent is None and services.agent_retry  # the old master's port
+    blocker.close()
+    services.start_agent(quiet=True)  # what the services thread does every tick
+    try:
+        assert services.agent is not None and not services.agent_retry
+        assert _ask(port) == ready_line(100)
+    finally:
+        services.stop()
+    with pytest.raises(OSError):
+        _ask(port)
