@@ -1,6 +1,6 @@
 """APF's overhead in machine instructions: a real gunicorn worker under callgrind, bare vs APF.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR]
+    .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR] [--orca]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
 pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
@@ -11,7 +11,11 @@ requests over 4 keep-alive connections, dumps the counters and divides: user-spa
 instructions per request in the worker (all its threads), for bare gthread and for APF; with
 ``--baseline DIR`` also for APF in another checkout (``git worktree add DIR <commit>``; its C
 extension is compiled on the fly when a compiler is present), which compares this commit with
-that one. Kernel time and cache effects are not counted: this is the CPU work APF adds, the
+that one; with ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: with the value
+recomputed every 100 ms as shipped, and reused for the whole run (``APF_LOAD_REPORT_INTERVAL=60``),
+which separates the per-response cost of the ``endpoint-load-metrics`` header from the cost of
+one recomputation (a time-based cost, which valgrind's ~50x slowdown would otherwise spread
+over far fewer requests than a real server answers in 100 ms). Kernel time and cache effects are not counted: this is the CPU work APF adds, the
 one part of its overhead this code controls. Needs valgrind (``apt-get install -y valgrind``);
 takes about a minute per server. Everything binds 127.0.0.1.
 """
@@ -40,6 +44,7 @@ from benchmarks.bench_server import BENCH_CONFIG  # noqa: E402
 from tests.apps.procs import children, free_port  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+ELAPSED: dict[str, float] = {}  # instance -> seconds the measured requests took
 CONNECTIONS = 4
 
 
@@ -77,11 +82,11 @@ def _build_extension(root: Path) -> None:
 
 
 def instructions_per_request(root: Path, apf: bool, config_path: str, requests: int,
-                             out_dir: str) -> float:
+                             out_dir: str, extra_env: dict | None = None) -> float:
     port = free_port()
     instance = "benchi" + uuid.uuid4().hex[:8]
     env = dict(os.environ, PYTHONPATH=str(root), APF_INSTANCE=instance, APF_ADMIN_BIND="off",
-               APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="64")
+               APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="64", **(extra_env or {}))
     conf = ["-c", "python:apf_gunicorn.conf"] if apf else ["-k", "gthread",
                                                           "--no-control-socket"]
     prefix = os.path.join(out_dir, f"cg.{instance}")
@@ -108,12 +113,15 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         worker = workers[0]
         subprocess.run(["callgrind_control", "-z", str(worker)], check=True,
                        capture_output=True)
+        t0 = time.monotonic()
         _load(port, requests)
+        elapsed = time.monotonic() - t0
         subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
                        capture_output=True)
         dumps = sorted(glob.glob(f"{prefix}.{worker}.*"), key=os.path.getmtime)
         text = Path(dumps[-1]).read_text()
         total = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
+        ELAPSED[instance] = elapsed
         return total / (requests // CONNECTIONS * CONNECTIONS)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -131,6 +139,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--baseline", metavar="DIR", help="also APF in the checkout in DIR")
+    ap.add_argument("--orca", action="store_true",
+                    help="also APF with APF_LOAD_REPORT=orca (ORCA header on every response)")
     args = ap.parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
@@ -138,13 +148,21 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
-        runs = [("bare", ROOT, False), ("apf", ROOT, True)]
+        runs = [("bare", ROOT, False, None), ("apf", ROOT, True, None)]
         if args.baseline:
             base = Path(args.baseline).resolve()
             _build_extension(base)
-            runs.append((f"apf@{base}", base, True))
-        counts = {name: instructions_per_request(root, apf, config_path, args.requests, tmp)
-                  for name, root, apf in runs}
+            runs.append((f"apf@{base}", base, True, None))
+        if args.orca:
+            runs.append(("apf+orca", ROOT, True, {"APF_LOAD_REPORT": "orca"}))
+            runs.append(("apf+orca60", ROOT, True, {"APF_LOAD_REPORT": "orca",
+                                                     "APF_LOAD_REPORT_INTERVAL": "60"}))
+        elapsed = {}
+        counts = {}
+        for name, root, apf, env in runs:
+            counts[name] = instructions_per_request(root, apf, config_path, args.requests, tmp,
+                                                    env)
+            elapsed[name] = list(ELAPSED.values())[-1]
     bare = counts["bare"]
     print(f"user-space instructions per request in the worker ({args.requests} requests, "
           f"1 worker x 8 threads, callgrind):")
@@ -152,6 +170,16 @@ def main(argv=None) -> int:
         extra = "" if name == "bare" else (f"  added {n - bare:+,.0f} ({n / bare - 1:+.1%}); "
                                            f"bare/apf {bare / n:.3f}")
         print(f"  {name:12s} {n:12,.0f}{extra}")
+    if args.orca:
+        per_response = counts["apf+orca60"] - counts["apf"]
+        refreshes = max(1.0, elapsed["apf+orca"] / 0.1)
+        per_refresh = (counts["apf+orca"] - counts["apf+orca60"]) * args.requests / refreshes
+        print(f"ORCA header (APF_LOAD_REPORT=orca): {per_response:+,.0f} instructions per "
+              f"response with the value cached; one recomputation (every 100 ms) about "
+              f"{per_refresh:,.0f} ({refreshes:.0f} in this run's {elapsed['apf+orca']:.1f} s "
+              f"under valgrind); at 100 req/s per worker that is "
+              f"{per_response + per_refresh / 10:+,.0f} per response, at 1000 req/s "
+              f"{per_response + per_refresh / 100:+,.0f}")
     if args.baseline:
         print(f"this commit vs baseline: {counts['apf'] - counts[runs[2][0]]:+,.0f} "
               f"instructions per request")

@@ -318,6 +318,19 @@ class Snapshot(NamedTuple):
     head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
 
 
+class LevelLoad(NamedTuple):
+    """One level's load, read without the lock (:meth:`Ledger.load`)."""
+
+    index: int
+    exempt: bool
+    concurrency_limit: int  # current C (after borrowing)
+    seats_in_use: int
+    seats_waiting: int
+    requests_waiting: int
+    dispatched: int  # cumulative; restarts at 0 if the index is reused by a new level
+    rejected: int  # cumulative, every reason
+
+
 def _next_pow2(n: int) -> int:
     p = 1
     while p < n:
@@ -2024,6 +2037,45 @@ class Ledger:
                 w[lb + L_SERVICE_NS]))
         return Snapshot(now, levels, self._fs_names_locked(),
                         w[self._lay.counters_base + L.C_HEAD_TIMEOUTS])
+
+
+    def load(self, levels: tuple[int, ...] | None = None) -> list[LevelLoad]:
+        """Every configured level's seats and counters, read without the lock.
+
+        For load reports (the HAProxy agent, ORCA headers): it never waits for a request.
+        Returns a :class:`LevelLoad` per configured level in index order, or only for the
+        configured ones among ``levels`` (indices, in that order; cheaper than scanning the
+        whole level table).
+
+        Each word is read whole (memoryview stores are single 8-byte writes), but the levels
+        are not read at one instant and may be mid-operation. The pure-Python fast paths
+        rewrite ``L_SEATS_IN_USE`` and ``L_DISPATCHED`` with ``struct.pack_into``, which
+        zero-fills before writing (gunicorn-ipc.md 3.5), so a read can see them as 0 for an
+        instant: both are read twice and the larger value kept (a torn read only ever makes
+        them smaller; the C fast paths store plain words).
+
+        Raises:
+            ValueError: the buffer no longer holds a valid ledger (bad magic or version),
+                or its views were released (:meth:`close`).
+        """
+        w = self._w
+        if w[L.H_MAGIC] != L.MAGIC or w[L.H_VERSION] != L.VERSION:
+            raise ValueError("the buffer does not hold a valid apf_gunicorn ledger")
+        out = []
+        base = self._lvb
+        for i in range(self._nlevels) if levels is None else levels:
+            if not 0 <= i < self._nlevels:
+                continue
+            lb = base + i * LEVEL_WORDS
+            if not w[lb + L_USED]:
+                continue
+            out.append(LevelLoad(
+                i, w[lb + L_DESIRED] < 0, w[lb + L_C],
+                max(w[lb + L_SEATS_IN_USE], w[lb + L_SEATS_IN_USE]),
+                w[lb + L_SEATS_WAITING], w[lb + L_WAITING],
+                max(w[lb + L_DISPATCHED], w[lb + L_DISPATCHED]),
+                w[lb + L.L_REJECTED_SHADOW]))
+        return out
 
 
 def _results(t: float, x: float, xx: float, mn: float, mx: float) -> DemandStats:

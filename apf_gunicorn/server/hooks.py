@@ -135,6 +135,7 @@ def when_ready(server) -> None:
         return
     m.services = MasterServices(m, server.log)
     m.services.start_admin()
+    m.services.start_agent(server)  # APF_AGENT_BIND (off by default)
     m.services.start()
     startup.log_ready(server.log, m, server.cfg)
 

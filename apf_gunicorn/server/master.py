@@ -1,5 +1,5 @@
 """Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``) and
-hosts the admin endpoint.
+hosts the admin endpoint and the HAProxy agent-check endpoint (``APF_AGENT_BIND``).
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
 in the master for the life of the server and survives HUP. Every lock it takes is guarded
@@ -64,6 +64,9 @@ class MasterServices(threading.Thread):
         # The admin port was taken (the old master of a USR2 upgrade): try again every tick,
         # so the endpoint comes back once that master is gone.
         self.admin_retry = False
+        self.agent = None  # server.agent.AgentServer while it serves
+        self.agent_state = None  # server.agent.AgentState
+        self.agent_retry = False
 
     @property
     def period_s(self) -> float:
@@ -79,6 +82,9 @@ class MasterServices(threading.Thread):
             if self.admin_retry:
                 with SERVICE_LOCK:  # no fork between binding and recording the listener
                     self.start_admin(quiet=True)
+            if self.agent_retry:
+                with SERVICE_LOCK:
+                    self.start_agent(quiet=True)
             now = time.monotonic()
             if now >= next_borrow:
                 self.borrow_once()
@@ -149,16 +155,43 @@ class MasterServices(threading.Thread):
         except Exception:
             self.glog.exception("apf: admin endpoint failed to start")
 
+    def start_agent(self, arbiter=None, quiet: bool = False) -> None:
+        """Bind the agent-check endpoint (``APF_AGENT_BIND``) and make SIGTERM drain first
+        (main thread, before the first fork; later from this thread while the port is taken).
+        ``arbiter``: gunicorn's, for the worker count and the SIGTERM handler."""
+        bind = getattr(self.state.settings, "agent_bind", None)
+        self.agent_retry = False
+        if bind is None or self.agent is not None:
+            return
+        from apf_gunicorn.server.agent import AgentServer, AgentState, install_drain_on_term
+
+        if self.agent_state is None:
+            self.agent_state = AgentState(self.state, arbiter)
+            if arbiter is not None:
+                install_drain_on_term(arbiter, self.agent_state,
+                                      self.state.settings.agent_drain_delay_s)
+        try:
+            agent = AgentServer(bind, self.agent_state.reply)
+            if agent.start(quiet=quiet):
+                self.agent = agent
+            else:
+                self.agent_retry = True
+        except OSError as e:
+            self.glog.warning("apf: agent-check endpoint not started on %s:%s: %s", *bind, e)
+
     def close_in_child(self) -> None:
-        """In a freshly forked worker: close the admin listener the child inherited."""
+        """In a freshly forked worker: close the admin and agent listeners it inherited."""
         if self.admin is not None:
             self.admin.close_in_child()
+        if self.agent is not None:
+            self.agent.close_in_child()
 
     def stop(self) -> None:
         self._stop_event.set()
-        stop = getattr(self.admin, "stop", None)
-        if stop is not None:
-            try:
-                stop()
-            except Exception:
-                pass
+        for server in (self.admin, self.agent):
+            stop = getattr(server, "stop", None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:
+                    pass

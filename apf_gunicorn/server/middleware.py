@@ -21,6 +21,10 @@ and the master exports them at scrape time. 429s carry the level's server-wide R
 the worker's tracker is fed the ledger's cumulative rejected count of the level
 (``RetryAfterTracker.observe_total``), so every worker answers the same back-off.
 
+With ``APF_LOAD_REPORT=orca`` (``WorkerContext.load_report``) every response APF handled also
+carries the worker's cached ORCA ``endpoint-load-metrics`` header, and a 429
+``x-envoy-ratelimited`` (``server/loadreport.py``).
+
 Usage (``post_worker_init`` does this)::
 
     worker.wsgi = APFMiddleware(worker.wsgi, WorkerContext(...))
@@ -97,6 +101,7 @@ class WorkerContext:
     # None: no reserve (a worker class other than ApfThreadWorker).
     inflight: list | None = None
     nonexempt_threads: int = 0
+    load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
 
 
 
@@ -185,6 +190,7 @@ class APFMiddleware:
         self._clamp_logged: set[tuple] = set()
         self._nonexempt_threads = ctx.nonexempt_threads
         self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
+        self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0}
 
@@ -246,6 +252,8 @@ class APFMiddleware:
                 return answer
         # Run the app (inline rather than a method: one Python frame less per request).
         headers = route.headers
+        if self._orca is not None:  # APF_LOAD_REPORT=orca: the cached ORCA header
+            headers = self._orca.extend(headers, now)
         self.stats["served"] += 1
         resp = getattr(start_response, "__self__", None)
         if route.checked and type(resp) is _GunicornResponse:
@@ -391,7 +399,7 @@ class APFMiddleware:
             start_response("503 Service Unavailable", [
                 ("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1"),
                 ("Content-Length", str(len(STOPPING_BODY))),
-                ("Connection", "close"), *route.headers])
+                ("Connection", "close"), *route.headers, *self._load_headers(False)])
             return [STOPPING_BODY]
         if outcome == CANCELLED:
             # The client is gone; answer anyway so the server's bookkeeping stays normal.
@@ -431,8 +439,21 @@ class APFMiddleware:
             ("Retry-After", str(retry)),
             ("Content-Length", str(len(TOO_MANY))),
             *route.headers,
+            *self._load_headers(True),
         ])
         return [TOO_MANY]
+
+    def _load_headers(self, rejected: bool) -> list:
+        """The ORCA header (and ``x-envoy-ratelimited`` on a 429) when APF_LOAD_REPORT=orca."""
+        orca = self._orca
+        if orca is None:
+            return []
+        try:
+            now = self._clock()
+            return orca.reject_headers(now) if rejected else orca.extend([], now)
+        except Exception:
+            log.exception("apf: load report failed")
+            return []
 
     def _finish_on_close(self, result, slot: int, gen: int):
         """A ``wsgi.file_wrapper`` response keeps sendfile: hook its close instead of wrapping

@@ -40,6 +40,7 @@ DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
 #: queuing by virtual finish time over shuffle-sharded queues, seats borrowed between levels).
 #: The only one today; a second policy gets its name here and a setting to choose it.
 DISPATCH_POLICIES = ("kubernetes",)
+DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -87,6 +88,11 @@ class Settings:
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
     user_from: tuple[str, ...] = DEFAULT_USER_FROM
     dispatch_policy: str = DISPATCH_POLICIES[0]
+    # -- load balancer exports (docs/load-balancers.md) --
+    agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
+    agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
+    load_report: str = "off"  # APF_LOAD_REPORT: "off" or "orca"
+    load_report_interval_s: float = 0.1  # APF_LOAD_REPORT_INTERVAL: ORCA value reused this long
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -271,7 +277,41 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
+        **_load_balancer_settings(get),
     )
+
+
+def _load_balancer_settings(get) -> dict:
+    """APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY and APF_LOAD_REPORT, as Settings fields."""
+    raw = get("APF_AGENT_BIND")
+    agent_bind = None if raw is None else _bind(raw, "APF_AGENT_BIND", "127.0.0.1:9200")
+
+    raw = get("APF_AGENT_DRAIN_DELAY")
+    delay = DEFAULT_AGENT_DRAIN_DELAY_S
+    if raw is not None:
+        delay = _float(raw)
+        if delay is None or not 0 <= delay <= 300:
+            raise SettingsError("APF_AGENT_DRAIN_DELAY", raw,
+                                "must be a number of seconds from 0 to 300 (how long a "
+                                "gracefully stopping server answers drain and keeps serving)")
+
+    raw = get("APF_LOAD_REPORT")
+    report = "off" if raw is None else raw.lower()
+    if report not in ("off", "orca"):
+        raise SettingsError("APF_LOAD_REPORT", raw or "",
+                            "must be 'orca' (an endpoint-load-metrics header on every response "
+                            "APF handled) or 'off'")
+
+    raw = get("APF_LOAD_REPORT_INTERVAL")
+    interval = 0.1
+    if raw is not None:
+        interval = _float(raw)
+        if interval is None or not 0.001 <= interval <= 60:
+            raise SettingsError("APF_LOAD_REPORT_INTERVAL", raw,
+                                "must be a number of seconds from 0.001 to 60 (how long a worker "
+                                "reuses its ORCA load report)")
+    return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
+            "load_report_interval_s": interval}
 
 
 def _float(raw: str) -> float | None:
@@ -288,13 +328,15 @@ def _int(raw: str) -> int | None:
         return None
 
 
-def _bind(raw: str) -> tuple[str, int] | None:
+def _bind(raw: str, var: str = "APF_ADMIN_BIND",
+          example: str = "127.0.0.1:9180") -> tuple[str, int] | None:
     if raw.lower() == "off":
         return None
     host, sep, port = raw.rpartition(":")
     host = host.strip("[]")
     p = _int(port) if sep else None
     if not host or p is None or not (0 <= p <= 65535):
-        raise SettingsError("APF_ADMIN_BIND", raw,
-                            "must be host:port (e.g. 127.0.0.1:9180, [::1]:9180) or 'off'")
+        ipv6 = example.replace("127.0.0.1", "[::1]")
+        raise SettingsError(var, raw,
+                            f"must be host:port (e.g. {example}, {ipv6}) or 'off'")
     return host, p

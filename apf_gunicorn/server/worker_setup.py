@@ -28,6 +28,7 @@ from apf_gunicorn.server.channel import GrantInbox, GrantSender
 from apf_gunicorn.server.dispatcher import Dispatcher, Parking
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
+from apf_gunicorn.server.loadreport import OrcaReport
 from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 from apf_gunicorn.server.worker import ApfThreadWorker
 
@@ -59,7 +60,8 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
-        encode_detail=encode_detail, **_thread_reserve(worker, m.settings))
+        encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
+        **_thread_reserve(worker, m.settings))
     if isinstance(worker, ApfThreadWorker):
         worker.apf_on_head_timeout = ledger.count_head_timeout
         worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
@@ -112,6 +114,15 @@ def _work_estimator(settings: Settings):
     if not settings.work_estimator:
         return None
     return load_estimator_hook(settings.work_estimator)
+
+
+def _load_report(m: state.MasterState, ledger: Ledger, gen: state.Generation):
+    """The worker's ORCA reporter when APF_LOAD_REPORT=orca, else None."""
+    if m.settings.load_report != "orca":
+        return None
+    names = {i: name for name, i in gen.level_index.items()}
+    return OrcaReport(functools.partial(ledger.load, tuple(sorted(names))), names,
+                      int(m.settings.load_report_interval_s * 1e9))
 
 
 def set_worker_oom_score_adj(step: int | None, master_pid: int, log_) -> int | None:

@@ -1,0 +1,66 @@
+"""Two apf_gunicorn servers behind a real HAProxy (Debian package ``haproxy``), one with half
+the concurrency limit of the other, weighted by their agent-check replies; compared in the
+same run with plain round robin on the same servers (examples/haproxy.cfg, driven by
+examples/haproxy_demo.py, which ``scripts/haproxy-example.sh`` runs for users).
+
+The figures are printed (``pytest -s``) and written to ``haproxy-result.json`` in the test's
+tmp directory. Assertions are directional, with margins: no timing assertion (the agent's
+reply times under flood are reported, not asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from examples import haproxy_demo
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("haproxy") is None,
+                       reason="haproxy is not installed (apt-get install haproxy; scripts/test.sh "
+                              "installs it when run as root where apt works)"),
+]
+
+
+def test_haproxy_follows_the_agent_weights_and_drains(tmp_path):
+    with haproxy_demo.running(tmp_path) as setup:
+        try:
+            result = haproxy_demo.measure(setup)
+        except BaseException:
+            for srv in setup.servers:
+                print(f"--- server {srv.name} log ---\n{srv.log()[-3000:]}")
+            raise
+    (tmp_path / "haproxy-result.json").write_text(json.dumps(result, indent=2))
+    print("\n" + haproxy_demo.report(result))
+    out = os.environ.get("APF_HAPROXY_RESULT")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+
+    rr, agent, drain = result["round_robin"], result["agent"], result["drain"]
+    for r in (rr, agent):
+        assert r["errors"] == 0, r
+        assert set(r["statuses"]) <= {200, 429}, r
+    # Round robin splits evenly: the small server overflows and rejects.
+    assert rr["split"]["a"] == pytest.approx(rr["split"]["b"], abs=3), rr
+    assert rr["429"] > 0, rr
+    # The agent weights move traffic to the server with more free seats ...
+    a, b = agent["split"]["a"], agent["split"]["b"]
+    assert a >= 1.2 * b, agent
+    # ... and fewer 429s reach the clients than with round robin.
+    assert agent["429"] < rr["429"], (agent, rr)
+    # The agent port answered every query during the flood, with a weight.
+    assert agent["agent_ms"]["n"] >= 5 and all(k.endswith("%") for k in agent["agent_replies"])
+
+    # Graceful stop of b under traffic: its agent says drain, HAProxy stops sending it new
+    # requests while it still serves, and no client sees an error.
+    assert drain["b_agent_reply"] == "drain", drain
+    assert "DRAIN" in drain["b_haproxy_status"], drain
+    assert drain["b_new_requests_while_draining"] <= 2, drain
+    assert drain["a_requests_meanwhile"] >= 10, drain
+    assert drain["client_errors"] == 0 and set(drain["client_statuses"]) <= {200, 429}, drain
