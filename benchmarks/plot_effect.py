@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/plot_effect.py [--out docs/images/effect.png] [--json FILE]
 
 Two real gunicorn servers on 127.0.0.1, one after the other, with the same workers and threads
-(2 x 16) and the same app (``benchmarks/effect_app.py``: a backend that does 8 things at once,
+(2 x 20: with the 2 kept per worker for exempt requests, 36 threads hold the flood's 32
+connections and the light user's) and the same app (``benchmarks/effect_app.py``: a backend that does 8 things at once,
 as a database with a pool of 8 connections; each query holds a connection 50 ms):
 
 * **without APF**: ``gunicorn -k gthread``;
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from tests.apps.procs import free_port  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
-WORKERS, THREADS, POOL, QUERY_MS = 2, 16, 8, 50
+WORKERS, THREADS, POOL, QUERY_MS = 2, 20, 8, 50
 DURATION, FLOOD_START, FLOOD_END = 16.0, 4.0, 10.0
 FLOOD_CONNECTIONS, LIGHT_THINK, REJECT_PAUSE = 32, 0.2, 0.02
 PATH = f"/query?ms={QUERY_MS}"

@@ -249,7 +249,7 @@ def test_dumps_layout_and_consistency_with_parked_requests(server_factory):
         for c in clients:
             c.start()
         try:
-            assert srv.wait_for(lambda: srv.level("work").requests_waiting == 7, timeout=3)
+            assert srv.wait_for(lambda: srv.level("work").requests_waiting == 7, timeout=15)
             levels = admin_get(aport, DUMP + "dump_priority_levels")
             queues = admin_get(aport, DUMP + "dump_queues")
             requests = admin_get(aport, DUMP + "dump_requests")

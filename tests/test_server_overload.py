@@ -101,6 +101,10 @@ def test_workers_rank_above_the_master_for_the_oom_killer(server_factory, settin
     env = {} if setting is None else {"APF_WORKER_OOM_SCORE_ADJ": setting}
     with server_factory(workers=2, threads=2, env=env) as srv:
         master = _oom_score_adj(srv.pid)
-        workers = srv.wait_for(lambda: len(srv.workers()) == 2 and srv.workers())
-        assert workers and len(workers) == 2
-        assert [_oom_score_adj(w) for w in workers] == [min(1000, master + step)] * 2
+        want = [min(1000, master + step)] * 2
+
+        def scores():  # a worker just forked sets its score in post_fork, a moment later
+            workers = srv.workers()
+            return len(workers) == 2 and [_oom_score_adj(w) for w in workers] == want
+
+        assert srv.wait_for(scores), [_oom_score_adj(w) for w in srv.workers()]

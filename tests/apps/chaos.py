@@ -305,6 +305,14 @@ def send_hostile(port: int, payload: bytes, half_close: bool) -> list[int]:
 
 # -- the scenarios (short form in tests/test_server_chaos.py, long form in benchmarks/soak.py) --
 
+def settled_workers(srv, n: int = 2) -> list[int]:
+    """The workers' pids once all ``n`` have booted (the server answers after the first)."""
+    pids = srv.wait_for(lambda: len(p := srv.workers()) == n and p, timeout=30)
+    if not pids:
+        raise RuntimeError(f"{n} workers did not come up:\n{srv.log()[-2000:]}")
+    return sorted(pids)
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -333,7 +341,7 @@ def scenario_soak(srv, track: str, requests: int, connections: int = 8) -> tuple
     from tests.apps.loadgen import Client, run_clients
 
     run_clients([Client(srv.port, "/hello", count=200) for _ in range(connections)])
-    pids = sorted(srv.workers())
+    pids = settled_workers(srv)
     rss0 = {p: rss_kib(p) for p in pids}
     tally = Tally()
     stop = threading.Event()
@@ -369,7 +377,7 @@ def scenario_soak(srv, track: str, requests: int, connections: int = 8) -> tuple
 
 def scenario_hostile(srv, n: int, seed: int = 7) -> tuple[dict, list[str]]:
     """At least ``n`` hostile requests; no 5xx, no worker restart, nothing left behind."""
-    pids = sorted(srv.workers())
+    pids = settled_workers(srv)
     rng = random.Random(seed)
     seen: collections.Counter = collections.Counter()
     sent = 0
