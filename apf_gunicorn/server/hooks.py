@@ -27,13 +27,23 @@ import logging
 import os
 import time
 
-from apf_gunicorn.server import startup, state, worker_setup
+from gunicorn.workers.gthread import ThreadWorker
+
+from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
+from apf_gunicorn.ledger.layout import Capacity
+from apf_gunicorn.ledger.ledger import Ledger
+from apf_gunicorn.ledger.lock import ProcessLock
+from apf_gunicorn.server import shm, startup, state, worker_setup
+from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
     config_error_lines,
     configure_ledger,
     load_generation,
     thread_budget,
 )
+from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
+from apf_gunicorn.server.metrics import mark_process_dead
+from apf_gunicorn.server.resolver import ResolverError, build_resolver
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
 log = logging.getLogger("apf_gunicorn")
@@ -47,8 +57,6 @@ def _fail(server, lines: list[str]) -> None:
 
 def check_worker_class(worker_class) -> str | None:
     """An error message if ``worker_class`` is not gunicorn's gthread worker (or a subclass)."""
-    from gunicorn.workers.gthread import ThreadWorker
-
     if isinstance(worker_class, type) and issubclass(worker_class, ThreadWorker):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
@@ -75,7 +83,6 @@ def on_starting(server) -> None:
     startup.warn_unknown_variables(server.log)
     resolver = _build_resolver(server, settings)
     if settings.work_estimator:
-        from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
         try:
             load_estimator_hook(settings.work_estimator)  # fail at start, not in the workers
         except Exception as e:
@@ -91,11 +98,6 @@ def on_starting(server) -> None:
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
         server.log.warning("apf: %s", msg)
 
-    from apf_gunicorn.ledger.layout import Capacity
-    from apf_gunicorn.ledger.ledger import Ledger
-    from apf_gunicorn.ledger.lock import ProcessLock
-    from apf_gunicorn.server import shm
-    from apf_gunicorn.server.channel import GrantSender, grant_token
 
     removed = shm.clean_stale_segments()
     if removed:
@@ -119,8 +121,6 @@ def on_starting(server) -> None:
 
 
 def _build_resolver(server, settings):
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver
-
     try:
         return build_resolver(settings)
     except ResolverError as e:
@@ -128,8 +128,6 @@ def _build_resolver(server, settings):
 
 
 def when_ready(server) -> None:
-    from apf_gunicorn.server.master import MasterServices
-
     m = state.MASTER
     if m is None or m.services is not None:
         return
@@ -182,8 +180,6 @@ def child_exit(server, worker) -> None:
 
 def _metrics_process_dead(pid) -> None:
     """The application's multiprocess metric files of a dead worker (if it uses them)."""
-    from apf_gunicorn.server.metrics import mark_process_dead
-
     try:
         mark_process_dead(pid)
     except Exception:
@@ -201,7 +197,6 @@ def on_reload(server) -> None:
         settings = dataclasses.replace(settings, config_path=config_path)
     try:
         gen = load_generation(settings, m.generation.number + 1)
-        from apf_gunicorn.server.master import SERVICE_LOCK
         with SERVICE_LOCK:
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
