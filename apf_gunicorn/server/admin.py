@@ -66,6 +66,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             500: "Internal Server Error", 503: "Service Unavailable",
             505: "HTTP Version Not Supported"}
 _DRAIN_S = 1.0  # after the response: how long unread request bytes are drained before close
+MAX_DRAINING = 1024  # answered connections draining at once (each at most _DRAIN_S)
 
 
 def parse_bind(bind: str | tuple[str, int]) -> tuple[str, int]:
@@ -117,6 +118,7 @@ class _Loop:
         self.admin = admin
         self.refused = 0  # connections answered BUSY since start
         self.timed_out = 0  # connections answered 408 since start
+        self.closing = 0  # connections answered and draining (not counted against the cap)
         self.conns: dict[socket.socket, _Conn] = {}
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -180,17 +182,25 @@ class _Loop:
                 log.debug("admin: accept failed", exc_info=True)
                 return
             sock.setblocking(False)
-            if len(self.conns) >= self.admin.max_connections:
-                self.refused += 1
-                with contextlib.suppress(OSError):
-                    sock.recv(65536)  # what already arrived, so closing does not reset
-                with contextlib.suppress(OSError):
-                    sock.send(BUSY)
-                sock.close()
+            if len(self.conns) - self.closing >= self.admin.max_connections:
+                self._refuse(sock)
                 continue
             c = _Conn(sock, time.monotonic() + self.admin.timeout)
             self.conns[sock] = c
             self._sel.register(sock, selectors.EVENT_READ, None)
+
+    def _refuse(self, sock: socket.socket) -> None:
+        """BUSY, then the usual half-close and short drain (closing at once could reset the
+        connection before the client has read the answer); with MAX_DRAINING connections
+        already draining, just close."""
+        self.refused += 1
+        if self.closing >= MAX_DRAINING:
+            sock.close()
+            return
+        c = _Conn(sock, time.monotonic() + _DRAIN_S)
+        self.conns[sock] = c
+        self._sel.register(sock, selectors.EVENT_READ, None)
+        self._answer(c, BUSY)
 
     def _step(self, c: _Conn, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -259,7 +269,9 @@ class _Loop:
             return
         # sent: half-close, drain what the client still sends, close on its EOF
         c.out = None
-        c.closing = True
+        if not c.closing:
+            c.closing = True
+            self.closing += 1
         c.deadline = min(c.deadline, time.monotonic() + _DRAIN_S)
         c.buf = bytearray()
         with contextlib.suppress(OSError):
@@ -277,7 +289,8 @@ class _Loop:
                 self._close(c)
 
     def _close(self, c: _Conn) -> None:
-        self.conns.pop(c.sock, None)
+        if self.conns.pop(c.sock, None) is not None and c.closing:
+            self.closing -= 1
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._sel.unregister(c.sock)
         c.sock.close()

@@ -55,6 +55,7 @@ from apf_gunicorn.server.settings import DEFAULT_HEADER_TIMEOUT_S
 
 RECV_BYTES = 65536
 FRESH_S = 1.0
+RESERVE_AFTER_S = 0.03
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -74,6 +75,7 @@ class ApfThreadWorker(ThreadWorker):
         # below this many busy threads a worker has room for a non-exempt request
         self.apf_room_limit = self.cfg.threads - reserve
         self._apf_room = None  # last published room flag
+        self._apf_all_full_since = 0.0  # when this worker last saw every worker out of room
         # set by post_worker_init to the ledger's worker table; alone, a worker has no peers
         self.apf_publish_room = _no_op
         self.apf_others_have_room = _false
@@ -112,7 +114,19 @@ class ApfThreadWorker(ThreadWorker):
         if room is not self._apf_room:
             self._apf_room = room
             self.apf_publish_room(room)
-        return room or (busy < self.apf_accept_limit and not self.apf_others_have_room())
+        if room:
+            self._apf_all_full_since = 0.0
+            return True
+        if busy >= self.apf_accept_limit or self.apf_others_have_room():
+            self._apf_all_full_since = 0.0
+            return False
+        # Every worker is out of room. Accept on the reserve only once that has lasted
+        # RESERVE_AFTER_S: a flag another worker has not yet updated (it has not run since a
+        # request finished) must not turn a request away that it could have served.
+        now = time.monotonic()
+        if not self._apf_all_full_since:
+            self._apf_all_full_since = now
+        return now - self._apf_all_full_since >= RESERVE_AFTER_S
 
     def set_accept_enabled(self, enabled):
         if enabled and not self.apf_may_accept():
@@ -127,7 +141,7 @@ class ApfThreadWorker(ThreadWorker):
             elif not may and self.apf_busy + self.apf_fresh < self.apf_accept_limit:
                 # out of room with a free reserve thread: look again soon, so when the other
                 # workers run out too, exempt requests are accepted within ~50 ms
-                timeout = min(timeout, 0.05)
+                timeout = min(timeout, 0.025)
         ThreadWorker.wait_for_and_dispatch_events(self, timeout)
 
     @property
