@@ -244,7 +244,8 @@ class _Loop:
         admin = self.admin
         try:
             url = urlsplit(target)
-            status, ctype, body = admin.respond(url.path, parse_qs(url.query))
+            with admin.guard:
+                status, ctype, body = admin.respond(url.path, parse_qs(url.query))
         except Exception:
             log.exception("admin: %s failed", target)
             status, ctype, body = 500, TEXT, b"internal error\n"
@@ -299,7 +300,8 @@ class _Loop:
 class AdminServer:
     def __init__(self, bind: str | tuple[str, int], state_provider: Any,
                  prefix: str | None = None, metrics_source: Any = None,
-                 timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
+                 timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS,
+                 guard: Any = None) -> None:
         if not isinstance(bind, str | tuple) and isinstance(state_provider, str | tuple):
             bind, state_provider = state_provider, bind  # tolerate (state, bind)
         self.address = parse_bind(bind)
@@ -313,6 +315,10 @@ class AdminServer:
         self.prefix = prefix or "apf"
         self.timeout = timeout
         self.max_connections = max_connections
+        # Held around every response: the master passes the lock its fork hook takes, so no
+        # worker is forked while a response imports a module (prometheus_client on the first
+        # scrape): a child would inherit that module's import lock held, and hang for good.
+        self.guard = guard if guard is not None else contextlib.nullcontext()
         self._metrics_source = metrics_source
         self._registry: Any = None
         self._server: _Loop | None = None

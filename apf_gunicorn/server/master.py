@@ -145,6 +145,7 @@ class MasterServices(threading.Thread):
             from apf_gunicorn.server import state
 
             admin = AdminServer(bind, lambda: view_of_master_state(state.MASTER),
+                                guard=SERVICE_LOCK,
                                 prefix=self.state.settings.metrics_prefix)
             if admin.start(quiet=quiet):
                 self.admin = admin
