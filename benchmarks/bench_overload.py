@@ -2,7 +2,7 @@
 clients, the admin endpoint under a trickle, and goodput when clients retry every 429 at once.
 
     .venv/bin/python benchmarks/bench_overload.py [--only a,b,c,d] [--quick] [--no-bare]
-                                                  [--seconds 10] [--step-seconds 4] [--rounds 2]
+                                                  [--seconds 10] [--step-seconds 4] [--rounds 3]
 
 One APF server for every scenario, as issue 11 sets it up: 2 workers x 8 threads (2 of each
 worker's kept for exempt requests, ``APF_EXEMPT_THREADS``), ``APF_CONCURRENCY_LIMIT=16`` with
@@ -27,7 +27,10 @@ d. goodput: the level "work" (L = 8 seats), ``/work?ms=50``, L, 5L and 20L keep-
    at exactly L connections each client's turnaround leaves its seat idle for a while). Unless
    ``--no-bare``, the same steps against bare gunicorn gthread with L threads (1 worker x 8:
    with 2 workers, gthread's accept race would put all L connections on one worker in some
-   runs): same capacity, the extra connections wait in gthread's queue, no 429.
+   runs): same capacity, the extra connections wait in gthread's queue, no 429. Before each
+   step the app must have run nothing for 0.5 s: a step's closed connections leave requests
+   behind (parked in APF; in gthread's queue, where each still runs), which would otherwise
+   count in the next step. wrk's latency percentiles cover every answer (429s included).
 
 ``--quick``: 3 s windows, one round of 2 s steps (a smoke run, ~1 min). Prints the load average
 with each scenario (2 shared cores: a loaded machine stretches every latency), the server's
@@ -39,6 +42,7 @@ ever ran at once per level. Everything binds 127.0.0.1; the servers are stopped 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import os
@@ -188,30 +192,48 @@ def flood_load(port: int, duration: float, connections: int, path: str) -> dict:
             "non2xx": done - statuses.get(200, 0)}
 
 
-def goodput(port: int, admin: int | None, steps: list[int], rounds: int, seconds: float,
+def settle(srv, quiet: float = 0.5, timeout: float = 30.0) -> None:
+    """Until the app has run no /work request for ``quiet`` seconds: a step's closed
+    connections leave requests behind (queued in APF, or in gthread's queue, where each still
+    runs), which would count in the next step."""
+    deadline = time.monotonic() + timeout
+    calm_since = time.monotonic()
+    while time.monotonic() < deadline:
+        if srv.counters()["work"][0]:
+            calm_since = time.monotonic()
+        elif time.monotonic() - calm_since >= quiet:
+            return
+        time.sleep(0.05)
+
+
+def goodput(srv, admin: int | None, steps: list[int], rounds: int, seconds: float,
             load) -> dict[int, list[dict]]:
     """``rounds`` x each step in ``steps`` connections of /work?ms=50: per step, per round,
     {ok_rps, rej_rps, errors, reasons}."""
     path = f"/work?ms={WORK_S * 1e3:g}"
     out: dict[int, list[dict]] = {n: [] for n in steps}
+    port = srv.port
     for _ in range(rounds):
         for n in steps:
+            settle(srv)
             before = scrape(admin) if admin else {}
             r = load(port, seconds, n, path)
             after = scrape(admin) if admin else {}
             secs = r["seconds"]
             out[n].append({"ok_rps": (r["requests"] - r["non2xx"]) / secs,
                            "rej_rps": r["non2xx"] / secs, "errors": r["errors"],
+                           "p50": r.get("p50", float("nan")), "p99": r.get("p99", float("nan")),
                            "reasons": rejections(before, after, "work") if admin else {}})
     return out
 
 
 def goodput_report(name: str, res: dict[int, list[dict]], base: int) -> None:
-    ref = statistics.median(x["ok_rps"] for x in res[base])
+    """Per step: medians over the rounds, and the median of the per-round ratios to ``base``."""
     for n, runs in res.items():
         ok = statistics.median(x["ok_rps"] for x in runs)
         rej = statistics.median(x["rej_rps"] for x in runs)
-        ratios = [x["ok_rps"] / ref for x in runs]
+        # paired: each round's rate against the same round's rate at L (the machine drifts)
+        ratios = [x["ok_rps"] / r["ok_rps"] for x, r in zip(runs, res[base], strict=True)]
         errors = sum(x["errors"] for x in runs)
         reasons: dict[str, float] = {}
         for x in runs:
@@ -221,8 +243,11 @@ def goodput_report(name: str, res: dict[int, list[dict]], base: int) -> None:
                                      f"{', '.join(f'{q:.3f}' for q in ratios)})")
         if n != base and name == "apf":
             tail += f"  (target >= 0.95: {verdict(statistics.median(ratios) >= 0.95)})"
+        p50 = statistics.median(x["p50"] for x in runs)
+        p99 = statistics.median(x["p99"] for x in runs)
         print(f"{name} {n:4d} connections ({n // base:2d}L): {ok:7.1f} 200s/s (seats' use "
-              f"{ok * WORK_S / base:.2f}), {rej:7.1f} non-2xx/s, {errors} socket errors"
+              f"{ok * WORK_S / base:.2f}), {rej:7.1f} non-2xx/s, every answer's p50 {ms(p50)} "
+              f"p99 {ms(p99)}, {errors} socket errors"
               + (f", 429 reasons {dict(reasons)}" if reasons else "") + tail)
 
 
@@ -236,7 +261,9 @@ def log_findings(text: str, workers: int) -> str:
     parts = [f"{v} {k}" for k, v in found.items() if v]
     parts.append(f"{boots} worker boots for {workers} workers"
                  + ("" if boots == workers else " (workers restarted!)"))
-    return ", ".join(parts)
+    warnings = collections.Counter(m[:120] for m in re.findall(r"\[WARNING\] (.*)", text))
+    parts += [f"warning x{n}: {m}" for m, n in warnings.items()]
+    return "; ".join(parts)
 
 
 def main(argv=None) -> int:
@@ -245,7 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="short windows: a smoke run")
     ap.add_argument("--seconds", type=float, default=10.0, help="a-c: probing window")
     ap.add_argument("--step-seconds", type=float, default=4.0, help="d: seconds per step")
-    ap.add_argument("--rounds", type=int, default=2, help="d: rounds of L, 5L, 20L")
+    ap.add_argument("--rounds", type=int, default=3, help="d: rounds of L, 5L, 20L")
     ap.add_argument("--no-bare", action="store_true", help="d: skip bare gunicorn")
     args = ap.parse_args(argv)
     if args.quick:
@@ -277,7 +304,7 @@ def main(argv=None) -> int:
                 print(f"\n== d. goodput: /work?ms=50 on {SEATS} seats, clients re-send at once "
                       f"after a 429; {args.rounds} round(s) of {args.step_seconds:g} s per "
                       f"step  ({load_note()})")
-                res = goodput(srv.port, admin, steps, args.rounds, args.step_seconds, load)
+                res = goodput(srv, admin, steps, args.rounds, args.step_seconds, load)
                 goodput_report("apf", res, SEATS)
                 srv.idle(30)
             tops = {k: v[1] for k, v in srv.counters().items() if v[1]}
@@ -289,7 +316,7 @@ def main(argv=None) -> int:
             with serve(Path(tmp), workers=1, threads=SEATS,
                        conf=("-k", "gthread", "--no-control-socket"),
                        ready_path="/hello") as bare:
-                res = goodput(bare.port, None, steps, args.rounds, args.step_seconds, load)
+                res = goodput(bare, None, steps, args.rounds, args.step_seconds, load)
                 goodput_report("bare", res, SEATS)
                 print(f"bare server log: {log_findings(bare.log(), 1)}")
     return 0
