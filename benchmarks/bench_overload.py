@@ -110,6 +110,21 @@ def wait_busy(srv, level: str, seats: int, timeout: float = 10.0) -> bool:
     return bool(srv.wait_for(lambda: srv.level(level).seats_in_use >= seats, timeout))
 
 
+def all_booted(srv, workers: int, timeout: float = 20.0) -> list[int]:
+    """Wait until the server has ``workers`` workers that finished booting (each has started
+    its APF dispatcher thread, so it has more than its main thread); returns the pids of those
+    that did not within ``timeout``, 0 for one not forked (serve() only waits for the first
+    answer)."""
+    def pending() -> list[int]:
+        kids = srv.workers()
+        late = [pid for pid in kids if len(os.listdir(f"/proc/{pid}/task")) < 2]
+        return late if len(kids) >= workers else late + [0]
+    deadline = time.monotonic() + timeout
+    while (late := pending()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return late
+
+
 # -- a, b, c ------------------------------------------------------------------------------------
 
 def flood(srv, admin: int, seconds: float) -> None:
@@ -292,6 +307,14 @@ def main(argv=None) -> int:
         admin = free_port()
         with serve(Path(tmp), workers=WORKERS, threads=THREADS,
                    env={"APF_ADMIN_BIND": f"127.0.0.1:{admin}"}) as srv:
+            late = all_booted(srv, WORKERS)
+            if late:
+                # seen once in five starts here: a worker stuck in its app import; its room
+                # flag then keeps the other worker from accepting, and every figure is wrong
+                print(f"FAILED: worker(s) {late} of {srv.workers()} did not finish booting "
+                      f"in 20 s (see where with: py-spy dump --pid PID); no figures taken. "
+                      f"Log: {log_findings(srv.log(), WORKERS)}")
+                return 1
             if "a" in only:
                 flood(srv, admin, args.seconds)
                 srv.idle(30)
