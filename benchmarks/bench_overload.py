@@ -45,6 +45,7 @@ import argparse
 import collections
 import contextlib
 import functools
+import math
 import os
 import re
 import shutil
@@ -76,7 +77,7 @@ def load_note() -> str:
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms"
+    return "-" if math.isnan(seconds) else f"{seconds * 1e3:.0f} ms"
 
 
 def verdict(ok: bool) -> str:
