@@ -1,6 +1,7 @@
 """APF's overhead in machine instructions: a real gunicorn worker under callgrind, bare vs APF.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR] [--orca]
+    .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR]
+                                                      [--rejecting] [--orca] [--keep-dumps DIR]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
 pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
@@ -15,9 +16,17 @@ that one; with ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: wit
 recomputed every 100 ms as shipped, and reused for the whole run (``APF_LOAD_REPORT_INTERVAL=60``),
 which separates the per-response cost of the ``endpoint-load-metrics`` header from the cost of
 one recomputation (a time-based cost, which valgrind's ~50x slowdown would otherwise spread
-over far fewer requests than a real server answers in 100 ms). Kernel time and cache effects are not counted: this is the CPU work APF adds, the
-one part of its overhead this code controls. Needs valgrind (``apt-get install -y valgrind``);
+over far fewer requests than a real server answers in 100 ms). Kernel time and cache effects
+are not counted: this is the CPU work APF adds, the one part of its overhead this code
+controls. Needs valgrind (``apt-get install -y valgrind``);
 takes about a minute per server. Everything binds 127.0.0.1.
+
+``--rejecting`` adds the cost of a 429: APF again, its level with one seat
+(``APF_CONCURRENCY_LIMIT=1``) and ``limitResponse: Reject``, that seat held by one long
+``/work`` request started before the counters are zeroed, so every measured ``/hello`` is
+answered 429 at admission (reason concurrency-limit) on its keep-alive connection; printed
+next to a served ``/hello`` (target: a 429 costs at most half of it). ``--keep-dumps DIR``
+keeps each worker's callgrind dump there (``callgrind_annotate DIR/<name>.callgrind``).
 """
 
 from __future__ import annotations
@@ -46,21 +55,31 @@ from tests.apps.procs import children, free_port  # noqa: E402
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 ELAPSED: dict[str, float] = {}  # instance -> seconds the measured requests took
 CONNECTIONS = 4
+HOLD_PATH = "/work?ms=900000"  # --rejecting: holds the level's one seat for the whole run
+
+# BENCH_CONFIG with its level cut to the seats APF_CONCURRENCY_LIMIT gives it, and no queues
+_QUEUE = "      type: Queue\n      queuing: {queues: 64, handSize: 6, queueLengthLimit: 50}\n"
+_REJECT = "      type: Reject\n"
+assert _QUEUE in BENCH_CONFIG
+REJECT_CONFIG = BENCH_CONFIG.replace(
+    "    nominalConcurrencyShares: 100\n",
+    "    nominalConcurrencyShares: 100\n    lendablePercent: 0\n    borrowingLimitPercent: 0\n"
+).replace(_QUEUE, _REJECT)
 
 
-def _get(conn: http.client.HTTPConnection) -> None:
+def _get(conn: http.client.HTTPConnection, status: int = 200) -> None:
     conn.request("GET", "/hello")
     resp = conn.getresponse()
     resp.read()
-    if resp.status != 200:
-        raise RuntimeError(f"GET /hello answered {resp.status}")
+    if resp.status != status:
+        raise RuntimeError(f"GET /hello answered {resp.status}, not {status}")
 
 
-def _load(port: int, n: int) -> None:
+def _load(port: int, n: int, status: int = 200) -> None:
     def one() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         for _ in range(n // CONNECTIONS):
-            _get(conn)
+            _get(conn, status)
         conn.close()
 
     threads = [threading.Thread(target=one) for _ in range(CONNECTIONS)]
@@ -81,19 +100,63 @@ def _build_extension(root: Path) -> None:
                         str(src), "-o", str(out)], check=True)
 
 
+def _hold(port: int) -> None:
+    """Start a request that holds the (one) seat, in a thread; return once /hello is 429."""
+    def run() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1000)
+        try:
+            conn.request("GET", HOLD_PATH)
+            conn.getresponse().read()
+        except OSError:  # the server stops first
+            pass
+
+    threading.Thread(target=run, daemon=True).start()
+    deadline = time.monotonic() + 120
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/hello")
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        if resp.status == 429:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the holding request never took the seat")
+        time.sleep(0.5)
+
+
 def instructions_per_request(root: Path, apf: bool, config_path: str, requests: int,
-                             out_dir: str, extra_env: dict | None = None) -> float:
+                             out_dir: str, *, rejecting: bool = False,
+                             extra_env: dict | None = None) -> tuple[float, str]:
+    """Instructions per request in one worker under callgrind, and its dump's path.
+
+    Args:
+        root: the checkout to run (its ``apf_gunicorn`` and ``tests/apps/app.py``).
+        apf: run with apf_gunicorn's conf (else bare gthread).
+        config_path: the APF configuration (``REJECT_CONFIG`` when ``rejecting``).
+        requests: measured requests (a multiple of 4 is used).
+        out_dir: where callgrind writes its dumps.
+        rejecting: one seat, held; every measured request is answered 429.
+        extra_env: more environment for the server (e.g. APF_LOAD_REPORT).
+    Returns:
+        (instructions per request, path of the worker's dump).
+    Raises:
+        RuntimeError: the server did not start or answered something unexpected.
+    """
     port = free_port()
     instance = "benchi" + uuid.uuid4().hex[:8]
     env = dict(os.environ, PYTHONPATH=str(root), APF_INSTANCE=instance, APF_ADMIN_BIND="off",
-               APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="64", **(extra_env or {}))
+               APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="1" if rejecting else "64",
+               **(extra_env or {}))
     conf = ["-c", "python:apf_gunicorn.conf"] if apf else ["-k", "gthread",
                                                           "--no-control-socket"]
     prefix = os.path.join(out_dir, f"cg.{instance}")
+    # --rejecting: the held request would keep a graceful stop waiting for 30 s
+    stop = ["--graceful-timeout", "2"] if rejecting else []
     cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes",
            f"--callgrind-out-file={prefix}.%p", sys.executable, GUNICORN, *conf, "-w", "1",
            "--threads", "8", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-           "--timeout", "600", "tests.apps.app:app"]
+           "--timeout", "600", *stop, "tests.apps.app:app"]
     proc = subprocess.Popen(cmd, cwd=str(root), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -106,7 +169,11 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the server under valgrind did not start") from None
                 time.sleep(1)
-        _load(port, 200)  # warm-up: threads started, caches filled, shapes classified
+        status = 200
+        if rejecting:
+            _hold(port)
+            status = 429
+        _load(port, 200, status)  # warm-up: threads started, caches filled, shapes classified
         workers = [p for p in children(proc.pid) if p != proc.pid]
         if len(workers) != 1:
             raise RuntimeError(f"expected one worker, found {workers}")
@@ -114,15 +181,14 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         subprocess.run(["callgrind_control", "-z", str(worker)], check=True,
                        capture_output=True)
         t0 = time.monotonic()
-        _load(port, requests)
-        elapsed = time.monotonic() - t0
+        _load(port, requests, status)
+        ELAPSED[instance] = time.monotonic() - t0
         subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
                        capture_output=True)
         dumps = sorted(glob.glob(f"{prefix}.{worker}.*"), key=os.path.getmtime)
         text = Path(dumps[-1]).read_text()
         total = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
-        ELAPSED[instance] = elapsed
-        return total / (requests // CONNECTIONS * CONNECTIONS)
+        return total / (requests // CONNECTIONS * CONNECTIONS), dumps[-1]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -139,8 +205,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--baseline", metavar="DIR", help="also APF in the checkout in DIR")
+    ap.add_argument("--rejecting", action="store_true",
+                    help="also APF answering every request 429 (one held seat, Reject)")
     ap.add_argument("--orca", action="store_true",
                     help="also APF with APF_LOAD_REPORT=orca (ORCA header on every response)")
+    ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
@@ -148,28 +217,46 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
-        runs = [("bare", ROOT, False, None), ("apf", ROOT, True, None)]
+        reject_path = os.path.join(tmp, "reject.yaml")
+        Path(reject_path).write_text(REJECT_CONFIG)
+        # (name, checkout, apf, rejecting, extra environment)
+        runs = [("bare", ROOT, False, False, None), ("apf", ROOT, True, False, None)]
         if args.baseline:
             base = Path(args.baseline).resolve()
             _build_extension(base)
-            runs.append((f"apf@{base}", base, True, None))
+            runs.append((f"apf@{base}", base, True, False, None))
+        if args.rejecting:
+            runs.append(("apf 429", ROOT, True, True, None))
         if args.orca:
-            runs.append(("apf+orca", ROOT, True, {"APF_LOAD_REPORT": "orca"}))
-            runs.append(("apf+orca60", ROOT, True, {"APF_LOAD_REPORT": "orca",
-                                                     "APF_LOAD_REPORT_INTERVAL": "60"}))
-        elapsed = {}
+            runs.append(("apf+orca", ROOT, True, False, {"APF_LOAD_REPORT": "orca"}))
+            runs.append(("apf+orca60", ROOT, True, False, {"APF_LOAD_REPORT": "orca",
+                                                            "APF_LOAD_REPORT_INTERVAL": "60"}))
         counts = {}
-        for name, root, apf, env in runs:
-            counts[name] = instructions_per_request(root, apf, config_path, args.requests, tmp,
-                                                    env)
+        elapsed = {}
+        for name, root, apf, rejecting, env in runs:
+            counts[name], dump = instructions_per_request(
+                root, apf, reject_path if rejecting else config_path, args.requests, tmp,
+                rejecting=rejecting, extra_env=env)
             elapsed[name] = list(ELAPSED.values())[-1]
+            if args.keep_dumps:
+                os.makedirs(args.keep_dumps, exist_ok=True)
+                kept = os.path.join(args.keep_dumps,
+                                    re.sub(r"[^\w.-]+", "_", name) + ".callgrind")
+                shutil.copyfile(dump, kept)
+                print(f"{name}: worker dump kept as {kept}")
     bare = counts["bare"]
     print(f"user-space instructions per request in the worker ({args.requests} requests, "
           f"1 worker x 8 threads, callgrind):")
     for name, n in counts.items():
         extra = "" if name == "bare" else (f"  added {n - bare:+,.0f} ({n / bare - 1:+.1%}); "
                                            f"bare/apf {bare / n:.3f}")
+        if name == "apf 429":
+            extra = f"  {n / bare:.3f} of bare, {n / counts['apf']:.3f} of a served APF request"
         print(f"  {name:12s} {n:12,.0f}{extra}")
+    if args.baseline:
+        base_n = counts[runs[2][0]]
+        print(f"this commit vs baseline: {counts['apf'] - base_n:+,.0f} instructions per "
+              f"request ({counts['apf'] / base_n - 1:+.2%}; target within +1%)")
     if args.orca:
         per_response = counts["apf+orca60"] - counts["apf"]
         refreshes = max(1.0, elapsed["apf+orca"] / 0.1)
@@ -180,9 +267,10 @@ def main(argv=None) -> int:
               f"under valgrind); at 100 req/s per worker that is "
               f"{per_response + per_refresh / 10:+,.0f} per response, at 1000 req/s "
               f"{per_response + per_refresh / 100:+,.0f}")
-    if args.baseline:
-        print(f"this commit vs baseline: {counts['apf'] - counts[runs[2][0]]:+,.0f} "
-              f"instructions per request")
+    if args.rejecting:
+        ratio = counts["apf 429"] / counts["apf"]
+        print(f"a 429 costs {ratio:.3f} of a served /hello (target <= 0.5: "
+              f"{'ok' if ratio <= 0.5 else 'MISSED'})")
     return 0
 
 

@@ -182,32 +182,48 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
 
 
-def wrk(port: int, duration: float, connections: int) -> dict:
+def wrk(port: int, duration: float, connections: int, path: str = "/hello",
+        timeout: float = 2.0) -> dict:
+    """One ``wrk`` run: requests/s, p50 and p99 latency (s), and its counts: ``requests``
+    answered in ``seconds``, ``non2xx`` of them (wrk: not 2xx or 3xx), ``errors`` (socket
+    errors: connect, read, write, time-outs after ``timeout`` seconds)."""
     out = subprocess.run(
         ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
-         f"http://127.0.0.1:{port}/hello"], capture_output=True, text=True, timeout=duration + 30,
-        preexec_fn=_pinned(LOAD_CPUS)).stdout
+         f"--timeout={timeout:g}s", f"http://127.0.0.1:{port}{path}"], capture_output=True,
+        text=True, timeout=duration + timeout + 30, preexec_fn=_pinned(LOAD_CPUS)).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
-    return {"rps": rps, "p50": _seconds(lat.get("50", "nan")), "p99": _seconds(lat.get("99", "nan"))}
+    done = re.search(r"(\d+) requests in ([\d.]+\w+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
+                       out)
+    return {"rps": rps, "p50": _seconds(lat.get("50", "nan")),
+            "p99": _seconds(lat.get("99", "nan")), "requests": int(done.group(1)),
+            "seconds": _seconds(done.group(2)), "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "errors": sum(int(g) for g in errors.groups()) if errors else 0}
 
 
-def pyload(port: int, duration: float, connections: int) -> dict:
+def pyload(port: int, duration: float, connections: int, path: str = "/hello") -> dict:
+    """Like ``wrk``, from threads of this process (GIL-bound: its rate is its own limit)."""
     lats: list[float] = []
+    statuses: list[int] = []
     lock = threading.Lock()
     stop = time.monotonic() + duration
 
     def run():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        mine = []
+        mine, codes = [], []
         while time.monotonic() < stop:
             t0 = time.monotonic()
-            conn.request("GET", "/hello")
-            conn.getresponse().read()
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
             mine.append(time.monotonic() - t0)
+            codes.append(resp.status)
         conn.close()
         with lock:
             lats.extend(mine)
+            statuses.extend(codes)
 
     threads = [threading.Thread(target=run) for _ in range(connections)]
     for t in threads:
@@ -216,7 +232,8 @@ def pyload(port: int, duration: float, connections: int) -> dict:
         t.join()
     lats.sort()
     return {"rps": len(lats) / duration, "p50": lats[len(lats) // 2],
-            "p99": lats[int(len(lats) * 0.99)]}
+            "p99": lats[int(len(lats) * 0.99)], "requests": len(lats), "seconds": duration,
+            "non2xx": sum(1 for s in statuses if not 200 <= s < 400), "errors": 0}
 
 
 def median_interval(values: list[float], reps: int = 2000) -> tuple[float, float]:

@@ -10,35 +10,14 @@ the clients saw.
 
 from __future__ import annotations
 
-import collections
-import http.client
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.apps.flood import Flood
 from tests.apps.loadgen import Client, run_clients
-from tests.apps.overload import Prober, SlowHeads
+from tests.apps.overload import Prober, SlowHeads, scrape, total
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-
-
-def scrape(port: int) -> dict:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    out: dict = collections.defaultdict(float)
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] += s.value
-    return out
-
-
-def total(samples: dict, name: str, **labels: str) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
 
 
 def test_slow_heads_hold_no_thread_and_get_408_at_their_deadline(server_factory):

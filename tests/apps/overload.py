@@ -1,5 +1,6 @@
 """Overload helpers shared by the overload tests and ``benchmarks/bench_overload.py``: clients
-that send their request head slowly, and a prober that times one request at a fixed pace.
+that send their request head slowly, a prober that times one request at a fixed pace, and a
+scrape of the admin endpoint's ``/metrics``.
 
     with SlowHeads(port, 60, every=0.5) as slow:   # 60 connections, a header line each 0.5 s
         ...
@@ -8,14 +9,20 @@ that send their request head slowly, and a prober that times one request at a fi
     probe = Prober(port, "/healthz", every=0.1)    # a fresh connection per probe
     probe.run(seconds=10)
     probe.failures, probe.latencies
+
+    samples = scrape(admin_port)                   # {(name, sorted labels): value}
+    total(samples, "apf_rejected_requests_total", reason="thread-reserve")
 """
 
 from __future__ import annotations
 
+import collections
 import http.client
 import socket
 import threading
 import time
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class SlowHeads:
@@ -118,3 +125,23 @@ class Prober:
     def quantile(self, q: float) -> float:
         lat = sorted(self.latencies)
         return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+
+def scrape(port: int) -> dict:
+    """``{(sample name, sorted label items): value}`` of the admin endpoint's ``/metrics``
+    (samples that differ only in labels left out of the key are summed)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out: dict = collections.defaultdict(float)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] += s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
