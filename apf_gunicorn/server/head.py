@@ -66,7 +66,7 @@ def head_state(buf: bytes | bytearray, limits: HeadLimits) -> int:
     Returns:
         MORE, COMPLETE or TOO_LARGE.
     """
-    if b"\r\n\r\n" in buf:
+    if buf.find(b"\r\n\r\n") >= 0:  # (``in`` would first try the operand as an int)
         return COMPLETE
     n = len(buf)
     start = 2 if buf[:2] == b"\r\n" else 0  # RFC 9112 2.2: one empty line may come first

@@ -108,16 +108,18 @@ class ApfThreadWorker(ThreadWorker):
         APF_EXEMPT_THREADS``), or, when every worker is out of room, while its reserve has a
         thread (then the exempt requests among new connections run, the others are answered
         429 at once). Publishes this worker's room flag when it changes."""
-        busy = self.apf_busy + self.apf_fresh
-        # connections that will want a thread: busy ones, arriving ones, kept-alive ones
-        room = self.alive and busy + len(self.keepalived_conns) < self.apf_room_limit
+        # connections that will want a thread: in threads, arriving, kept alive
+        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
+                + self.apf_fresh)
+        room = load < self.apf_room_limit and self.alive
         if room is not self._apf_room:
             self._apf_room = room
             self.apf_publish_room(room)
         if room:
             self._apf_all_full_since = 0.0
             return True
-        if busy >= self.apf_accept_limit or self.apf_others_have_room():
+        if (self.apf_busy + self.apf_fresh >= self.apf_accept_limit
+                or self.apf_others_have_room()):
             self._apf_all_full_since = 0.0
             return False
         # Every worker is out of room. Accept on the reserve only once that has lasted
@@ -134,6 +136,15 @@ class ApfThreadWorker(ThreadWorker):
         ThreadWorker.set_accept_enabled(self, enabled)
 
     def wait_for_and_dispatch_events(self, timeout):
+        # Every pass re-checks the gate (connections came and went since the last one); the
+        # common case, room and accepting, costs one sum and leaves everything as it is.
+        if (self.nr_conns - len(self.pending_conns) - len(self.apf_reading) + self.apf_fresh
+                >= self.apf_room_limit or not (self._accepting and self._apf_room)):
+            timeout = self._apf_gate(timeout)
+        ThreadWorker.wait_for_and_dispatch_events(self, timeout)
+
+    def _apf_gate(self, timeout: float) -> float:
+        """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
         may = self.apf_may_accept()
         if self.alive:
             if self._accepting and not may:
@@ -141,8 +152,8 @@ class ApfThreadWorker(ThreadWorker):
             elif not may and self.apf_busy + self.apf_fresh < self.apf_accept_limit:
                 # out of room with a free reserve thread: look again soon, so when the other
                 # workers run out too, exempt requests are accepted within ~50 ms
-                timeout = min(timeout, 0.025)
-        ThreadWorker.wait_for_and_dispatch_events(self, timeout)
+                return min(timeout, 0.025)
+        return timeout
 
     @property
     def max_keepalived(self) -> int:
@@ -150,7 +161,9 @@ class ApfThreadWorker(ThreadWorker):
         also when keeping it would leave the worker more connections that may come back than
         threads for non-exempt requests (they would be answered 429 while other workers have
         room); the client reconnects through the accept gate instead."""
-        return min(self._apf_keepalive_max, self.apf_room_limit - self.apf_busy + 1)
+        spare = (self.apf_room_limit + 1 - self.nr_conns + len(self.keepalived_conns)
+                 + len(self.pending_conns) + len(self.apf_reading))
+        return spare if spare < self._apf_keepalive_max else self._apf_keepalive_max
 
     @max_keepalived.setter
     def max_keepalived(self, value: int) -> None:
@@ -164,6 +177,9 @@ class ApfThreadWorker(ThreadWorker):
                 and not negotiation.prior_knowledge_allowed(cfg, client))
 
     def accept(self, listener):
+        if not self.apf_may_accept():  # a connection earlier in this poll took the last room
+            ThreadWorker.set_accept_enabled(self, False)
+            return
         try:
             client_sock, client_addr = listener.accept()
         except OSError as e:
@@ -186,12 +202,25 @@ class ApfThreadWorker(ThreadWorker):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
         self.poller.unregister(client)
         self.keepalived_conns.remove(conn)
-        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            data = None
+        except OSError:
+            data = b""
+        if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
+            conn.parser.unreader.unread(data)
+            conn.data_ready = True
+            self.enqueue_req(conn)
+            return
+        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout, data)
 
-    def _apf_read_head(self, conn, deadline: float) -> None:
+    def _apf_read_head(self, conn, deadline: float, first: bytes | None = None) -> None:
+        """Read the connection's head in the poller until ``deadline``; ``first``: what was
+        already received (b"": the end of input), None: nothing yet."""
         conn.apf_buf = bytearray()
         conn.timeout = deadline
-        if self.apf_head_readable(conn):  # usually the whole head is there already
+        if self.apf_head_readable(conn, first):  # usually the whole head is there already
             return
         self.apf_reading[conn] = None
         self.poller.register(conn.sock, selectors.EVENT_READ,
@@ -205,16 +234,17 @@ class ApfThreadWorker(ThreadWorker):
             except (KeyError, ValueError, OSError):
                 pass
 
-    def apf_head_readable(self, conn) -> bool:
-        """Read what the connection has; True when it has left the reading state (handed to
-        a thread or closed)."""
+    def apf_head_readable(self, conn, data: bytes | None = None) -> bool:
+        """Read what the connection has (or take ``data``, already read); True when it has
+        left the reading state (handed to a thread or closed)."""
         buf = conn.apf_buf
-        try:
-            data = conn.sock.recv(RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            data = b""
+        if data is None:
+            try:
+                data = conn.sock.recv(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                data = b""
         if conn.apf_fresh_until:
             self._apf_unfresh(conn)
         if not data:  # end of input (or reset): the parser reports what is incomplete
@@ -243,8 +273,7 @@ class ApfThreadWorker(ThreadWorker):
         conn.parser.unreader.unread(bytes(conn.apf_buf))
         conn.apf_buf = None
         conn.data_ready = True
-        conn.sock.setblocking(True)
-        self.enqueue_req(conn)
+        self.enqueue_req(conn)  # (gthread's handle makes the socket blocking again)
 
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
@@ -303,8 +332,7 @@ class ApfThreadWorker(ThreadWorker):
     def enqueue_req(self, conn):
         conn.apf_enqueued_ns = monotonic_ns()
         ThreadWorker.enqueue_req(self, conn)
-        if self._accepting and not self.apf_may_accept():
-            ThreadWorker.set_accept_enabled(self, False)
+        # (no accept check here: the main loop's next pass makes it before it accepts again)
 
     def handle(self, conn):
         t = conn.apf_enqueued_ns
