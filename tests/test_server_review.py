@@ -381,3 +381,23 @@ def _ledger_workers(srv):
         led.close()
         view.release()
         mm.close()
+
+
+def test_a_worker_that_never_boots_stops_counting_as_having_room(master, monkeypatch):
+    """A booting worker counts as having room (so the others do not turn requests away for
+    threads it is about to bring); one stuck before registering stops counting after
+    BOOT_ROOM_S, so the others accept on their exempt reserve again."""
+    from apf_gunicorn.server import master as master_mod
+
+    server = _server()
+    services = MasterServices(master, server.log)
+    stuck = _fork(server, 2001)
+    ok = _fork(server, 2002)
+    master.ledger.register_worker(ok.apf_index, 2002, time.monotonic_ns())
+    services.refresh_workers()
+    assert master.ledger.other_worker_has_room(ok.apf_index)  # the booting one, for now
+    assert list(master.booting) == [stuck.apf_index]
+    monkeypatch.setattr(master_mod, "BOOT_ROOM_S", 0.0)
+    services.refresh_workers()
+    assert not master.ledger.other_worker_has_room(ok.apf_index)
+    assert master.booting == {}

@@ -155,6 +155,7 @@ def pre_fork(server, worker) -> None:
     # A booting worker counts as having room, so the running ones do not answer 429 for
     # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
     m.ledger.set_worker_room(index, True)
+    m.booting[index] = time.monotonic()
 
 
 def child_exit(server, worker) -> None:

@@ -29,6 +29,7 @@ from apf_gunicorn.server.metrics import view_of_master_state
 log = logging.getLogger("apf_gunicorn.master")
 
 BORROWING_PERIOD_S = 10.0
+BOOT_ROOM_S = 30.0  # how long a booting worker counts as having room (expire_boots)
 TICK_S = 1.0
 
 # Held by master threads around every ledger operation they make; acquired by the forking
@@ -113,6 +114,22 @@ class MasterServices(threading.Thread):
             # copy; writing then would bring the index back with a dead pid, never freed.
             if not pid and registered.get(index) and m.workers.get(index) == 0:
                 m.workers[index] = registered[index]
+        self.expire_boots(registered)
+
+    def expire_boots(self, registered: dict[int, int]) -> None:
+        """A worker counts as having room while it boots (hooks.pre_fork), so the others do not
+        turn requests away for threads it is about to bring; one that has not registered after
+        BOOT_ROOM_S (stuck in its imports, say: gunicorn times out no worker before its first
+        heartbeat) stops counting, and the others accept on their exempt reserve again."""
+        now = time.monotonic()
+        for index, since in list(self.state.booting.items()):
+            if index in registered or index not in self.state.workers:
+                self.state.booting.pop(index, None)
+            elif now - since > BOOT_ROOM_S:
+                self.state.booting.pop(index, None)
+                self.state.ledger.set_worker_room(index, False)
+                self.glog.warning("apf: worker %d has not booted in %.0f s; it no longer "
+                                  "counts as having room", index, BOOT_ROOM_S)
 
     def borrow_once(self) -> None:
         m = self.state

@@ -40,6 +40,7 @@ class MasterState:
     generation: Generation
     sender: Any = None  # channel.GrantSender
     workers: dict[int, int] = field(default_factory=dict)  # worker index -> pid (0: booting)
+    booting: dict[int, float] = field(default_factory=dict)  # worker index -> forked (monotonic)
     services: Any = None  # master.MasterServices
     reload_errors: int = 0
     borrowing_states: Any = None
