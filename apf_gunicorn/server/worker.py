@@ -75,6 +75,7 @@ class ApfThreadWorker(ThreadWorker):
         # below this many busy threads a worker has room for a non-exempt request
         self.apf_room_limit = self.cfg.threads - reserve
         self._apf_room = None  # last published room flag
+        self._apf_load = 0  # connections wanting a thread, at the main loop's last pass
         self._apf_all_full_since = 0.0  # when this worker last saw every worker out of room
         # set by post_worker_init to the ledger's worker table; alone, a worker has no peers
         self.apf_publish_room = _no_op
@@ -118,10 +119,11 @@ class ApfThreadWorker(ThreadWorker):
         if room:
             self._apf_all_full_since = 0.0
             return True
-        if (self.apf_busy + self.apf_fresh >= self.apf_accept_limit
-                or self.apf_others_have_room()):
+        if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
+        if self.apf_busy + self.apf_fresh >= self.apf_accept_limit:
+            return False  # (every worker still out of room: no new grace period after this)
         # Every worker is out of room. Accept on the reserve only once that has lasted
         # RESERVE_AFTER_S: a flag another worker has not yet updated (it has not run since a
         # request finished) must not turn a request away that it could have served.
@@ -138,32 +140,35 @@ class ApfThreadWorker(ThreadWorker):
     def wait_for_and_dispatch_events(self, timeout):
         # Every pass re-checks the gate (connections came and went since the last one); the
         # common case, room and accepting, costs one sum and leaves everything as it is.
-        if (self.nr_conns - len(self.pending_conns) - len(self.apf_reading) + self.apf_fresh
-                >= self.apf_room_limit or not (self._accepting and self._apf_room)):
+        load = self._apf_load = (self.nr_conns - len(self.pending_conns)
+                                 - len(self.apf_reading) + self.apf_fresh)
+        if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         ThreadWorker.wait_for_and_dispatch_events(self, timeout)
 
     def _apf_gate(self, timeout: float) -> float:
         """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
-        may = self.apf_may_accept()
-        if self.alive:
-            if self._accepting and not may:
-                ThreadWorker.set_accept_enabled(self, False)
-            elif not may and self.apf_busy + self.apf_fresh < self.apf_accept_limit:
-                # out of room with a free reserve thread: look again soon, so when the other
-                # workers run out too, exempt requests are accepted within ~50 ms
-                return min(timeout, 0.025)
+        if self.apf_may_accept() or not self.alive:
+            return timeout
+        if self._accepting:
+            ThreadWorker.set_accept_enabled(self, False)
+        if self.apf_busy + self.apf_fresh < self.apf_accept_limit:
+            # out of room with a free reserve thread: look again soon, so when the other
+            # workers run out too, exempt requests are accepted within ~50 ms
+            return min(timeout, 0.025)
         return timeout
 
     @property
     def max_keepalived(self) -> int:
         """gthread closes a connection after its response when this many are kept alive: here
-        also when keeping it would leave the worker more connections that may come back than
-        threads for non-exempt requests (they would be answered 429 while other workers have
-        room); the client reconnects through the accept gate instead."""
-        spare = (self.apf_room_limit + 1 - self.nr_conns + len(self.keepalived_conns)
-                 + len(self.pending_conns) + len(self.apf_reading))
-        return spare if spare < self._apf_keepalive_max else self._apf_keepalive_max
+        also when the worker holds more connections that may come back than it has threads
+        for non-exempt requests (it accepted on its exempt reserve): those clients would come
+        back to no thread while other workers may have one, so they reconnect through the
+        accept gate instead. Keeping a connection alive does not add to the load, which counts
+        it already, so a worker at exactly its room keeps its clients."""
+        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
+                + self.apf_fresh)
+        return self._apf_keepalive_max if load <= self.apf_room_limit else 0
 
     @max_keepalived.setter
     def max_keepalived(self, value: int) -> None:
@@ -210,7 +215,6 @@ class ApfThreadWorker(ThreadWorker):
             data = b""
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
             conn.parser.unreader.unread(data)
-            conn.data_ready = True
             self.enqueue_req(conn)
             return
         self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout, data)
