@@ -138,13 +138,22 @@ class ApfThreadWorker(ThreadWorker):
         ThreadWorker.set_accept_enabled(self, enabled)
 
     def wait_for_and_dispatch_events(self, timeout):
-        # Every pass re-checks the gate (connections came and went since the last one); the
-        # common case, room and accepting, costs one sum and leaves everything as it is.
-        load = self._apf_load = (self.nr_conns - len(self.pending_conns)
-                                 - len(self.apf_reading) + self.apf_fresh)
+        # Once per pass of the main loop: the accept gate (the common case, room and
+        # accepting, costs one sum), gthread's poll and dispatch (as its own method does, one
+        # Python frame less per pass), then the request heads past their deadline.
+        reading = self.apf_reading
+        load = self._apf_load = (self.nr_conns - len(self.pending_conns) - len(reading)
+                                 + self.apf_fresh)
         if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
-        ThreadWorker.wait_for_and_dispatch_events(self, timeout)
+        try:
+            for key, _ in self.poller.select(timeout):
+                key.data(key.fileobj)
+        except OSError as e:
+            if e.errno != errno.EINTR:
+                raise
+        if reading:
+            self._apf_expire_heads()
 
     def _apf_gate(self, timeout: float) -> float:
         """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
@@ -165,10 +174,9 @@ class ApfThreadWorker(ThreadWorker):
         for non-exempt requests (it accepted on its exempt reserve): those clients would come
         back to no thread while other workers may have one, so they reconnect through the
         accept gate instead. Keeping a connection alive does not add to the load, which counts
-        it already, so a worker at exactly its room keeps its clients."""
-        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
-                + self.apf_fresh)
-        return self._apf_keepalive_max if load <= self.apf_room_limit else 0
+        it already, so a worker at exactly its room keeps its clients. (The load is the one the
+        main loop's last pass computed.)"""
+        return self._apf_keepalive_max if self._apf_load <= self.apf_room_limit else 0
 
     @max_keepalived.setter
     def max_keepalived(self, value: int) -> None:
@@ -307,10 +315,9 @@ class ApfThreadWorker(ThreadWorker):
         self.nr_conns -= 1
         conn.close()
 
-    def murder_pending(self):
-        ThreadWorker.murder_pending(self)
-        if not self.apf_reading:
-            return
+    def _apf_expire_heads(self) -> None:
+        """Close the reading connections past their head deadline (408 if they sent part of
+        a head), and stop counting as arriving those silent for FRESH_S."""
         now = time.monotonic()
         if not self.alive:  # stopping: finish a head within the keep-alive linger, at most
             cap = now + STOP_KEEPALIVE_LINGER
