@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.apps.procs import children, free_port  # noqa: E402
+from tests.apps.procs import children, free_port, rss_kib  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 
@@ -81,14 +81,6 @@ spec:
     nonResourceRules:
     - {verbs: ["*"], nonResourceURLs: ["*"]}
 """
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 # --pin split: CPU sets for the servers and for the load generator (None: not pinned)

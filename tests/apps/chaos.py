@@ -27,6 +27,8 @@ import socket
 import threading
 import time
 
+from tests.apps.procs import rss_kib
+
 WORK_SEATS = 8  # tests/apps/apf.yaml with APF_CONCURRENCY_LIMIT=16
 KINDS = ("slow", "timeout", "abandon", "probe")
 
@@ -311,14 +313,6 @@ def settled_workers(srv, n: int = 2) -> list[int]:
     if not pids:
         raise RuntimeError(f"{n} workers did not come up:\n{srv.log()[-2000:]}")
     return sorted(pids)
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def scenario_kills(srv, track: str, kills: int, every: float = 0.3,
