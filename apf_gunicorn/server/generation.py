@@ -79,8 +79,9 @@ def thread_budget(gen: Generation, settings: Settings, workers: int,
               f"= {total} threads")
     if total <= limit:
         return (f"{usable} cannot even run the concurrency limit of {limit} seats "
-                f"(APF_CONCURRENCY_LIMIT); nothing would ever queue in APF. Raise "
-                f"--threads/--workers or lower the limit.")
+                f"(APF_CONCURRENCY_LIMIT): the seats can never all be in use, and once the "
+                f"threads are taken, requests are answered 429 (thread-reserve) instead of "
+                f"queueing. Raise --threads/--workers or lower the limit.")
     if total < limit + queued:
         return (f"{usable} hold the {limit} executing seats plus only {total - limit} waiting "
                 f"requests, while the configuration allows {queued} queued (sum of queues x "
