@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
@@ -125,17 +125,9 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
             raise SettingsError("APF_CONCURRENCY_LIMIT", raw,
                                 "must be an integer number of seats from 1 to 1000000")
 
-    raw = get("APF_QUEUE_WAIT_LIMIT")
-    if raw is None:
-        wait_s = DEFAULT_QUEUE_WAIT_LIMIT_S
-    else:
-        try:
-            wait_s = float(raw)
-        except ValueError:
-            wait_s = -1.0
-        if not (0 < wait_s <= 3600):
-            raise SettingsError("APF_QUEUE_WAIT_LIMIT", raw,
-                                "must be a number of seconds greater than 0 and at most 3600")
+    wait_s = _number(get, "APF_QUEUE_WAIT_LIMIT", DEFAULT_QUEUE_WAIT_LIMIT_S,
+                     lambda x: 0 < x <= 3600,
+                     "must be a number of seconds greater than 0 and at most 3600")
 
     raw = get("APF_TRUSTED_PROXIES")
     proxies = []
@@ -188,18 +180,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         raise SettingsError("APF_INSTANCE", instance,
                             "must be at most 40 characters from A-Z a-z 0-9 _ . -")
 
-    raw = get("APF_BORROWING_PERIOD")
-    if raw is None:
-        period = DEFAULT_BORROWING_PERIOD_S
-    else:
-        try:
-            period = float(raw)
-        except ValueError:
-            period = -1.0
-        if not (0.1 <= period <= 3600):
-            raise SettingsError("APF_BORROWING_PERIOD", raw,
-                                "must be a number of seconds from 0.1 to 3600 (default 10, "
-                                "Kubernetes' period; other values are for tests and experiments)")
+    period = _number(get, "APF_BORROWING_PERIOD", DEFAULT_BORROWING_PERIOD_S,
+                     lambda x: 0.1 <= x <= 3600,
+                     "must be a number of seconds from 0.1 to 3600 (default 10, Kubernetes' "
+                     "period; other values are for tests and experiments)")
 
     raw = get("APF_SERVICE_ESTIMATE")
     learn, service_ns = True, DEFAULT_SERVICE_ESTIMATE_NS
@@ -216,12 +200,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "finished requests) or a fixed duration from 0 to 60s such as "
                                 "3ms (Kubernetes' value) or 0.25")
 
-    raw = get("APF_HEADER_TIMEOUT")
-    header_s = DEFAULT_HEADER_TIMEOUT_S if raw is None else _float(raw)
-    if header_s is None or not (0 < header_s <= 3600):
-        raise SettingsError("APF_HEADER_TIMEOUT", raw or "",
-                            "must be a number of seconds greater than 0 and at most 3600: how "
-                            "long a connection may take to send its whole request head")
+    header_s = _number(get, "APF_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT_S,
+                       lambda x: 0 < x <= 3600,
+                       "must be a number of seconds greater than 0 and at most 3600: how long "
+                       "a connection may take to send its whole request head")
 
     raw = get("APF_EXEMPT_THREADS")
     # unset: 2, but always leave one thread for everything else
@@ -286,14 +268,10 @@ def _load_balancer_settings(get) -> dict:
     raw = get("APF_AGENT_BIND")
     agent_bind = None if raw is None else _bind(raw, "APF_AGENT_BIND", "127.0.0.1:9200")
 
-    raw = get("APF_AGENT_DRAIN_DELAY")
-    delay = DEFAULT_AGENT_DRAIN_DELAY_S
-    if raw is not None:
-        delay = _float(raw)
-        if delay is None or not 0 <= delay <= 300:
-            raise SettingsError("APF_AGENT_DRAIN_DELAY", raw,
-                                "must be a number of seconds from 0 to 300 (how long a "
-                                "gracefully stopping server answers drain and keeps serving)")
+    delay = _number(get, "APF_AGENT_DRAIN_DELAY", DEFAULT_AGENT_DRAIN_DELAY_S,
+                    lambda x: 0 <= x <= 300,
+                    "must be a number of seconds from 0 to 300 (how long a gracefully "
+                    "stopping server answers drain and keeps serving)")
 
     raw = get("APF_LOAD_REPORT")
     report = "off" if raw is None else raw.lower()
@@ -302,16 +280,27 @@ def _load_balancer_settings(get) -> dict:
                             "must be 'orca' (an endpoint-load-metrics header on every response "
                             "APF handled) or 'off'")
 
-    raw = get("APF_LOAD_REPORT_INTERVAL")
-    interval = 0.1
-    if raw is not None:
-        interval = _float(raw)
-        if interval is None or not 0.001 <= interval <= 60:
-            raise SettingsError("APF_LOAD_REPORT_INTERVAL", raw,
-                                "must be a number of seconds from 0.001 to 60 (how long a worker "
-                                "reuses its ORCA load report)")
+    interval = _number(get, "APF_LOAD_REPORT_INTERVAL", 0.1, lambda x: 0.001 <= x <= 60,
+                       "must be a number of seconds from 0.001 to 60 (how long a worker reuses "
+                       "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _number(get: Callable[[str], str | None], var: str, default: float,
+            ok: Callable[[float], bool], allowed: str) -> float:
+    """The number ``var`` holds (``default`` when unset).
+
+    Raises:
+        SettingsError: not a number, or not ``ok``.
+    """
+    raw = get(var)
+    if raw is None:
+        return default
+    value = _float(raw)
+    if value is None or not ok(value):
+        raise SettingsError(var, raw, allowed)
+    return value
 
 
 def _float(raw: str) -> float | None:
