@@ -62,8 +62,10 @@ TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
 
 
 class ApfThreadWorker(ThreadWorker):
-    # Per request this class adds one Python frame on the main thread (enqueue_req) and one
-    # on the request thread (handle); both call the base class directly, not through super().
+    # Per kept-alive request this class adds, on the main thread, its own readable handler
+    # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
+    # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
+    # directly, not through super().
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -89,7 +91,6 @@ class ApfThreadWorker(ThreadWorker):
         # their head is most likely on its way, so the accept gate counts them as busy
         self.apf_fresh = 0
         self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
-        self.apf_head_timeouts = 0
         self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
@@ -215,12 +216,7 @@ class ApfThreadWorker(ThreadWorker):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
         self.poller.unregister(client)
         self.keepalived_conns.remove(conn)
-        try:
-            data = conn.sock.recv(RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            data = None
-        except OSError:
-            data = b""
+        data = _recv(conn.sock)
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
             conn.parser.unreader.unread(data)
             self.enqueue_req(conn)
@@ -251,12 +247,9 @@ class ApfThreadWorker(ThreadWorker):
         left the reading state (handed to a thread or closed)."""
         buf = conn.apf_buf
         if data is None:
-            try:
-                data = conn.sock.recv(RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
+            data = _recv(conn.sock)
+            if data is None:
                 return False
-            except OSError:
-                data = b""
         if conn.apf_fresh_until:
             self._apf_unfresh(conn)
         if not data:  # end of input (or reset): the parser reports what is incomplete
@@ -290,7 +283,6 @@ class ApfThreadWorker(ThreadWorker):
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
         if conn.apf_buf:
-            self.apf_head_timeouts += 1
             count = self.apf_on_head_timeout
             if count is not None:
                 count()
@@ -371,6 +363,16 @@ class ApfThreadWorker(ThreadWorker):
             if hidden.held:
                 hidden.held = False
                 self.apf_inflight.pop()
+
+
+def _recv(sock) -> bytes | None:
+    """What a non-blocking socket has: None if nothing yet, b"" at its end or on an error."""
+    try:
+        return sock.recv(RECV_BYTES)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def _no_op(_room: bool) -> None:
