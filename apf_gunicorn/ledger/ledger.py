@@ -691,9 +691,7 @@ class Ledger:
 
     def _turn_away_locked(self, level: int, fs_index: int, seats: int, r: int) -> None:
         lb = self._lb(level)
-        eb = self._stats_at.get((self._w[lb + L.L_SERIAL] << 32) | (fs_index & 0xFFFFFFFF))
-        if eb is None:
-            eb = self._stats_entry(lb, level, fs_index)
+        eb = self._stats_entry(lb, level, fs_index)
         self._note_arrival(eb, seats)
         self._count_rejection(lb)
         self._note_rejection(eb, r, self._w[lb + L_DESIRED] < 0)
@@ -1298,9 +1296,7 @@ class Ledger:
         if now > w[lb + L_LAST_NS]:
             self._sync(lb, now)
         ms = initial if initial >= final else final
-        eb = self._stats_at.get((w[lb + L.L_SERIAL] << 32) | (fs_index & 0xFFFFFFFF))
-        if eb is None:
-            eb = self._stats_entry(lb, level, fs_index)
+        eb = self._stats_entry(lb, level, fs_index)
         bw = eb + E_WORK + bisect_left(WORK_BOUNDS, ms)
         self._log(bw, eb + E_WORK_SUM)  # one event: this arrival and its outcome
         w[bw] += 1
