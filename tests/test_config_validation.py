@@ -503,3 +503,64 @@ def test_arbitrary_documents_never_crash(value):
         objs, errs = load_text(yaml.safe_dump(doc), "h.yaml")
         assert all(str(e).startswith("h.yaml: ") and len(str(e)) > len("h.yaml: ")
                    for e in errs)
+
+
+# -- apf-gunicorn.io/fairness: a priority level's dispatch policy ----------------------------
+
+FAIRNESS_KEY = "metadata.annotations[apf-gunicorn.io/fairness]"
+
+
+def annotated(doc, annotations):
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["annotations"] = annotations
+    return doc
+
+
+@pytest.mark.parametrize("value", ["maxmin", "kubernetes"])
+def test_fairness_annotation_sets_the_level_policy(value):
+    obj, errs = parse_object(annotated(pl(queue()), {"apf-gunicorn.io/fairness": value}), "f")
+    assert errs == [] and obj.obj.fairness == value
+    reject = {"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}
+    obj, errs = parse_object(annotated(pl(reject), {"apf-gunicorn.io/fairness": value}), "f")
+    assert errs == [] and obj.obj.fairness == value
+
+
+def test_without_the_annotation_the_level_follows_the_server():
+    obj, errs = parse_object(annotated(pl(queue()), {"other.io/x": "1", "note": 3}), "f")
+    assert errs == [] and obj.obj.fairness is None
+
+
+FAIRNESS_CASES = [
+    ("unknown policy", pl(queue()), {"apf-gunicorn.io/fairness": "fair"},
+     [f'{FAIRNESS_KEY}: Unsupported value: "fair": supported values: "kubernetes", "maxmin"']),
+    ("case matters", pl(queue()), {"apf-gunicorn.io/fairness": "MaxMin"},
+     [f'{FAIRNESS_KEY}: Unsupported value: "MaxMin": supported values: "kubernetes", "maxmin"']),
+    ("not a string", pl(queue()), {"apf-gunicorn.io/fairness": 1},
+     [f"{FAIRNESS_KEY}: Invalid value: 1: must be a string"]),
+    ("exempt level", pl({"type": "Exempt", "exempt": {}}, name="exempt"),
+     {"apf-gunicorn.io/fairness": "maxmin"},
+     [f"{FAIRNESS_KEY}: Forbidden: an exempt priority level never queues, so it has no "
+      "dispatch policy"]),
+    ("on a FlowSchema", fs(), {"apf-gunicorn.io/fairness": "maxmin"},
+     [f"{FAIRNESS_KEY}: Forbidden: the dispatch policy is chosen per priority level: annotate "
+      "the PriorityLevelConfiguration"]),
+    ("misspelt key", pl(queue()), {"apf-gunicorn.io/fairnes": "maxmin"},
+     ["metadata.annotations[apf-gunicorn.io/fairnes]: unknown annotation (known: "
+      "apf-gunicorn.io/fairness)"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, doc, annotations, expected", FAIRNESS_CASES,
+                         ids=[c[0] for c in FAIRNESS_CASES])
+def test_fairness_annotation_errors_name_file_object_and_field(name, doc, annotations, expected):
+    assert errors_of(annotated(doc, annotations)) == expected
+
+
+def test_fairness_annotation_error_in_a_file(tmp_path):
+    """The loader's text names the file, the object and the annotation."""
+    text = yaml.safe_dump(annotated(pl(queue(), name="tenants"),
+                                    {"apf-gunicorn.io/fairness": "fifo"}))
+    _objs, errs = load_text(text, "config/tenants.yaml")
+    assert [str(e) for e in errs] == [
+        'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
+        f'{FAIRNESS_KEY}: Unsupported value: "fifo": supported values: "kubernetes", "maxmin"']

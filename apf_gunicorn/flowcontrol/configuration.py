@@ -162,7 +162,7 @@ def _subject(s: dict[str, Any]) -> Subject:
 
 
 def priority_level_from_spec(
-    name: str, spec: dict[str, Any], uid: str = "", source: str = ""
+    name: str, spec: dict[str, Any], uid: str = "", source: str = "", fairness: str | None = None
 ) -> PriorityLevel:
     if spec["type"] == TYPE_EXEMPT:
         exempt = spec["exempt"] or {}
@@ -176,7 +176,7 @@ def priority_level_from_spec(
             queuing=None,
             uid=uid,
             source=source,
-        )
+        )  # an exempt level has no dispatch policy (the loader refuses the annotation)
     limited = spec["limited"]
     lr = limited["limitResponse"]
     q = lr["queuing"]
@@ -194,4 +194,5 @@ def priority_level_from_spec(
         ),
         uid=uid,
         source=source,
+        fairness=fairness,
     )

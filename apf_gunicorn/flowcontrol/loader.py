@@ -50,6 +50,7 @@ from apf_gunicorn.flowcontrol.validation import (
     decode_flow_schema_spec,
     decode_priority_level_spec,
     decode_status,
+    validate_annotations,
     validate_flow_schema,
     validate_priority_level,
 )
@@ -263,6 +264,7 @@ def parse_object(
     if kind == KIND_FLOW_SCHEMA:
         set_defaults_flow_schema(spec)
         validate_flow_schema(name, spec, status, errs)
+        validate_annotations(annotations, kind, spec, errs)
         if errs:
             return None, errs.errors
         return ParsedObject(kind, name, source, flow_schema_from_spec(name, spec, uid, source)), []
@@ -270,9 +272,10 @@ def parse_object(
         spec, v1beta3=v1beta3, preserve_zero=V1BETA3_PRESERVE_ZERO in annotations
     )
     validate_priority_level(name, spec, status, errs)
+    fairness = validate_annotations(annotations, kind, spec, errs)
     if errs:
         return None, errs.errors
-    pl = priority_level_from_spec(name, spec, uid, source)
+    pl = priority_level_from_spec(name, spec, uid, source, fairness)
     return ParsedObject(kind, name, source, pl, broken_reason(name, spec)), []
 
 

@@ -118,7 +118,9 @@ class PriorityLevel:
     """A PriorityLevelConfiguration after defaulting.
 
     For ``Exempt`` levels ``nominal_concurrency_shares`` and ``lendable_percent`` come from
-    ``spec.exempt`` (0 when absent) and ``borrowing_limit_percent`` is None.
+    ``spec.exempt`` (0 when absent) and ``borrowing_limit_percent`` is None. ``fairness`` is the
+    ``apf-gunicorn.io/fairness`` annotation's policy name, or None when the level does not
+    choose one (see :mod:`apf_gunicorn.flowcontrol.fairness`).
     """
 
     name: str
@@ -130,6 +132,7 @@ class PriorityLevel:
     queuing: QueuingConfig | None = None  # set iff limit_response == Queue
     uid: str = ""  # metadata.uid; when empty, derived_uid(PriorityLevelConfiguration, name)
     source: str = ""
+    fairness: str | None = None  # annotation apf-gunicorn.io/fairness; None: the server's
 
     def __post_init__(self) -> None:
         if not self.uid:

@@ -30,6 +30,12 @@ from apf_gunicorn.flowcontrol.bootstrap import (
     MANDATORY_FLOW_SCHEMA_SPECS,
     MANDATORY_PRIORITY_LEVEL_SPECS,
 )
+from apf_gunicorn.flowcontrol.fairness import (
+    ANNOTATION,
+    ANNOTATION_PREFIX,
+    KNOWN_ANNOTATIONS,
+    POLICIES,
+)
 from apf_gunicorn.flowcontrol.objects import (
     EXEMPT,
     KIND_FLOW_SCHEMA,
@@ -689,6 +695,47 @@ def _validate_queuing(q: dict, path: str, errs: ErrorList) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# apf_gunicorn's own annotations (metadata.annotations["apf-gunicorn.io/..."])
+
+
+def validate_annotations(annotations: dict, kind: str, spec: dict, errs: ErrorList) -> str | None:
+    """Check the ``apf-gunicorn.io/`` annotations of an object; other annotations are ignored
+    as Kubernetes ignores them.
+
+    Args:
+        annotations: ``metadata.annotations`` (a dict).
+        kind: ``FlowSchema`` or ``PriorityLevelConfiguration``.
+        spec: the object's normalized spec (a priority level's ``type`` decides whether it may
+            choose a policy).
+        errs: where problems go, each on the field ``metadata.annotations[KEY]``.
+
+    Returns:
+        The policy a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names, or None
+        when it names none (or names a bad one, which is in ``errs``).
+    """
+    fairness = None
+    for key, value in annotations.items():
+        if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
+            continue
+        path = f"metadata.annotations[{key}]"
+        if key != ANNOTATION:  # the only one so far (KNOWN_ANNOTATIONS)
+            errs.add(path, f"unknown annotation (known: {', '.join(KNOWN_ANNOTATIONS)})")
+        elif kind != KIND_PRIORITY_LEVEL:
+            errs.forbidden(path, "the dispatch policy is chosen per priority level: annotate "
+                                 "the PriorityLevelConfiguration")
+        elif not isinstance(value, str):
+            errs.invalid(path, value, "must be a string")
+        elif value not in POLICIES:
+            errs.not_supported(path, value, POLICIES)
+        elif spec["type"] == TYPE_EXEMPT:
+            errs.forbidden(path, "an exempt priority level never queues, so it has no "
+                                 "dispatch policy")
+        else:
+            fairness = value
+    return fairness
+
+
+# --------------------------------------------------------------------------------------------
 # Runtime sanity check (apf_controller.go queueSetCompleterForPL)
 
 
@@ -730,6 +777,7 @@ __all__ = [
     "dns1123_subdomain_errors",
     "go_value",
     "non_resource_url_error",
+    "validate_annotations",
     "validate_flow_schema",
     "validate_priority_level",
 ]

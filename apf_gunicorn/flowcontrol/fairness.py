@@ -1,0 +1,86 @@
+"""Which dispatch policy (fairness) each priority level runs, and where that choice comes from.
+
+A queuing priority level picks the next request to dispatch by one of two policies:
+
+* ``kubernetes``: Kubernetes' queueset (fair queuing by virtual finish time over
+  shuffle-sharded queues), exactly as kube-apiserver;
+* ``maxmin``: max-min fair dispatch between flows (issue 12; not available in this build yet).
+
+The choice, per level, most specific first:
+
+1. the level's annotation ``apf-gunicorn.io/fairness: maxmin|kubernetes`` (a
+   PriorityLevelConfiguration stays valid Kubernetes YAML; validated by the loader);
+2. the server's ``APF_FAIRNESS`` (or the simulator's ``--fairness`` / ``queueSet.fairness``);
+3. ``kubernetes``.
+
+Exempt levels never queue and have no policy (:func:`level_policy` returns None); the loader
+refuses the annotation on them.
+
+    policy, source = level_policy(pl, settings.dispatch_policy, "APF_FAIRNESS")
+    require_available(policy, f'priority level "{pl.name}" ({source})')   # until maxmin lands
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apf_gunicorn.flowcontrol.objects import PriorityLevel
+
+KUBERNETES = "kubernetes"
+MAXMIN = "maxmin"
+#: Every policy name a setting, an annotation or a scenario may ask for.
+POLICIES = (KUBERNETES, MAXMIN)
+#: What runs when nothing asks for another policy.
+DEFAULT = KUBERNETES
+#: The policies the ledger of this build implements. When the ledger's ``LevelSpec`` takes a
+#: policy and implements ``maxmin``, this becomes ``POLICIES`` (issue 12).
+AVAILABLE = (KUBERNETES,)
+#: The PriorityLevelConfiguration annotation that chooses the level's policy.
+ANNOTATION = "apf-gunicorn.io/fairness"
+#: Annotation keys of our own prefix that the loader knows (any other one is a typo).
+ANNOTATION_PREFIX = "apf-gunicorn.io/"
+KNOWN_ANNOTATIONS = (ANNOTATION,)
+
+
+class FairnessUnavailable(ValueError):
+    """A level asks for a policy this build's ledger does not implement; ``str()`` says which
+    level, which policy and where the choice came from."""
+
+
+def level_policy(level: PriorityLevel, default: str = DEFAULT,
+                 default_source: str = "default") -> tuple[str | None, str]:
+    """The policy a priority level runs, and where the choice came from.
+
+    Args:
+        level: the priority level (its ``fairness`` is the annotation's value, or None).
+        default: the policy of levels without the annotation (``APF_FAIRNESS``, the
+            simulator's ``--fairness``), one of :data:`POLICIES`.
+        default_source: how to name where ``default`` came from (``"APF_FAIRNESS"``).
+
+    Returns:
+        ``(policy, source)``: ``(None, "exempt")`` for an exempt level (never queued),
+        ``(level.fairness, "annotation apf-gunicorn.io/fairness")`` when annotated, else
+        ``(default, default_source)``.
+    """
+    if level.is_exempt:
+        return None, "exempt"
+    if level.fairness is not None:
+        return level.fairness, f"annotation {ANNOTATION}"
+    return default, default_source
+
+
+def require_available(policy: str | None, where: str) -> None:
+    """Refuse a policy this build cannot run, instead of silently running another.
+
+    Args:
+        policy: a name from :data:`POLICIES`, or None (an exempt level: nothing to run).
+        where: who asked, for the message (``'priority level "users" (APF_FAIRNESS)'``).
+
+    Raises:
+        FairnessUnavailable: ``policy`` is not in :data:`AVAILABLE`.
+    """
+    if policy is not None and policy not in AVAILABLE:
+        raise FairnessUnavailable(
+            f"{where}: {policy} is not available in this build (available: "
+            f"{', '.join(AVAILABLE)})")
