@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, parse_user_from
 from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
@@ -36,10 +37,9 @@ DEFAULT_EXEMPT_THREADS = 2
 # Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
 # master reclaims), not the master (which owns the ledger)
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
-#: How the ledger picks the next request to dispatch. "kubernetes": Kubernetes' queueset (fair
-#: queuing by virtual finish time over shuffle-sharded queues, seats borrowed between levels).
-#: The only one today; a second policy gets its name here and a setting to choose it.
-DISPATCH_POLICIES = ("kubernetes",)
+#: How the ledger picks the next request to dispatch (APF_FAIRNESS; flowcontrol/fairness.py):
+#: "kubernetes" (Kubernetes' queueset) or "maxmin"; a level's annotation overrides it.
+DISPATCH_POLICIES = fairness.POLICIES
 DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -87,7 +87,8 @@ class Settings:
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
     user_from: tuple[str, ...] = DEFAULT_USER_FROM
-    dispatch_policy: str = DISPATCH_POLICIES[0]
+    # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
+    dispatch_policy: str = fairness.DEFAULT
     # -- load balancer exports (docs/load-balancers.md) --
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
@@ -238,6 +239,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
             raise SettingsError("APF_USER_FROM", raw, f"{e} (comma-separated, tried in order; "
                                 "default proxy,remote_user)") from None
 
+    raw = get("APF_FAIRNESS")
+    policy = fairness.DEFAULT if raw is None else raw.lower()
+    if policy not in fairness.POLICIES:
+        raise SettingsError("APF_FAIRNESS", raw or "",
+                            "must be 'kubernetes' (Kubernetes' fair queuing) or 'maxmin' (max-min "
+                            "fair between flows): the dispatch policy of every priority level "
+                            "without an apf-gunicorn.io/fairness annotation")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -259,6 +268,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
+        dispatch_policy=policy,
         **_load_balancer_settings(get),
     )
 
