@@ -50,6 +50,17 @@ def test_invalid_configuration_lists_every_error(server_factory, tmp_path):
         assert "matchingPrecedence" in log
 
 
+def test_unavailable_fairness_stops_the_start(server_factory):
+    """Until the ledger implements maxmin, asking for it stops the server with a clear error
+    instead of silently running kubernetes (issue 12: change this when maxmin lands)."""
+    with server_factory(env={"APF_FAIRNESS": "maxmin"}, expect_fail=True) as srv:
+        assert srv.proc.returncode == 1
+        log = srv.log()
+        assert 'apf: priority level "' in log
+        assert "(APF_FAIRNESS): maxmin is not available in this build (available: kubernetes)" \
+            in log
+
+
 def test_path_form_config_serves_with_apf(server_factory):
     with server_factory(workers=2, threads=8, conf=("-c", "apf_gunicorn/conf.py")) as srv:
         status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
@@ -92,7 +103,8 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     ready = re.findall(STAMP + r"\[INFO\] apf: ready: (.*)$", log, re.M)
     assert len(ready) == 1, log
     assert ready[0].startswith(f"configuration {APPS / 'seats.yaml'} (APF_CONFIG), limit 8 "
-                               "seats (default: 2 workers x 8 threads / 2), 4 priority levels "
+                               "seats (default: 2 workers x 8 threads / 2), fairness "
+                               "kubernetes (default), 4 priority levels "
                                "(nominal seats): wide 4, narrow 4, exempt (exempt), catch-all 1; "
                                f"admin http://127.0.0.1:{aport}/ (ledger in shared memory "
                                f"apf_{srv.instance}_"), ready[0]

@@ -59,7 +59,7 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     line = startup.ready_line(settings, gen, ("127.0.0.1", 9180), "on", 2, 64, env={})
     assert line.startswith("ready: configuration builtin:webapp (default; set APF_CONFIG to "
                            "change), limit 64 seats (default: 2 workers x 64 threads / 2), "
-                           "4 priority levels (nominal seats): ")
+                           "fairness kubernetes (default), 4 priority levels (nominal seats): ")
     assert "exempt (exempt)" in line and ", users " in line and ", anonymous " in line
     assert line.endswith("; admin http://127.0.0.1:9180/")
     line = startup.ready_line(settings, gen, None, "off", 2, 64,
@@ -68,6 +68,25 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     assert line.endswith("; admin endpoint off (APF_ADMIN_BIND=off)")
     line = startup.ready_line(settings, gen, None, "busy", 2, 64, env={})
     assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
+
+
+def test_ready_line_names_the_policy_and_annotated_levels(tmp_path) -> None:
+    """APF_FAIRNESS is named with where it came from; a level that chooses its own policy by
+    annotation says so (here kubernetes, the one this build runs)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "apiVersion: flowcontrol.apiserver.k8s.io/v1\n"
+        "kind: PriorityLevelConfiguration\n"
+        "metadata: {name: tenants, annotations: {apf-gunicorn.io/fairness: kubernetes}}\n"
+        "spec: {type: Limited, limited: {nominalConcurrencyShares: 10, limitResponse: "
+        "{type: Queue, queuing: {queues: 8, handSize: 2, queueLengthLimit: 5}}}}\n")
+    env = {"APF_CONFIG": str(cfg), "APF_CONCURRENCY_LIMIT": "20", "APF_FAIRNESS": "kubernetes"}
+    gen = load_generation(load_settings(env))
+    line = startup.ready_line(load_settings(env), gen, None, "off", 1, 40, env=env)
+    assert line.endswith(
+        "limit 20 seats (APF_CONCURRENCY_LIMIT), fairness kubernetes (APF_FAIRNESS), 3 priority "
+        "levels (nominal seats): tenants 14 (fairness kubernetes by annotation), exempt "
+        "(exempt), catch-all 7; admin endpoint off (APF_ADMIN_BIND=off)"), line
 
 
 def test_route_notes_name_every_level_that_clamps_a_declared_cost() -> None:

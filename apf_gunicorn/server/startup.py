@@ -164,9 +164,12 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
 
     Returns:
         e.g. ``"ready: configuration builtin:webapp (default), limit 64 seats (default: 2
-        workers x 64 threads / 2), 4 priority levels: exempt (exempt), users 49, anonymous 12,
-        catch-all 3; admin http://127.0.0.1:9180/"``.
+        workers x 64 threads / 2), fairness kubernetes (default), 4 priority levels: exempt
+        (exempt), users 49 (fairness maxmin by annotation), anonymous 12, catch-all 3; admin
+        http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` policy named
+        first unless its ``apf-gunicorn.io/fairness`` annotation is shown.
     """
+    from apf_gunicorn.server.generation import level_policies
     from apf_gunicorn.server.settings import default_concurrency_limit
 
     if settings.config_path is None:
@@ -182,13 +185,20 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
     else:
         limit_src = "default"
     levels = generation.configuration.priority_levels
+    default = generation.fairness
+    fairness_src = "APF_FAIRNESS" if env.get("APF_FAIRNESS", "").strip() else "default"
+    policies = level_policies(generation)
     parts = []
     for name, pl in levels.items():
         lim = generation.limits.get(name)
         if pl.is_exempt:
             parts.append(f"{name} (exempt)")
-        else:
-            parts.append(f"{name} {int(lim.nominal) if lim is not None else '?'}")
+            continue
+        part = f"{name} {int(lim.nominal) if lim is not None else '?'}"
+        policy, _source = policies[name]
+        if pl.fairness is not None:  # the annotation: name it even when it agrees
+            part += f" (fairness {policy} by annotation)"
+        parts.append(part)
     if admin_state == "off":
         admin = "admin endpoint off (APF_ADMIN_BIND=off)"
     elif admin_state == "busy" or admin_address is None:
@@ -199,6 +209,7 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         shown = f"[{host}]" if ":" in host else host
         admin = f"admin http://{shown}:{port}/"
     return (f"ready: configuration {config}, limit {limit} seats ({limit_src}), "
+            f"fairness {default} ({fairness_src}), "
             f"{len(levels)} priority levels (nominal seats): {', '.join(parts)}; {admin}")
 
 

@@ -1,0 +1,105 @@
+"""Choosing the dispatch policy (issue 12 item 2): precedence annotation > APF_FAIRNESS >
+kubernetes, exempt levels without one, and the boundary where the choice reaches the ledger
+(server/generation.py ``level_specs``), which refuses maxmin until this build implements it."""
+
+from __future__ import annotations
+
+import pytest
+
+from apf_gunicorn.flowcontrol import fairness
+from apf_gunicorn.flowcontrol.fairness import FairnessUnavailable, level_policy, require_available
+from apf_gunicorn.flowcontrol.objects import PriorityLevel, QueuingConfig
+from apf_gunicorn.ledger import Capacity, Ledger, NullLock
+from apf_gunicorn.server.generation import (
+    configure_ledger,
+    level_policies,
+    level_specs,
+    load_generation,
+)
+from apf_gunicorn.server.settings import load_settings
+
+LIMITED = PriorityLevel("tenants", "Limited", queuing=QueuingConfig(8, 2, 5),
+                        limit_response="Queue")
+
+ANNOTATED = """\
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata:
+  name: tenants
+  annotations: {{apf-gunicorn.io/fairness: {policy}}}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 10
+    limitResponse: {{type: Queue, queuing: {{queues: 8, handSize: 2, queueLengthLimit: 5}}}}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {{name: plain}}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 10
+    limitResponse: {{type: Queue, queuing: {{queues: 8, handSize: 2, queueLengthLimit: 5}}}}
+"""
+
+
+def test_precedence_annotation_then_default():
+    assert level_policy(LIMITED) == ("kubernetes", "default")
+    assert level_policy(LIMITED, "maxmin", "APF_FAIRNESS") == ("maxmin", "APF_FAIRNESS")
+    annotated = PriorityLevel("tenants", "Limited", fairness="kubernetes")
+    assert level_policy(annotated, "maxmin", "APF_FAIRNESS") == (
+        "kubernetes", "annotation apf-gunicorn.io/fairness")
+    exempt = PriorityLevel("exempt", "Exempt")
+    assert level_policy(exempt, "maxmin", "APF_FAIRNESS") == (None, "exempt")
+
+
+def test_only_available_policies_pass():
+    assert fairness.AVAILABLE == ("kubernetes",)  # issue 12: widen when maxmin lands
+    require_available("kubernetes", "x")
+    require_available(None, "exempt level")
+    with pytest.raises(FairnessUnavailable) as ei:
+        require_available("maxmin", 'priority level "tenants" (APF_FAIRNESS)')
+    assert str(ei.value) == ('priority level "tenants" (APF_FAIRNESS): maxmin is not available '
+                             "in this build (available: kubernetes)")
+
+
+def _generation(tmp_path, policy: str, env: dict | None = None):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(ANNOTATED.format(policy=policy))
+    return load_generation(load_settings({"APF_CONFIG": str(cfg), **(env or {})}))
+
+
+def test_server_levels_carry_their_policy(tmp_path):
+    gen = _generation(tmp_path, "kubernetes")
+    assert level_policies(gen) == {
+        "tenants": ("kubernetes", "annotation apf-gunicorn.io/fairness"),
+        "plain": ("kubernetes", "APF_FAIRNESS"),
+        "exempt": (None, "exempt"), "catch-all": ("kubernetes", "APF_FAIRNESS")}
+    assert [s.name for s in level_specs(gen)] == ["catch-all", "exempt", "plain", "tenants"]
+
+
+def test_annotation_beats_apf_fairness(tmp_path):
+    gen = _generation(tmp_path, "kubernetes", {"APF_FAIRNESS": "maxmin"})
+    policies = level_policies(gen)
+    assert policies["tenants"][0] == "kubernetes" and policies["plain"] == ("maxmin",
+                                                                             "APF_FAIRNESS")
+
+
+@pytest.mark.parametrize("policy, env, where", [
+    ("maxmin", {}, 'priority level "tenants" (annotation apf-gunicorn.io/fairness)'),
+    ("kubernetes", {"APF_FAIRNESS": "maxmin"}, 'priority level "catch-all" (APF_FAIRNESS)'),
+])
+def test_maxmin_is_refused_before_the_ledger_changes(tmp_path, policy, env, where):
+    """Start and reload both go through level_specs before ledger.configure, so a refused
+    policy leaves the running configuration in force (hooks.on_reload logs it as rejected)."""
+    led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
+    good = _generation(tmp_path, "kubernetes")
+    configure_ledger(led, good, 0)
+    before = [lv.name for lv in led.snapshot(0).levels]
+    bad = _generation(tmp_path, policy, env)
+    with pytest.raises(FairnessUnavailable) as ei:
+        configure_ledger(led, bad, 1)
+    assert str(ei.value).startswith(f"{where}: maxmin is not available in this build")
+    assert [lv.name for lv in led.snapshot(1).levels] == before
+    assert bad.level_index == {}
