@@ -90,7 +90,8 @@ def test_human_output(capsys):
         "resource='pods' subresource='' name='y'",
         f"flowSchema: exempt (uid {uid_fs})", f"priorityLevel: exempt (uid {uid_pl})",
         "flow: (one flow for the whole FlowSchema)", "distinguisher: ", "flowHash: 0",
-        "hand: (no queues)", "seats: 1 (default) (limit 64 seats)", "policy: kubernetes"]
+        "hand: (no queues)", "seats: 1 (default) (limit 64 seats)",
+        "policy: none (exempt: never queued, so no dispatch policy)"]
 
 
 CUSTOM = """
@@ -132,6 +133,35 @@ def test_custom_config_file(tmp_path, capsys):
                        "--resource", "orders", "--api-group", "other", "--namespace", "acme")
     assert core(out) == {"flowSchema": "catch-all", "priorityLevel": "catch-all", "distinguisher": "",
                    "flowHash": 0, "hand": []}
+
+
+def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
+    """The level's annotation wins over APF_FAIRNESS; explain names the policy and its source,
+    and says when this build cannot run it (issue 12: maxmin, until it lands)."""
+    argv = ("--user", "bob", "--verb", "create", "--resource", "orders", "--api-group", "shop",
+            "--namespace", "acme")
+    path = tmp_path / "apf.yaml"
+    path.write_text(CUSTOM)
+    out = explain_json(capsys, "--config", str(path), *argv)
+    assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "default", [])
+    monkeypatch.setenv("APF_FAIRNESS", "maxmin")
+    out = explain_json(capsys, "--config", str(path), *argv)
+    assert (out["policy"], out["policySource"]) == ("maxmin", "APF_FAIRNESS")
+    assert out["notes"] == ['priority level "tenants" (APF_FAIRNESS): maxmin is not available '
+                            "in this build (available: kubernetes): the server refuses to start "
+                            "(or reload) with it"]
+    path.write_text(CUSTOM.replace("metadata: {name: tenants}\nspec:\n  type: Limited",
+                                   "metadata:\n  name: tenants\n  annotations: "
+                                   "{apf-gunicorn.io/fairness: kubernetes}\nspec:\n"
+                                   "  type: Limited", 1))
+    assert main(["explain", "--config", str(path), *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "policy: kubernetes (annotation apf-gunicorn.io/fairness)" in lines
+    assert not [line for line in lines if line.startswith("note:")]
+    out = explain_json(capsys, "--config", "builtin:kubernetes", "--user", "admin", "--group",
+                       "system:masters", "--verb", "get", "--path", "/")
+    assert (out["priorityLevel"], out["policy"], out["policySource"]) == ("exempt", None,
+                                                                          "exempt")
 
 
 def test_invalid_config_exit_1(tmp_path, capsys):

@@ -34,7 +34,9 @@ JSON keys: ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevel
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
 (``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
-``maxSeats``, ``concurrencyLimit``), ``policy``, ``notes``.
+``maxSeats``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
+``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
+apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``notes``.
 Exit status: 0 explained, 1 invalid configuration, 2 unusable arguments, settings or files.
 """
 
@@ -48,7 +50,7 @@ import os
 import sys
 from typing import Any
 
-from apf_gunicorn.flowcontrol import identity
+from apf_gunicorn.flowcontrol import fairness, identity
 from apf_gunicorn.flowcontrol.gomath import format_duration
 from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.matching import (
@@ -305,7 +307,8 @@ def render_text(result: dict[str, Any]) -> str:
         f"flowHash: {result['flowHash']}",
         f"hand: {' '.join(map(str, result['hand'])) or '(no queues)'}",
         f"seats: {seats} (limit {s['concurrencyLimit']} seats)",
-        f"policy: {result['policy']}",
+        "policy: " + (f"{result['policy']} ({result['policySource']})" if result["policy"]
+                      else "none (exempt: never queued, so no dispatch policy)"),
     ]
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
@@ -331,6 +334,19 @@ def _settings(args: argparse.Namespace) -> Any:
             raise UsageError("--concurrency-limit must be at least 1")
         settings = dataclasses.replace(settings, concurrency_limit=args.concurrency_limit)
     return settings
+
+
+def _policy(level: Any, settings: Any, notes: list[str]) -> tuple[str | None, str]:
+    """The dispatch policy of ``level`` and where it comes from (the annotation, else
+    APF_FAIRNESS, else the default); None for the exempt level. A policy this build cannot
+    run gets a note (the server refuses to start with it)."""
+    source = "APF_FAIRNESS" if os.environ.get("APF_FAIRNESS", "").strip() else "default"
+    policy, source = fairness.level_policy(level, settings.dispatch_policy, source)
+    try:
+        fairness.require_available(policy, f'priority level "{level.name}" ({source})')
+    except fairness.FairnessUnavailable as e:
+        notes.append(f"{e}: the server refuses to start (or reload) with it")
+    return policy, source
 
 
 def _check_form(args: argparse.Namespace) -> None:
@@ -384,10 +400,11 @@ def run(args: argparse.Namespace) -> int:
     if args.request is not None and level.queuing is not None and level.queuing.queues <= 1:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
+    policy, policy_source = _policy(level, settings, notes)
     result = {**explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
-              "policy": settings.dispatch_policy, "notes": notes}
+              "policy": policy, "policySource": policy_source, "notes": notes}
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")
