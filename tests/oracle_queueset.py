@@ -363,13 +363,17 @@ class OracleBackend:
 class OracleLevels:
     """Several oracle queue sets behind one backend, with the slice of the ledger API that
     borrowing uses (``take_demand_stats``, ``set_limits``): the configuration form on the
-    reference port. ``specs``: (name, desired_queues, hand_size, queue_length_limit, limit)."""
+    reference port. ``specs``: (name, desired_queues, hand_size, queue_length_limit, limit
+    [, fairness]); the reference port is Kubernetes' policy only."""
 
     name = "oracle"
 
     def __init__(self, specs, clients=None, now: int = 0) -> None:
         self.levels = {spec[0]: i for i, spec in enumerate(specs)}
-        self.sets = [OracleQueueSet(q, h, qll, c, now) for _, q, h, qll, c in specs]
+        for spec in specs:
+            if spec[5:] and spec[5] not in (None, "kubernetes"):
+                raise ValueError(f"the reference port runs kubernetes only, not {spec[5]}")
+        self.sets = [OracleQueueSet(q, h, qll, c, now) for _, q, h, qll, c, *_ in specs]
         self.ledger = self
 
     def admit(self, level, flow_hash, initial, final, additional_latency_ns, now):

@@ -1,8 +1,13 @@
-"""`apf-gunicorn simulate SCENARIO [--json]`: run the production fair-queuing code against a
-synthetic workload in virtual time and report what each client got (SPEC section 9).
+"""`apf-gunicorn simulate SCENARIO [--json] [--fairness P] [--timeline N]`: run the production
+fair-queuing code against a synthetic workload in virtual time and report what each client got
+(SPEC section 9).
+
+``--fairness kubernetes|maxmin`` runs that dispatch policy instead of the scenario's
+(``queueSet.fairness``, or the configuration form's ``fairness``; annotated levels keep
+theirs). ``--timeline N`` adds each client's executing seats over time in N steps to the JSON.
 
 Exit status: 0 on success, 1 for an invalid scenario (the message names the field), 2 when the
-scenario needs code this installation does not have.
+scenario needs code this installation does not have (e.g. a policy this build lacks).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import sys
 import time
 
+from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.simulate import (
     ScenarioError,
     format_table,
@@ -37,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--max-clients", type=int, default=50, metavar="N",
                         help="list at most N clients in the table output (default 50)")
+    parser.add_argument("--fairness", choices=fairness.POLICIES, default=None,
+                        help="dispatch policy to run instead of the scenario's (a level's "
+                             "apf-gunicorn.io/fairness annotation still wins)")
+    parser.add_argument("--timeline", type=int, default=None, metavar="N",
+                        help="JSON: add each client's executing seats over time, averaged over "
+                             "N equal steps up to the last evaluation (1..100000)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +67,20 @@ def run(args: argparse.Namespace) -> int:
             for err in errors:
                 print(f"  {err}", file=sys.stderr)
         return 1
+    if args.timeline is not None and not 1 <= args.timeline <= 100_000:
+        print("apf-gunicorn simulate: --timeline must be from 1 to 100000 steps", file=sys.stderr)
+        return 1
     started = time.perf_counter()
     try:
-        result = simulate(scenario)
+        result = simulate(scenario, fairness=args.fairness, timeline=args.timeline)
     except ScenarioError as exc:  # the configuration form's objects, checked when run
         print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
         return 1
+    except fairness.FairnessUnavailable as exc:
+        how = "--fairness" if args.fairness else "the scenario"
+        print(f"apf-gunicorn simulate: {args.scenario}: {exc} (asked by {how})",
+              file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - started
     if args.json:
         doc = to_json(result, {"wallSeconds": round(elapsed, 3)})

@@ -25,28 +25,48 @@ from .scenario import (
     ScenarioError,
     load_scenario,
     parse_scenario,
+    with_fairness,
 )
 
 __all__ = [
     "Scenario", "ScenarioError", "RunResult", "load_scenario",
-    "parse_scenario", "simulate", "to_json", "format_table",
+    "parse_scenario", "simulate", "to_json", "format_table", "with_fairness",
 ]
 
 BackendFactory = Callable[[QueueSetSpec, Sequence[ClientSpec]], Backend]
 
 
 def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
-             levels_factory: Callable | None = None) -> RunResult:
+             levels_factory: Callable | None = None, *, fairness: str | None = None,
+             timeline: int | None = None) -> RunResult:
     """Run ``scenario`` to the end (every event drained) and return the result.
 
-    ``backend_factory`` builds the fair-queuing backend for a ``queueSet`` scenario; the
-    default is the production ledger; ``levels_factory(level_specs, clients)`` does the same for
-    the configuration form (see :func:`.configured.run_configured`).
+    Args:
+        scenario: what to run.
+        backend_factory: builds the fair-queuing backend for a ``queueSet`` scenario; the
+            default is the production ledger.
+        levels_factory: ``levels_factory(level_specs, clients)`` does the same for the
+            configuration form (see :func:`.configured.run_configured`).
+        fairness: the dispatch policy to run instead of the scenario's (``--fairness``; see
+            :func:`.scenario.with_fairness`).
+        timeline: record each client's executing seats over time, at most this many steps
+            per client (:class:`.harness.SeatsTimeline`; ``result.timeline``).
+
+    Returns:
+        The windows, the per-client totals, and per level the policy it ran
+        (``result.fairness``).
+
+    Raises:
+        ScenarioError: the configuration form's objects are invalid, or ``fairness`` is not
+            a policy name.
+        FairnessUnavailable: the scenario asks for a policy this build cannot run.
     """
+    if fairness is not None:
+        scenario = with_fairness(scenario, fairness)
     if scenario.queue_set is None:
         from .configured import run_configured  # the configuration form
 
-        return run_configured(scenario, levels_factory)
+        return run_configured(scenario, levels_factory, timeline=timeline)
     qs = scenario.queue_set
     backend = (backend_factory or ledger_backend)(qs, scenario.clients)
     harness = UniformHarness(
@@ -54,5 +74,8 @@ def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
         routes=[(0, c.hash) for c in scenario.clients],
         capacity=float(qs.concurrency_limit),
         check_levels={"queueSet": 0},
+        timeline=timeline,
     )
-    return harness.run()
+    result = harness.run()
+    result.fairness = {"queueSet": qs.fairness if qs.queues >= 0 else None}
+    return result

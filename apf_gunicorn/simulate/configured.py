@@ -18,13 +18,14 @@ from typing import Any
 
 import yaml
 
-from apf_gunicorn.flowcontrol import borrowing, limits, loader, matching, validation
+from apf_gunicorn.flowcontrol import borrowing, fairness, limits, loader, matching, validation
 
 from .backends import LedgerBackend, concurrent_requests_bound
 from .harness import RunResult, UniformHarness, Window
 from .scenario import ClientSpec, Scenario, ScenarioError
 
-LevelSpecs = list[tuple[str, int, int, int, int]]
+#: per level (name, desired_queues, hand_size, queue_length_limit, initial limit, fairness)
+LevelSpecs = list[tuple[str, int, int, int, int, str | None]]
 ConfiguredBackendFactory = Callable[[LevelSpecs, Sequence[ClientSpec]], Any]
 
 
@@ -50,10 +51,13 @@ def ledger_factory(specs: LevelSpecs, clients: Sequence[ClientSpec]) -> LedgerBa
 
 
 def run_configured(scenario: Scenario,
-                   backend_factory: ConfiguredBackendFactory | None = None) -> RunResult:
+                   backend_factory: ConfiguredBackendFactory | None = None,
+                   timeline: int | None = None) -> RunResult:
     """Run a configuration-form scenario; ``backend_factory(level_specs, clients)`` must return
     a backend whose ``ledger`` has ``take_demand_stats`` and ``set_limits`` (the production
-    ledger by default)."""
+    ledger by default). Each level runs its ``apf-gunicorn.io/fairness`` annotation's policy,
+    else the scenario's ``fairness``; ``timeline`` as in :func:`apf_gunicorn.simulate.simulate`.
+    """
     config = _load(scenario)
     server_limit = scenario.config.server_concurrency_limit
     level_limits = limits.compute_limits(config.priority_levels.values(), server_limit)
@@ -65,7 +69,8 @@ def run_configured(scenario: Scenario,
         specs.append((pl.name, pl.desired_queues,
                       queuing.hand_size if queuing else 0,
                       queuing.queue_length_limit if queuing else 0,
-                      lim.nominal - lim.lendable // 2))
+                      lim.nominal - lim.lendable // 2,
+                      fairness.level_policy(pl, scenario.config.fairness)[0]))
     backend = (backend_factory or ledger_factory)(specs, scenario.clients)
     index = backend.levels  # level name -> ledger index
     classifier = matching.Classifier(config)
@@ -103,6 +108,8 @@ def run_configured(scenario: Scenario,
     harness = UniformHarness(
         scenario.clients, scenario.evaluate, backend, routes=routes,
         capacity=float(server_limit), on_window=on_window,
-        periodic=(borrowing.ADJUSTMENT_PERIOD_NS, borrow),
+        periodic=(borrowing.ADJUSTMENT_PERIOD_NS, borrow), timeline=timeline,
     )
-    return harness.run()
+    result = harness.run()
+    result.fairness = {spec[0]: spec[5] for spec in specs}
+    return result

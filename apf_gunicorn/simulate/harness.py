@@ -148,6 +148,73 @@ def client_demand(client: ClientSpec, threads: int) -> float:
     return threads * client.seats * client.exec_ns / period
 
 
+class SeatsTimeline:
+    """Each client's executing initial seats over time, as a step function with bounded memory.
+
+    ``[0, end_ns)`` is cut into at most ``points`` equal steps; each step holds the exact
+    time integral of the client's executing seats over it (integer seat-ns), so
+    :meth:`series` gives the time-weighted average per step: a change inside a step is
+    averaged, never lost. Memory is ``clients x points`` integers whatever the number of
+    events; time past ``end_ns`` (the run draining after the last window) is not recorded.
+
+        tl = SeatsTimeline(["a", "b"], end_ns=40 * 10**9, points=400)   # 100 ms steps
+        tl.add(0, +1, now)            # client 0 starts executing one seat at ``now``
+        tl.close(40 * 10**9); tl.series(0)   # -> [average seats of each step]
+    """
+
+    __slots__ = ("names", "end_ns", "width_ns", "points", "_area", "_x", "_last")
+
+    def __init__(self, names: Sequence[str], end_ns: int, points: int) -> None:
+        """
+        Raises:
+            ValueError: ``points`` < 1 or ``end_ns`` <= 0.
+        """
+        if points < 1 or end_ns <= 0:
+            raise ValueError(f"a timeline needs points >= 1 and end > 0, got {points}, {end_ns}")
+        self.names = list(names)
+        self.end_ns = end_ns
+        self.width_ns = -(-end_ns // points)
+        self.points = -(-end_ns // self.width_ns)
+        self._area = [[0] * self.points for _ in self.names]
+        self._x = [0] * len(self.names)
+        self._last = [0] * len(self.names)
+
+    def add(self, client: int, dx: int, now: int) -> None:
+        """Client ``client``'s executing seats change by ``dx`` at ``now`` (non-decreasing)."""
+        x = self._x[client]
+        if x:
+            self._fill(self._area[client], x, self._last[client], min(now, self.end_ns))
+        self._x[client] = x + dx
+        self._last[client] = now
+
+    def _fill(self, area: list[int], x: int, start: int, stop: int) -> None:
+        width = self.width_ns
+        k = start // width
+        while start < stop:
+            edge = min((k + 1) * width, stop)
+            area[k] += x * (edge - start)
+            start = edge
+            k += 1
+
+    def close(self, now: int) -> None:
+        """Account every client's seats up to ``now`` (call once the run has passed it)."""
+        for i in range(len(self.names)):
+            self.add(i, 0, now)
+
+    def times(self) -> list[float]:
+        """The start of each step, in seconds."""
+        return [duration_seconds(k * self.width_ns) for k in range(self.points)]
+
+    def series(self, client: int) -> list[float]:
+        """Client ``client``'s average executing seats in each step (the last step may be
+        shorter than the others)."""
+        out = []
+        for k, area in enumerate(self._area[client]):
+            width = min(self.width_ns, self.end_ns - k * self.width_ns)
+            out.append(area / width)
+        return out
+
+
 @dataclass(slots=True)
 class ClientTotals:
     dispatched: int = 0
@@ -179,6 +246,9 @@ class RunResult:
     end_ns: int
     events: int
     requests: int
+    # per level, the dispatch policy it ran (None: exempt); filled in by simulate()
+    fairness: dict[str, str | None] = field(default_factory=dict)
+    timeline: SeatsTimeline | None = None  # when asked for (UniformHarness(timeline=N))
 
 
 class _Thread:
@@ -209,14 +279,17 @@ class UniformHarness:
     seat demand is checked; ``capacity`` is the limit used for the informational fair share;
     ``on_window(window, now)`` may add per-level data to each window (``level_averages`` gives
     each level's average executing initial seats over the window); ``periodic`` is an optional
-    ``(period_ns, fn(now) -> granted handles)`` run every period of virtual time (borrowing).
+    ``(period_ns, fn(now) -> granted handles)`` run every period of virtual time (borrowing);
+    ``timeline`` (a number of steps) also records each client's executing seats over time up
+    to the last evaluation (:class:`SeatsTimeline`, in ``RunResult.timeline``).
     """
 
     def __init__(self, clients: Sequence[ClientSpec], evaluate: Sequence[int], backend: Backend,
                  routes: Sequence[tuple[int, int]], capacity: float,
                  check_levels: dict[str, int] | None = None,
                  on_window: Callable[[Window, int], None] | None = None,
-                 periodic: tuple[int, Callable[[int], list]] | None = None) -> None:
+                 periodic: tuple[int, Callable[[int], list]] | None = None,
+                 timeline: int | None = None) -> None:
         self.loop = EventLoop()
         self.backend = backend
         self.evaluate = tuple(evaluate)
@@ -231,6 +304,8 @@ class UniformHarness:
         self.requests = 0
         self.level_exec = {c.level: ExactIntegrator() for c in self.clients}
         self.level_averages: dict[int, float] = {}
+        self.timeline = (None if timeline is None else
+                         SeatsTimeline([c.name for c in clients], self.evaluate[-1], timeline))
 
     # -- client behaviour ---------------------------------------------------------------
     def _call(self, thread: _Thread, k: int) -> None:
@@ -265,6 +340,8 @@ class UniformHarness:
         client.totals.dispatched += 1
         client.exec_seats.add(spec.seats, now)
         self.level_exec[client.level].add(spec.seats, now)
+        if self.timeline is not None:
+            self.timeline.add(client.index, spec.seats, now)
         if k + 1 < thread.calls:
             loop.at(now + spec.exec_ns + spec.think_ns, lambda: self._call(thread, k + 1))
         loop.at(now + spec.exec_ns, lambda: self._end(handle, client))
@@ -275,6 +352,8 @@ class UniformHarness:
         del self._running[handle]
         client.exec_seats.add(-spec.seats, now)
         self.level_exec[client.level].add(-spec.seats, now)
+        if self.timeline is not None:
+            self.timeline.add(client.index, -spec.seats, now)
         client.totals.completed += 1
         granted, linger_until = self.backend.finish(handle, now)
         check = self._check_of_level.get(client.level)
@@ -313,9 +392,12 @@ class UniformHarness:
             loop.run_until(end)
             windows.append(self._window(start, end, index))
             start = end
+        if self.timeline is not None:
+            self.timeline.close(self.evaluate[-1])
         loop.run()
         return RunResult(windows, {c.spec.name: c.totals for c in self.clients},
-                         self.backend.epoch_advances(), loop.now, loop.events_run, self.requests)
+                         self.backend.epoch_advances(), loop.now, loop.events_run, self.requests,
+                         timeline=self.timeline)
 
     def _window(self, start: int, end: int, index: int) -> Window:
         demands = []

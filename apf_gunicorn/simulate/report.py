@@ -21,7 +21,10 @@ def _num(x: float) -> float | None:
 def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` document. Keys beyond the SPEC's: per window ``start``, per client
     ``demand`` and ``fairShare`` (Kubernetes' fairAlloc ideal), ``seatDemand`` (the backend's
-    seat-demand integrator against the harness's own); top level ``epochAdvances``,
+    seat-demand integrator against the harness's own); top level ``fairness`` (per level, the
+    dispatch policy it ran; null for an exempt level), ``timeline`` (when recorded: per
+    client the average executing seats of each ``stepSeconds`` step up to ``endSeconds``),
+    ``epochAdvances``,
     ``virtualEnd``, ``events``, ``requests`` and anything in ``extra``."""
     evaluations = []
     for w in result.windows:
@@ -51,11 +54,18 @@ def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str,
     doc: dict[str, Any] = {
         "evaluations": evaluations,
         "clients": clients,
+        "fairness": dict(result.fairness),
         "epochAdvances": result.epoch_advances,
         "virtualEnd": duration_seconds(result.end_ns),
         "events": result.events,
         "requests": result.requests,
     }
+    tl = result.timeline
+    if tl is not None:
+        doc["timeline"] = {
+            "stepSeconds": duration_seconds(tl.width_ns), "endSeconds": duration_seconds(tl.end_ns),
+            "clients": {name: tl.series(i) for i, name in enumerate(tl.names)},
+        }
     if extra:
         doc.update(extra)
     return doc
@@ -65,6 +75,10 @@ def format_table(result: RunResult, max_clients: int = 50) -> str:
     """Per window, each client's average executing seats beside its demand and fair share;
     then each client's totals. Only the first ``max_clients`` clients are listed per table."""
     lines: list[str] = []
+    if result.fairness:
+        lines.append("fairness: " + ", ".join(f"{level} {policy or 'none (exempt)'}"
+                                              for level, policy in result.fairness.items()))
+        lines.append("")
     names = list(result.clients)
     shown = names[:max_clients]
     width = max([6, *(len(n) for n in shown)])

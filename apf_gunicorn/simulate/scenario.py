@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
+from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, flow_hash
@@ -88,6 +89,7 @@ class QueueSetSpec:
     queues: int
     hand_size: int
     queue_length_limit: int
+    fairness: str = fairness.DEFAULT  # dispatch policy; Kubernetes' scenarios leave it out
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class ConfigSpec:
     server_concurrency_limit: int
     path: str | None = None
     objects: tuple[dict, ...] = ()
+    # the policy of levels without an apf-gunicorn.io/fairness annotation (the server's
+    # APF_FAIRNESS)
+    fairness: str = fairness.DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +136,7 @@ class Scenario:
     extra: dict = field(default_factory=dict, compare=False)
 
 
-_QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit"}
+_QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit", "fairness"}
 _CLIENT_KEYS = {
     "name", "hash", "threads", "calls", "exec", "think", "seats", "finalSeats",
     "additionalLatency", "split", "count", "start", "stagger",
@@ -142,7 +147,7 @@ _ATTRIBUTE_KEYS = {
 }
 _TOP_KEYS = {
     "queueSet", "config", "objects", "serverConcurrencyLimit", "clients", "evaluate",
-    "description",
+    "description", "fairness",
 }
 
 
@@ -169,6 +174,9 @@ def parse_scenario(data: Any, base_dir: str = ".", source: str = "") -> Scenario
         errs.errors.append(ScenarioError("", "give exactly one of queueSet, or config/objects"))
     queue_set = errs.get(_parse_queue_set, data["queueSet"]) if has_qs else None
     config = None if has_qs or not has_cfg else errs.get(_parse_config, data, base_dir)
+    if has_qs and "fairness" in data:
+        errs.errors.append(ScenarioError("fairness", "in the queueSet form the policy goes "
+                                                     "under queueSet (queueSet.fairness)"))
     clients = errs.get(_parse_clients, data.get("clients"), config_form=not has_qs)
     evaluate = errs.get(_parse_evaluate, data.get("evaluate"))
     errs.check()
@@ -193,23 +201,51 @@ def _parse_queue_set(raw: Any) -> QueueSetSpec:
     else:  # Kubernetes ignores the queuing parameters of exempt and reject-type sets
         hand = errs.get(_int, raw, "handSize", "queueSet", default=0, minimum=0)
         qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
+    policy = errs.get(_policy, raw, "queueSet")
     errs.check()
-    return QueueSetSpec(limit, queues, hand, qll)
+    return QueueSetSpec(limit, queues, hand, qll, policy)
 
 
 def _parse_config(data: dict, base_dir: str) -> ConfigSpec:
     if "config" in data and "objects" in data:
         raise ScenarioError("config", "give config (a path) or objects, not both")
     limit = _int(data, "serverConcurrencyLimit", "", required=True, minimum=1)
+    policy = _policy(data, "")
     if "config" in data:
         path = data["config"]
         if not isinstance(path, str) or not path:
             raise ScenarioError("config", "must be a path to a YAML file or directory")
-        return ConfigSpec(limit, path=os.path.join(base_dir, path))
+        return ConfigSpec(limit, path=os.path.join(base_dir, path), fairness=policy)
     objects = data["objects"]
     if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
         raise ScenarioError("objects", "must be a list of FlowSchema/PriorityLevelConfiguration objects")
-    return ConfigSpec(limit, objects=tuple(objects))
+    return ConfigSpec(limit, objects=tuple(objects), fairness=policy)
+
+
+def _policy(raw: dict, where: str) -> str:
+    """The ``fairness`` field: a policy name, ``kubernetes`` when absent."""
+    path = f"{where}.fairness" if where else "fairness"
+    value = raw.get("fairness", fairness.DEFAULT)
+    if value not in fairness.POLICIES:
+        raise ScenarioError(path, f"must be one of {', '.join(fairness.POLICIES)}, got {value!r}")
+    return value
+
+
+def with_fairness(scenario: Scenario, policy: str) -> Scenario:
+    """``scenario`` with its ``fairness`` replaced (``simulate --fairness``): the queue set's
+    policy, or in the configuration form the policy of levels without an
+    ``apf-gunicorn.io/fairness`` annotation (annotations still win, as in the server).
+
+    Raises:
+        ScenarioError: ``policy`` is not one of :data:`~apf_gunicorn.flowcontrol.fairness.POLICIES`.
+    """
+    if policy not in fairness.POLICIES:
+        raise ScenarioError("fairness", f"must be one of {', '.join(fairness.POLICIES)}, "
+                                        f"got {policy!r}")
+    if scenario.queue_set is not None:
+        return replace(scenario, queue_set=replace(scenario.queue_set, fairness=policy))
+    assert scenario.config is not None
+    return replace(scenario, config=replace(scenario.config, fairness=policy))
 
 
 def _parse_clients(raw: Any, config_form: bool) -> tuple[ClientSpec, ...]:
