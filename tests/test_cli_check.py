@@ -186,3 +186,36 @@ def test_version_names_the_installed_package_gunicorn_python_and_fast_path():
     assert proc.stdout.startswith(f"apf-gunicorn {declared} (gunicorn {gunicorn.__version__}, "
                                   f"Python {platform.python_version()}, ")
     assert proc.stdout.rstrip().endswith(("C fast path)", "pure-Python fast path)"))
+
+
+ANNOTATED = """\
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata:
+  name: tenants
+  annotations: {apf-gunicorn.io/fairness: maxmin}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 10
+    limitResponse: {type: Queue, queuing: {queues: 8, handSize: 2, queueLengthLimit: 5}}
+"""
+
+
+def test_fairness_annotation_shown_and_unavailable_policy_warned(tmp_path, capsys):
+    """A level's policy annotation is reported; one this build lacks (maxmin, until issue 12
+    lands) is a warning: the configuration is valid, the server refuses it."""
+    path = tmp_path / "apf.yaml"
+    path.write_text(ANNOTATED)
+    code, out, err = run_check(capsys, str(path), "--json")
+    assert code == 0
+    levels = {lv["name"]: lv["fairness"] for lv in json.loads(out)["priorityLevels"]}
+    assert levels == {"tenants": "maxmin", "exempt": None, "catch-all": None}
+    assert err == (f'warning: {path}: PriorityLevelConfiguration "tenants": '
+                   "apf-gunicorn.io/fairness: maxmin is not available in this build (available: "
+                   "kubernetes): the server refuses to start (or reload) with it\n")
+    path.write_text(ANNOTATED.replace("maxmin", "kubernetes"))
+    code, out, err = run_check(capsys, str(path))
+    assert code == 0 and err == ""
+    assert ("Dispatch policy by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
+            "other levels: APF_FAIRNESS (default kubernetes).") in out.splitlines()

@@ -1,7 +1,9 @@
 """``apf-gunicorn check PATH [--concurrency-limit N | --workers W --threads T] [--json]``.
 
-Validates a configuration and prints every priority level with the seats it gets, the
-FlowSchemas in matching order, and dangling schemas or broken levels as warnings (on stderr).
+Validates a configuration and prints every priority level with the seats it gets (and the
+dispatch policy of levels that choose one by annotation), the FlowSchemas in matching order,
+and dangling schemas, broken levels and policies this build cannot run as warnings (on
+stderr).
 ``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
 ``mandatory``).
 
@@ -24,6 +26,7 @@ from typing import Any
 
 from apf_gunicorn import conf
 from apf_gunicorn.cli.common import load_or_report
+from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.limits import LevelLimits, compute_limits, nominal_sum
 from apf_gunicorn.flowcontrol.loader import load_configuration
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return cfg
     limit, source = server_limit(args)
     limits = compute_limits(cfg.priority_levels.values(), limit)
-    for warning in cfg.warnings():
+    for warning in [*cfg.warnings(), *fairness_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         doc = report(cfg, limits, limit)
@@ -127,6 +130,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(cfg, limits, limit, source))
     return 0
+
+
+def fairness_warnings(cfg: Configuration) -> list[str]:
+    """A warning per level whose ``apf-gunicorn.io/fairness`` annotation names a policy this
+    build cannot run: the configuration is valid, but the server refuses to start with it."""
+    out = []
+    for name, pl in cfg.priority_levels.items():
+        try:
+            fairness.require_available(pl.fairness, f'{pl.source}: PriorityLevelConfiguration '
+                                                    f'"{name}": {fairness.ANNOTATION}')
+        except fairness.FairnessUnavailable as e:
+            out.append(f"{e}: the server refuses to start (or reload) with it")
+    return out
 
 
 def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int) -> dict:
@@ -152,6 +168,7 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
                 "queues": q.queues if q else None,
                 "handSize": q.hand_size if q else None,
                 "queueLengthLimit": q.queue_length_limit if q else None,
+                "fairness": pl.fairness,
                 "uid": pl.uid,
                 "source": pl.source,
             }
@@ -212,6 +229,11 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
     out = [f"Server concurrency limit {server_limit} seats{used}; "
            f"nominal sum {nominal_sum(limits)}.\n\n"]
     out.append(_table(rows))
+    chosen = [f"{name} {pl.fairness}" for name, pl in cfg.priority_levels.items()
+              if pl.fairness is not None]
+    if chosen:
+        out.append(f"Dispatch policy by annotation ({fairness.ANNOTATION}): "
+                   f"{', '.join(chosen)}; other levels: APF_FAIRNESS (default kubernetes).\n")
     fs_rows = [["FLOW SCHEMA", "PRECEDENCE", "PRIORITY LEVEL", "DISTINGUISHER", "SOURCE"]]
     for fs in cfg.flow_schemas:
         fs_rows.append([fs.name, str(fs.matching_precedence), fs.priority_level,
