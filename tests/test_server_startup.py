@@ -61,6 +61,32 @@ def test_unavailable_fairness_stops_the_start(server_factory):
             in log
 
 
+def test_reload_asking_for_unavailable_fairness_is_rejected(server_factory, tmp_path):
+    """A HUP whose configuration annotates a level maxmin (not in this build) is rejected
+    with the reason, and the running configuration keeps serving (issue 12: change this
+    when maxmin lands)."""
+    import os
+    import shutil
+    import signal
+
+    from tests.conftest import APPS
+
+    cfg = tmp_path / "apf.yaml"
+    shutil.copy(APPS / "apf.yaml", cfg)
+    with server_factory(workers=1, threads=4, config=str(cfg)) as srv:
+        text = cfg.read_text()
+        marked = "metadata: {name: work, uid: uid-pl-work}"
+        assert marked in text
+        cfg.write_text(text.replace(marked, "metadata: {name: work, uid: uid-pl-work, "
+                                            "annotations: {apf-gunicorn.io/fairness: maxmin}}"))
+        os.kill(srv.pid, signal.SIGHUP)
+        assert srv.wait_for(lambda: "reload rejected" in srv.log(), timeout=15), srv.log()
+        assert ('apf:   priority level "work" (annotation apf-gunicorn.io/fairness): maxmin is '
+                "not available in this build (available: kubernetes)") in srv.log()
+        status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
+        assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
+
+
 def test_path_form_config_serves_with_apf(server_factory):
     with server_factory(workers=2, threads=8, conf=("-c", "apf_gunicorn/conf.py")) as srv:
         status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
