@@ -454,6 +454,9 @@ def test_cli_fairness_override_and_timeline(tmp_path) -> None:
     # one thread, exec 1 s, no think: 3 calls back to back from 0 s, then nothing
     assert tl["clients"]["a"] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert _cli(str(path), "--timeline", "0").returncode == 1
+    big = os.path.join(HERE, "scenarios", "scale", "10k-flows.yaml")
+    proc = _cli(big, "--timeline", "101")
+    assert proc.returncode == 1 and "10000 clients x 101 steps" in proc.stderr
 
 
 # -- the per-client seats timeline ------------------------------------------------------------------

@@ -26,6 +26,9 @@ from apf_gunicorn.simulate import (
     to_json,
 )
 
+#: --timeline keeps clients x steps integers in memory (tens of bytes each): a bound
+MAX_TIMELINE_NUMBERS = 1_000_000
+
 LEGEND = """\
 Virtual time, production fair-queuing and borrowing code. Per evaluation window and client:
   avg seats    seats its requests held, averaged over the window (what it got)
@@ -48,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "apf-gunicorn.io/fairness annotation still wins)")
     parser.add_argument("--timeline", type=int, default=None, metavar="N",
                         help="JSON: add each client's executing seats over time, averaged over "
-                             "N equal steps up to the last evaluation (1..100000)")
+                             "N equal steps up to the last evaluation (1..100000; clients x N "
+                             "at most 1000000)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
             for err in errors:
                 print(f"  {err}", file=sys.stderr)
         return 1
-    if args.timeline is not None and not 1 <= args.timeline <= 100_000:
-        print("apf-gunicorn simulate: --timeline must be from 1 to 100000 steps", file=sys.stderr)
-        return 1
+    if args.timeline is not None:
+        clients = len(scenario.clients)
+        if not 1 <= args.timeline <= 100_000 or clients * args.timeline > MAX_TIMELINE_NUMBERS:
+            print(f"apf-gunicorn simulate: --timeline must be from 1 to 100000 steps, and at "
+                  f"most {MAX_TIMELINE_NUMBERS} numbers in all: {clients} clients x "
+                  f"{args.timeline} steps", file=sys.stderr)
+            return 1
     started = time.perf_counter()
     try:
         result = simulate(scenario, fairness=args.fairness, timeline=args.timeline)
