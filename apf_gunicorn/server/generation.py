@@ -64,8 +64,9 @@ def level_specs(gen: Generation) -> list[LevelSpec]:
     for name, pl in sorted(gen.configuration.priority_levels.items()):
         q = pl.queuing
         policy, source = policies[name]
-        # FAIRNESS BOUNDARY (issue 12): LevelSpec takes no policy yet, so the name stops here.
-        # When it does: pass fairness=policy to LevelSpec below and delete this line.
+        # FAIRNESS BOUNDARY (issue 12): LevelSpec takes no policy yet, so the name stops
+        # here. When it does: pass fairness=policy (None for an exempt level) to LevelSpec
+        # below, and add maxmin to flowcontrol.fairness.AVAILABLE, which this check reads.
         fairness.require_available(policy, f'priority level "{name}" ({source})')
         specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
                                q.queue_length_limit if q else 0, int(gen.limits[name].nominal)))

@@ -65,7 +65,8 @@ class LedgerBackend:
         for name, desired, hand, qll, limit, *rest in specs:
             policy = rest[0] if rest else fairness.DEFAULT
             # FAIRNESS BOUNDARY (issue 12): LevelSpec takes no policy yet, so the name stops
-            # here. When it does: pass fairness=policy to LevelSpec below and delete this line.
+            # here. When it does: pass fairness=policy (None for an exempt level) to LevelSpec
+            # below, and add maxmin to flowcontrol.fairness.AVAILABLE, which this check reads.
             fairness.require_available(policy, f'level "{name}"')
             ledger_specs.append(LevelSpec(name, desired, hand, qll, limit))
         ledger = Ledger.create(bytearray(Ledger.size(capacity)), capacity, lock=NullLock())
