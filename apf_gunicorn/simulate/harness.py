@@ -166,6 +166,11 @@ class SeatsTimeline:
 
     def __init__(self, names: Sequence[str], end_ns: int, points: int) -> None:
         """
+        Args:
+            names: the clients, in the order ``add`` numbers them.
+            end_ns: the end of the recorded span (the last evaluation).
+            points: the most steps to keep per client (fewer when ``end_ns`` divides so).
+
         Raises:
             ValueError: ``points`` < 1 or ``end_ns`` <= 0.
         """

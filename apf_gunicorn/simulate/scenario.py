@@ -16,6 +16,10 @@ error names the offending field, and every error of a file is reported at once
     >>> scenario.queue_set.concurrency_limit, scenario.evaluate
     (1, (20000000000,))
 
+Both forms may name the dispatch policy: ``queueSet.fairness``, or the configuration form's
+top-level ``fairness`` (for levels without an ``apf-gunicorn.io/fairness`` annotation); left
+out it is ``kubernetes``, so Kubernetes' own scenarios run Kubernetes' policy.
+
 Extensions beyond Kubernetes' harness: ``start`` delays all of a client's threads;
 ``count: N`` makes a client stand for N clients named ``name-0`` … ``name-(N-1)``, each its
 own flow (hash ``flow_hash(name, str(k))``, or in the configuration form user ``user-k``),
