@@ -11,6 +11,9 @@ setup(
         Extension(
             "apf_gunicorn.ledger._fastpath",
             ["apf_gunicorn/ledger/_fastpath.c"],
+            # generated from layout.py (scripts/layout_header.py) and committed, so the build
+            # needs no Python step; listed so a changed header rebuilds and ships in the sdist
+            depends=["apf_gunicorn/ledger/_layout.h"],
             # the same float operations in the same order as the Python path: no fused
             # multiply-add; the buffer is read through int64, uint64 and double pointers
             extra_compile_args=["-O2", "-ffp-contract=off", "-fno-strict-aliasing"],

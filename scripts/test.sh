@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Install apf_gunicorn with its test extra into ./.venv (created if missing) and run the tests.
 # Usage: bash scripts/test.sh [pytest args...]
+#   no args: two passes. 1) the whole suite (the ledger's C fast paths, when built);
+#            2) with APF_NO_ACCELERATOR=1 (the pure-Python fast paths), the tests that drive
+#               the ledger: TESTS_PYTHON_PATH below. Exit status 1 if either pass failed.
+#   args:    one pytest run with exactly those args, as `pytest "$@"` (e.g. a test file, -k,
+#            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
 # As root with apt-get available, also installs HAProxy for tests/test_haproxy.py (skipped,
 # saying why, without it); set APF_NO_APT=1 to skip that.
 set -euo pipefail
@@ -17,4 +22,27 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+
+# The second pass: every ledger test but the C-vs-Python differential ones (they need the C
+# paths and would skip), the simulator (it drives the production ledger), and the real-server
+# tests that take, queue, linger and repair seats across processes. The gunicorn servers they
+# start inherit APF_NO_ACCELERATOR; tests/test_server_seats.py checks each worker's
+# Ledger.accelerated is False then. About a minute on 2 cores.
+TESTS_PYTHON_PATH=()
+for f in tests/test_ledger_*.py tests/test_simulate*.py; do
+  [ "$f" = tests/test_ledger_accelerator.py ] || TESTS_PYTHON_PATH+=("$f")
+done
+TESTS_PYTHON_PATH+=(tests/test_server_apf.py tests/test_server_seats.py
+                    tests/test_server_seats_middleware.py tests/test_server_crash.py
+                    tests/test_server_fairness.py)
+
+status=0
+echo "== pass 1 of 2: all tests (C fast paths when built) =="
+.venv/bin/python -m pytest || status=1
+echo "== pass 2 of 2: APF_NO_ACCELERATOR=1 (pure-Python fast paths): ${TESTS_PYTHON_PATH[*]} =="
+APF_NO_ACCELERATOR=1 .venv/bin/python -m pytest "${TESTS_PYTHON_PATH[@]}" || status=1
+[ "$status" = 0 ] || echo "scripts/test.sh: a pass failed (see above)" >&2
+exit "$status"

@@ -31,8 +31,10 @@ def test_the_accelerator_is_built_and_used() -> None:
     if os.environ.get("APF_NO_ACCELERATOR", "") not in ("", "0"):
         pytest.skip("APF_NO_ACCELERATOR is set")
     assert ledger_module._ACCEL is not None, (
-        "apf_gunicorn/ledger/_fastpath.c was not built: install with a C compiler "
-        "(pip install -e .) or set APF_NO_ACCELERATOR=1 to test the pure-Python paths only")
+        "apf_gunicorn/ledger/_fastpath.c was not built, or was built for another layout: "
+        "install with a C compiler (pip install -e .; after a layout.py change, run "
+        "scripts/layout_header.py first) or set APF_NO_ACCELERATOR=1 to test the pure-Python "
+        "paths only")
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
     assert led.accelerated
     assert not Ledger.create(bytearray(Ledger.size(CAP)), CAP, accelerate=False).accelerated

@@ -1,6 +1,12 @@
-"""Layout, attach and the fast path's promise not to touch the min-structure."""
+"""Layout, attach, the fast path's promise not to touch the min-structure, and the C header
+generated from layout.py."""
 
 from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +63,83 @@ def test_fast_path_never_touches_the_segment_tree(monkeypatch) -> None:
     assert [r.outcome for r in (c, d, e)] == [EXECUTE, EXECUTE, QUEUED]
     assert led._w[led._lb(levels["a"]) + L.L_WAITING] == 1
     assert verify(led) == []
+
+
+# -- the C header (apf_gunicorn/ledger/_layout.h) ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+C_SOURCE = ROOT / "apf_gunicorn" / "ledger" / "_fastpath.c"
+HEADER = ROOT / "apf_gunicorn" / "ledger" / "_layout.h"
+
+
+def test_the_committed_c_header_is_generated_from_layout_py() -> None:
+    """Regenerate and compare: fails until ``scripts/layout_header.py`` is rerun after a
+    change to layout.py."""
+    assert HEADER.read_text() == L.c_header(), (
+        "apf_gunicorn/ledger/_layout.h is stale: run .venv/bin/python scripts/layout_header.py")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "layout_header.py"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_header_names_every_layout_constant_with_its_value() -> None:
+    text = HEADER.read_text()
+    values = dict(re.findall(r"^    ([A-Z][A-Z0-9_]*) = (-?\d+),$", text, re.M))
+    values.update(re.findall(r"^#define ([A-Z][A-Z0-9_]*) UINT64_C\((0x[0-9a-f]+)\)$", text, re.M))
+    assert {k: int(v, 0) for k, v in values.items()} == dict(L.c_constants())
+    names = dict(L.c_constants())
+    assert names["ST_FREE"] == L.FREE and names["ST_EXECUTING"] == L.EXECUTING
+    assert names["S_SERVICE_NS"] == L.S_SERVICE_NS and names["MAGIC"] == L.MAGIC
+    assert "ENTRY_WORDS" not in names  # imported from stats.py, not a layout.py constant
+    assert f'#define LAYOUT_DIGEST "{L.digest()}"' in text
+
+
+def test_the_c_file_copies_no_layout_constant_by_hand() -> None:
+    """Every layout constant reaches ``_fastpath.c`` through the generated header."""
+    src = C_SOURCE.read_text()
+    assert '#include "_layout.h"' in src
+    for name, _ in L.c_constants():
+        assert not re.search(rf"\b{name}\s*=\s*-?\d", src), f"{name} is assigned in _fastpath.c"
+        assert not re.search(rf"#define\s+{name}\b", src), f"{name} is defined in _fastpath.c"
+
+
+def _c_define(name: str) -> int:
+    """The value of ``#define name expr`` in _fastpath.c, for the few integer expressions
+    it uses (casts to fixed-width integer types, shifts, ``(uint64_t)-1``)."""
+    m = re.search(rf"^#define {name} (.+?)\s*(/\*.*)?$", C_SOURCE.read_text(), re.M)
+    assert m, f"#define {name} not found in _fastpath.c"
+    expr = m.group(1).replace("(uint64_t)-1", str((1 << 64) - 1))
+    expr = re.sub(r"\((?:__int128|u?int64_t)\)", "", expr).replace("/", "//")
+    assert re.fullmatch(r"[\d\s()+\-*/<]+", expr), expr
+    return eval(expr)  # digits and operators only (checked above)
+
+
+def test_the_c_files_other_mirrored_constants_equal_pythons() -> None:
+    """Constants ``_fastpath.c`` mirrors from modules other than layout.py (not generated:
+    checked here instead)."""
+    from apf_gunicorn.ledger import ledger as ledger_module
+    from apf_gunicorn.ledger import seatseconds
+
+    assert _c_define("EXACT_BOUND") == seatseconds.EXACT_BOUND
+    assert _c_define("HIGH_R") == seatseconds.HIGH_R
+    assert _c_define("SERVICE_WINDOW") == ledger_module.SERVICE_WINDOW
+    assert _c_define("MAX_SERVICE_NS") == ledger_module.MAX_SERVICE_ESTIMATE_NS
+
+
+def test_an_extension_built_for_another_layout_is_not_used(monkeypatch) -> None:
+    from apf_gunicorn.ledger import ledger as ledger_module
+
+    real = ledger_module.fastpath_module()
+    if real is None:
+        pytest.skip("the C fast path is not built or APF_NO_ACCELERATOR is set")
+    assert real.LAYOUT_DIGEST == L.digest()
+    assert ledger_module._load_accelerator() is real
+
+    class Stale:  # the same LAYOUT tuple, built from an older header
+        LAYOUT = real.LAYOUT
+        LAYOUT_DIGEST = "0" * 16
+
+    monkeypatch.setattr(ledger_module, "fastpath_module", lambda: Stale)
+    assert ledger_module._load_accelerator() is None
+    del Stale.LAYOUT_DIGEST  # built before the header existed
+    assert ledger_module._load_accelerator() is None

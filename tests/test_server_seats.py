@@ -8,12 +8,14 @@ tests/apps/seats.yaml, route costs tests/apps/seats_routes.yaml."""
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from apf_gunicorn.ledger import ledger as ledger_module
 from tests.conftest import APPS
 
 pytestmark = pytest.mark.server
@@ -115,3 +117,16 @@ def test_regular_stream_holds_seats_until_the_body_is_sent(srv) -> None:
     finally:
         conn.close()
     assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
+
+
+def test_the_workers_ledger_runs_the_paths_this_test_run_runs(srv) -> None:
+    """scripts/test.sh runs these tests a second time with APF_NO_ACCELERATOR=1: the workers
+    inherit it and run the pure-Python fast paths, or the C ones when it is unset."""
+    expected = ledger_module._ACCEL is not None  # False under APF_NO_ACCELERATOR=1
+    seen = {}
+    for _ in range(6):
+        status, _, body = srv.request("/ledger-path")
+        assert status == 200
+        answer = json.loads(body)
+        seen[answer["pid"]] = answer["accelerated"]
+    assert set(seen.values()) == {expected}, seen

@@ -33,23 +33,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* layout.py, checked against LAYOUT at import */
-enum {
-    H_FREE_HEAD = 12, H_FREE_COUNT = 13, H_HOLDER_PID = 15, H_DIRTY = 16, H_SERVICE_ADAPT = 22,
-    H_UNDO_N = 23, H_MUTEX = 24, LEVEL_WORDS = 40, QUEUE_WORDS = 9, SLOT_WORDS = 24,
-    L_USED = 0, L_QUIESCING = 1, L_DESIRED = 3, L_HAND = 4, L_C = 6, L_QBASE = 7, L_NQ = 9,
-    L_SERIAL = 12, L_WAITING = 13, L_SEATS_WAITING = 14, L_R = 15, L_LAST_NS = 16,
-    L_EXECUTING = 17, L_SEATS_IN_USE = 18, L_ACTIVE_QUEUES = 19, L_QSEATS = 20, L_I_T = 21,
-    L_I_X = 22, L_I_XX = 23, L_I_MIN = 24, L_I_MAX = 25, L_I_CUR = 26, L_I_LAST = 27,
-    L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30, L_SERVICE_NS = 37,
-    L_SERVICE_N = 38,
-    Q_NDR = 0, Q_EXECUTING = 7, Q_SEATS = 8,
-    S_STATE = 0, S_GEN = 1, S_OWNER = 2, S_LEVEL = 3, S_QUEUE = 4, S_PREV = 5, S_NEXT = 6,
-    S_INITIAL = 7, S_FINAL = 8, S_AL = 9, S_MAX_SEATS = 10, S_HELD = 11, S_INIT_WORK = 12,
-    S_FINAL_WORK = 13, S_TOTAL_WORK = 14, S_ARRIVAL_R = 15, S_ARRIVAL_NS = 16, S_START_NS = 17,
-    S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22, S_SERVICE_NS = 23,
-    ST_FREE = 0, ST_EXECUTING = 2, NIL = -1,
-};
+/* layout.py's constants (generated: scripts/layout_header.py), checked against LAYOUT and
+ * LAYOUT_DIGEST at import */
+#include "_layout.h"
 
 /* stores to the ledger stay in program order (the undo log before what it covers) */
 #define COMPILER_BARRIER() __asm__ __volatile__("" ::: "memory")
@@ -884,6 +870,10 @@ PyInit__fastpath(void)
         S_SERVICE_NS, H_UNDO_N);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddStringConstant(m, "LAYOUT_DIGEST", LAYOUT_DIGEST) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -182,3 +182,84 @@ class Layout:
 
     def stats_entry(self, index: int) -> int:
         return self.stats_base + index * ENTRY_WORDS
+
+
+# -- the C header ---------------------------------------------------------------------------
+# ``_fastpath.c`` includes ``_layout.h``, generated from the constants above, instead of
+# copying them by hand. Regenerate after changing this module (tests/test_ledger_layout.py
+# fails while the committed header is stale):
+#
+#     .venv/bin/python scripts/layout_header.py
+#
+# The header also carries LAYOUT_DIGEST, a digest of every constant, which the extension
+# exports; ledger.py uses the extension only when it equals :func:`digest` (so an extension
+# built before a layout change is never bound, whichever constants it reads).
+
+_STATE_PREFIX = "ST_"  # FREE -> ST_FREE in C: a bare FREE/WAITING is too generic a name
+
+
+def c_constants() -> list[tuple[str, int]]:
+    """Every integer constant this module defines, as the C header names it.
+
+    Returns:
+        ``(name, value)`` pairs in definition order: upper-case module names bound to an
+        ``int`` here (names imported from ``stats``, such as ``ENTRY_WORDS``, excluded), the
+        slot states (``FREE`` ...) prefixed ``ST_``.
+    """
+    from apf_gunicorn.ledger import stats
+
+    states = {name.upper() for name in STATE_NAMES.values()}
+    out = []
+    for name, value in globals().items():
+        if (not name.isupper() or name.startswith("_") or type(value) is not int
+                or name in vars(stats)):
+            continue
+        out.append((_STATE_PREFIX + name if name in states else name, value))
+    return out
+
+
+def digest() -> str:
+    """A short digest of :func:`c_constants` (the header's ``LAYOUT_DIGEST``).
+
+    Returns:
+        16 hex digits of SHA-256 over ``NAME=value`` lines.
+    """
+    import hashlib
+
+    text = "".join(f"{name}={value}\n" for name, value in c_constants())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def c_header() -> str:
+    """The text of ``_layout.h``.
+
+    Returns:
+        A C header: an include guard, an ``enum`` of every constant in the ``int`` range,
+        a ``#define`` (``UINT64_C``) for any other (``MAGIC``), and ``LAYOUT_DIGEST``.
+    """
+    lines = [
+        "/* Generated from apf_gunicorn/ledger/layout.py; do not edit. Regenerate with",
+        " *     .venv/bin/python scripts/layout_header.py",
+        " * (tests/test_ledger_layout.py fails while this file is stale). */",
+        "#ifndef APF_LEDGER_LAYOUT_H",
+        "#define APF_LEDGER_LAYOUT_H",
+        "",
+        "enum {",
+    ]
+    wide = []
+    for name, value in c_constants():
+        if -(1 << 31) <= value < (1 << 31):
+            lines.append(f"    {name} = {value},")
+        else:
+            wide.append((name, value))
+    lines.append("};")
+    lines.append("")
+    for name, value in wide:
+        if not 0 <= value < (1 << 64):
+            raise ValueError(f"layout constant {name} = {value} does not fit in uint64")
+        lines.append(f"#define {name} UINT64_C({value:#x})")
+    lines.append(f'#define LAYOUT_DIGEST "{digest()}"')
+    lines.append("")
+    lines.append("#endif")
+    return "\n".join(lines) + "\n"
+

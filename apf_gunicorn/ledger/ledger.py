@@ -202,7 +202,10 @@ def learn_service(g: int, n: int, ran: int) -> int:
 
 def _load_accelerator():
     """The C fast paths (``_fastpath.c``), or None: not built (no compiler at install time),
-    switched off with ``APF_NO_ACCELERATOR=1``, or compiled for another layout."""
+    switched off with ``APF_NO_ACCELERATOR=1``, or compiled for another layout: its constants
+    come from ``_layout.h``, generated from layout.py, whose digest it exports (an extension
+    built before a layout change, or before the header was regenerated, is not used); the
+    ``LAYOUT`` tuple is the values it reads, as compiled."""
     _fastpath = fastpath_module()
     if _fastpath is None:
         return None
@@ -218,7 +221,7 @@ def _load_accelerator():
                  S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
                 FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS),
                 H_UNDO_N)
-    if _fastpath.LAYOUT != expected:
+    if _fastpath.LAYOUT != expected or getattr(_fastpath, "LAYOUT_DIGEST", None) != L.digest():
         return None
     return _fastpath
 

@@ -126,6 +126,15 @@ def pid():
     return jsonify(pid=os.getpid())
 
 
+@app.route("/ledger-path")
+def ledger_path():
+    """Which fast paths this worker's ledger runs: C (``accelerated``) or pure Python
+    (``APF_NO_ACCELERATOR=1``, inherited from the test run; scripts/test.sh's second pass)."""
+    from apf_gunicorn.server import state
+
+    return jsonify(pid=os.getpid(), accelerated=state.WORKER.ledger.accelerated)
+
+
 @app.route("/fork")
 def fork():
     """Fork a child that outlives the request (as a lazily created multiprocessing pool does)."""
