@@ -9,6 +9,7 @@ import pytest
 
 from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec, NullLock, verify
 from apf_gunicorn.ledger import layout as L
+from apf_gunicorn.ledger.queueset import KubernetesQueueSet
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -63,15 +64,16 @@ def drain(led: Ledger, now: int) -> None:
     assert verify(led) == []
 
 
-STEPS = ["_link_tail", "_unlink", "_touch", "_demand", "_free", "_release_seats", "_set_leaf",
-         "_dispatch_one"]
+STEPS = ["_link_tail_locked", "_unlink_locked", "touch_locked", "_demand_locked", "_free_locked",
+         "_release_seats_locked", "_set_leaf_locked", "dispatch_one_locked"]
 
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("nth", [1, 2, 4])
 def test_interrupted_operation_is_repaired_by_the_next_locker(monkeypatch, step, nth) -> None:
     led, levels, now = busy_ledger()
-    original = getattr(Ledger, step)
+    owner = Ledger if step.startswith("_") else KubernetesQueueSet  # the dispatch policy's
+    original = getattr(owner, step)
     calls = {"n": 0}
 
     def failing(self, *args, **kwargs):
@@ -80,7 +82,7 @@ def test_interrupted_operation_is_repaired_by_the_next_locker(monkeypatch, step,
             raise RuntimeError("interrupted")
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Ledger, step, failing)
+    monkeypatch.setattr(owner, step, failing)
     rnd = random.Random(5)
     interrupted = False
     running = [(r.slot, r.gen) for lv in led.snapshot(now).levels for r in lv.requests
@@ -104,7 +106,7 @@ def test_interrupted_operation_is_repaired_by_the_next_locker(monkeypatch, step,
         except RuntimeError:
             interrupted = True
             break
-    monkeypatch.setattr(Ledger, step, original)
+    monkeypatch.setattr(owner, step, original)
     if not interrupted:
         pytest.skip(f"{step} was not called {nth} times")
     assert led._w[L.H_DIRTY] == 1  # the interrupted operation left its mark

@@ -69,20 +69,15 @@ class Configuration:
         for name in fs_list:
             if len(name.encode("utf-8")) > L.NAME_BYTES - 3:
                 raise ValueError(f"flow schema name {name!r} is longer than 253 bytes")
-        got = self._enter(now)  # repair grants and dispatches both go where the caller asked
-        try:
-            result = self._configure(specs, fs_list, now, got)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._leave_ok()
+        # repair grants and dispatches both go where the caller asked
+        got, result = self._granting(now, self._configure_locked, specs, fs_list, now)
         if granted is not None:
             granted.extend(got)
         else:
             self.pending_grants.extend(got)
         return result
 
-    def _configure(self, specs, fs_list, now, granted):
+    def _configure_locked(self, granted, specs, fs_list, now):
         w = self._w
         cap = self._lay.cap
         existing = self._level_names_locked()
@@ -124,28 +119,28 @@ class Configuration:
             fs_index[name] = i
         w[L.H_FS_COUNT] = len(fs_known)
         for sp, i in zip(new_specs, free_levels, strict=False):
-            self._init_level(i, sp, now)
+            self._init_level_locked(i, sp, now)
         relayout = any(needs[i] > w[self._lvb + i * LEVEL_WORDS + L.L_QCAP] for i in needs)
         if relayout:
-            self._relayout(needs)
+            self._relayout_locked(needs)
         for sp in specs:
             i = index_of[sp.name]
             lb = self._lvb + i * LEVEL_WORDS
-            self._sync(lb, now)
-            self._set_configuration(lb, sp)
+            self._sync_locked(lb, now)
+            self._set_configuration_locked(lb, sp)
             w[lb + L_QUIESCING] = 0
-            self._dispatch_all(lb, now, granted)
+            self._dispatch_all_locked(lb, now, granted)
         named = set(index_of[sp.name] for sp in specs)
         for i in existing.values():
             if i not in named:
                 lb = self._lvb + i * LEVEL_WORDS
                 w[lb + L_QUIESCING] = 1
-                self._maybe_drop(lb)
+                self._maybe_drop_locked(lb)
         w[L.H_GENERATION] += 1
         return ({sp.name: index_of[sp.name] for sp in specs},
                 {name: fs_index[name] for name in fs_list})
 
-    def _init_level(self, i: int, sp: LevelSpec, now: int) -> None:
+    def _init_level_locked(self, i: int, sp: LevelSpec, now: int) -> None:
         w = self._w
         lb = self._lvb + i * LEVEL_WORDS
         w[lb: lb + LEVEL_WORDS] = array("q", [0] * LEVEL_WORDS)
@@ -164,7 +159,7 @@ class Configuration:
         w[lb + L.L_QCAP] = 0
         w[lb + L_TP] = 0
 
-    def _set_configuration(self, lb: int, sp: LevelSpec) -> None:
+    def _set_configuration_locked(self, lb: int, sp: LevelSpec) -> None:
         """``setConfiguration``: add queues at once, shrink by attrition; desired <= 0 keeps
         the old queue length limit and hand size so remaining queues drain as before."""
         w = self._w
@@ -184,7 +179,7 @@ class Configuration:
         w[lb + L_DESIRED] = desired
         w[lb + L_C] = sp.concurrency_limit
 
-    def _relayout(self, needs: dict[int, int]) -> None:
+    def _relayout_locked(self, needs: dict[int, int]) -> None:
         """Re-pack every level's queue region (capacity ``needs[level]``) and tree."""
         w = self._w
         lay = self._lay
@@ -216,21 +211,21 @@ class Configuration:
                 w[a: a + len(saved[i])] = array("q", saved[i])
             pos += qcap
         for i in sorted(needs):
-            self._rebuild_tree(self._lvb + i * LEVEL_WORDS)
+            self._queues_moved_locked(self._lvb + i * LEVEL_WORDS)
 
     def set_limits(self, limits: dict[int, int], now: int) -> list:
         """Change concurrency limits (borrowing); dispatches what a higher limit allows."""
-        return self._granting(now, self._set_limits, limits, now)
+        return self._granting(now, self._set_limits_locked, limits, now)[0]
 
-    def _set_limits(self, granted: list, limits: dict[int, int], now: int) -> None:
+    def _set_limits_locked(self, granted: list, limits: dict[int, int], now: int) -> None:
         w = self._w
         for level, c in limits.items():
             lb = self._lb(level)
-            self._sync(lb, now)
+            self._sync_locked(lb, now)
             w[lb + L_C] = int(c)
-            self._dispatch_all(lb, now, granted)
+            self._dispatch_all_locked(lb, now, granted)
 
-    def _maybe_drop(self, lb: int) -> None:
+    def _maybe_drop_locked(self, lb: int) -> None:
         """A quiescing level goes away once nothing waits, executes or lingers in it."""
         w = self._w
         if (w[lb + L_QUIESCING] and w[lb + L_WAITING] == 0 and w[lb + L_EXECUTING] == 0

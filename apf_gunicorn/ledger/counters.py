@@ -38,16 +38,16 @@ from apf_gunicorn.ledger.stats import (
 class RequestCounters:
     """Counting per-request events into the stats table (lock held)."""
 
-    def _stats_entry(self, lb: int, level: int, fs: int) -> int:
+    def _stats_entry_locked(self, lb: int, level: int, fs: int) -> int:
         """Word address of the stats entry of (level, fs), created on first use (lock held)."""
         serial = self._w[lb + L.L_SERIAL]
         key = (serial << 32) | (fs & 0xFFFFFFFF)
         eb = self._stats_at.get(key)
         if eb is None:
-            eb = self._stats_at[key] = self._find_or_create_entry(lb, level, serial, fs)
+            eb = self._stats_at[key] = self._find_or_create_entry_locked(lb, level, serial, fs)
         return eb
 
-    def _find_or_create_entry(self, lb: int, level: int, serial: int, fs: int) -> int:
+    def _find_or_create_entry_locked(self, lb: int, level: int, serial: int, fs: int) -> int:
         w = self._w
         lay = self._lay
         cap = lay.cap.stats_entries
@@ -63,14 +63,14 @@ class RequestCounters:
         limit = cap - min(lay.cap.levels, cap // 2) if fs >= 0 else cap
         if n >= limit:
             if fs >= 0:
-                return self._find_or_create_entry(lb, level, serial, -1)
+                return self._find_or_create_entry_locked(lb, level, serial, -1)
             return base + cap * ENTRY_WORDS  # the catch-all
         name = self._read_name(lay.level_names, level, w[lb + L.L_NAME_LEN])
-        self._name_stats_entry(n, name, level, fs, serial)
+        self._name_stats_entry_locked(n, name, level, fs, serial)
         w[L.H_STATS_COUNT] = n + 1
         return base + n * ENTRY_WORDS
 
-    def _name_stats_entry(self, i: int, name: str, level: int, fs: int, serial: int = 0) -> None:
+    def _name_stats_entry_locked(self, i: int, name: str, level: int, fs: int, serial: int = 0) -> None:
         w = self._w
         eb = self._lay.stats_entry(i)
         w[eb + E_SERIAL] = serial
@@ -81,44 +81,44 @@ class RequestCounters:
         self._mv[off: off + len(raw)] = raw
         w[eb + E_NAME_LEN] = len(raw)
 
-    def _observe_wait(self, eb: int, ns: int) -> None:
+    def _observe_wait_locked(self, eb: int, ns: int) -> None:
         """The wait histogram with execute="true" (at dispatch, time-out or cancel)."""
         b = eb + E_WAIT_X + bisect_left(_DUR, ns)
-        self._log(b, eb + E_WAIT_X + ND)
+        self._log_locked(b, eb + E_WAIT_X + ND)
         self._w[b] += 1
         if ns:
             self._f[eb + E_WAIT_X + ND] += ns / 1e9
 
-    def _note_arrival(self, eb: int, ms: int) -> None:
+    def _note_arrival_locked(self, eb: int, ms: int) -> None:
         w = self._w
         w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
         w[eb + E_WORK_SUM] += ms
 
-    def _note_rejection(self, eb: int, reason: int, exempt: bool) -> None:
+    def _note_rejection_locked(self, eb: int, reason: int, exempt: bool) -> None:
         w = self._w
-        self._log(eb + E_REJECTED + reason, eb + E_WAIT_R)
+        self._log_locked(eb + E_REJECTED + reason, eb + E_WAIT_R)
         w[eb + E_REJECTED + reason] += 1
         if not exempt:
             w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
 
-    def _count_lost_wait(self, lb: int, sa: int, now: int) -> None:
+    def _count_lost_wait_locked(self, lb: int, sa: int, now: int) -> None:
         """A waiting request whose worker is gone: counted as a cancel (reap, repair)."""
         w = self._w
-        self._count_rejection(lb)
-        self._log(lb + L_CANCELLED)
+        self._count_rejection_locked(lb)
+        self._log_locked(lb + L_CANCELLED)
         w[lb + L_CANCELLED] += 1
         eb = w[sa + S_STATS] >> 1
         lay = self._lay
         # (after a holder died mid-admit the slot may be half written: check the address)
         if (lay.stats_base <= eb < lay.stats_entry(lay.cap.stats_entries + 1)
                 and (eb - lay.stats_base) % ENTRY_WORDS == 0):
-            self._log(eb + E_REJECTED + R_CANCELLED)
+            self._log_locked(eb + E_REJECTED + R_CANCELLED)
             w[eb + E_REJECTED + R_CANCELLED] += 1
-            self._observe_wait(eb, max(0, now - w[sa + S_ARRIVAL_NS]))
+            self._observe_wait_locked(eb, max(0, now - w[sa + S_ARRIVAL_NS]))
 
-    def _count_rejection(self, lb: int) -> None:
+    def _count_rejection_locked(self, lb: int) -> None:
         w = self._w
-        self._log(lb + L_REJECTED, lb + L.L_REJECTED_SHADOW)
+        self._log_locked(lb + L_REJECTED, lb + L.L_REJECTED_SHADOW)
         total = w[lb + L_REJECTED] + 1
         w[lb + L_REJECTED] = total
         w[lb + L.L_REJECTED_SHADOW] = total
@@ -144,10 +144,10 @@ class RequestCounters:
 
     def _turn_away_locked(self, level: int, fs_index: int, seats: int, r: int) -> None:
         lb = self._lb(level)
-        eb = self._stats_entry(lb, level, fs_index)
-        self._note_arrival(eb, seats)
-        self._count_rejection(lb)
-        self._note_rejection(eb, r, self._w[lb + L_DESIRED] < 0)
+        eb = self._stats_entry_locked(lb, level, fs_index)
+        self._note_arrival_locked(eb, seats)
+        self._count_rejection_locked(lb)
+        self._note_rejection_locked(eb, r, self._w[lb + L_DESIRED] < 0)
 
     def count_head_timeout(self) -> None:
         """One more connection answered 408 because its request head was late."""
@@ -170,9 +170,9 @@ class RequestCounters:
     def request_stats(self) -> list[RequestStats]:
         """Every stats entry as plain objects (under the lock), in creation order; the
         catch-all entry is included only once something was counted in it."""
-        return self._locked(None, self._request_stats)
+        return self._locked(None, self._request_stats_locked)
 
-    def _request_stats(self) -> list[RequestStats]:
+    def _request_stats_locked(self) -> list[RequestStats]:
         w, f, lay = self._w, self._f, self._lay
         cap = lay.cap.stats_entries
         fs_names = self._fs_names_locked()

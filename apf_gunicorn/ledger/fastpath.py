@@ -87,7 +87,6 @@ from apf_gunicorn.ledger.seatseconds import (
     duration_per_seat,
     seats_ns_times,
 )
-from apf_gunicorn.ledger.seatseconds import seats_times_duration as _std
 from apf_gunicorn.ledger.stats import DURATION_BOUNDS_NS as _DUR
 from apf_gunicorn.ledger.stats import (
     E_EXEC_R,
@@ -98,7 +97,7 @@ from apf_gunicorn.ledger.stats import (
     ND,
     WORK_BOUNDS,
 )
-from apf_gunicorn.ledger.vclock import _seconds
+from apf_gunicorn.ledger.vclock import integrate, r_after
 
 # Whole-record reads and writes for the fast paths: one struct call instead of a dozen word
 # accesses. Field types follow layout.py (uint64 R, SeatSeconds and hash; float64 integrator).
@@ -196,171 +195,122 @@ class FastPaths:
         """Whether admit and finish run their fast paths in C (``_fastpath.c``)."""
         return self._fp is not None
 
-    def admit(self, level: int, flow_hash: int, initial_seats: int, final_seats: int,
-              additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
-              detail: bytes = b"", watch: bool = False) -> AdmitResult:
-        """``StartRequest``: run now (EXECUTE), wait on ``slot`` (QUEUED) or REJECTED.
-        ``fs_index`` and ``watch`` select the request's stats entry and execution histogram.
+    def _admit_locked(self, dead, level, flow_hash, initial, final, al, owner, now, fs_index,
+                      detail, watch) -> AdmitResult:
+        """:meth:`admit` once the lock is taken (``dead``: what the lock reported): through the
+        funnel, then at once or by the general path (:meth:`_admit_slow_locked`).
 
-        The fast path (a queuing level with nothing waiting, a free slot and room for this
-        request) is inline: computed in locals from one read of the level record and written
-        back in one go. Every other case, and the rare epoch advance, goes to
-        :meth:`_admit_slow` before the fast path has written anything; both leave exactly the
-        same state. With the C fast paths bound, the ledger's ``admit`` is their entry
-        ``admit_call`` instead (see :meth:`_accelerate`), which hands what it does not
-        complete to :meth:`_admit_resume`; this method is then the reference."""
-        return self._admit_locked(self._lock.acquire(), level, flow_hash, initial_seats,
-                                  final_seats, additional_latency_ns, owner, now, fs_index,
-                                  detail, watch)
-
-    def _admit_resume(self, decline, level: int, flow_hash: int, initial_seats: int,
-                      final_seats: int, additional_latency_ns: int, owner: int, now: int,
-                      fs_index: int = 0, detail: bytes = b"", watch: bool = False) -> AdmitResult:
-        """Where the C ``admit_call`` hands over: ``decline`` as ``_fastpath.c`` returns it."""
-        dead = (self._lock.acquire() if decline is None
-                else (None if decline < 0 else decline))
-        return self._admit_locked(dead, level, flow_hash, initial_seats, final_seats,
-                                  additional_latency_ns, owner, now, fs_index, detail, watch)
-
-    def _admit_locked(self, dead, level, flow_hash, initial_seats, final_seats,
-                      additional_latency_ns, owner, now, fs_index, detail, watch) -> AdmitResult:
-        lock = self._lock
+        At once (``fp_admit`` in ``_fastpath.c`` computes the same words): a queuing level with
+        nothing waiting, a free slot and room for the request. The only copy of that case:
+        computed in locals from one read of the level record and written back in one go,
+        leaving exactly the state Kubernetes' enqueue-then-dispatch leaves (nothing waits in
+        the level, so every queue's waiting work is 0 and the first card visited wins; the
+        queue's nextDispatchR is floored at R and charged the request's work; the robin index
+        points at the queue; the tree is not touched). When R reaches the epoch advance, the
+        general sync advances it and the case is tried again. Every other case goes to the
+        general path before anything is written."""
+        granted = self._begin_locked(dead, now)
         w = self._w
-        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
-        w[H_DIRTY] = 1  # cleared only when the operation completes
         try:
             res = None
-            initial, final, al = initial_seats, final_seats, additional_latency_ns
-            ms = initial if initial >= final else final
             lb = self._lvb + level * LEVEL_WORDS
-            # (something waiting: the slow path, without paying for the record read first)
-            if 0 <= level < self._nlevels and not w[lb + L_WAITING]:
+            # (something waiting: the general path, without paying for the record read first)
+            while 0 <= level < self._nlevels and not w[lb + L_WAITING]:
+                ms = initial if initial >= final else final
                 mv = self._mv
                 (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp, serial,
                  waiting, sw, r, last, executing, in_use, active, qseats, it, ix, ixx, imn, imx,
                  cur, ilast, _robin, enq, dispatched) = _LEVEL.unpack_from(mv, lb * 8)
                 head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
-                fast = (used and desired > 0 and not waiting and head != NIL and in_use < c
-                        and (in_use + ms <= c or (ms > c and executing == 0)))
-                if fast and now > last:  # syncTimeLocked
+                if not (used and desired > 0 and not waiting and head != NIL and in_use < c
+                        and (in_use + ms <= c or (ms > c and executing == 0))):
+                    break
+                if now > last:  # syncTimeLocked
                     if active:
-                        seats = qseats if qseats < c else c
-                        if active == 1:  # seats_ns_times inline: (x + 5) // 10 when exact
-                            x = seats * (now - last)
-                            nr = ((x + 5) // 10 if 0 <= x < EXACT_BOUND
-                                  else seats_ns_times(seats, now - last))
-                        else:
-                            nr = _std(seats / active, now - last)
-                        nr = (r + nr) & U64
-                        fast = not (nr >= HIGH_R and nr >= r)  # the epoch advance: slow path
+                        nr = r_after(r, last, now, active, qseats, c)
+                        if nr >= HIGH_R and nr >= r:
+                            self._sync_locked(lb, now)  # with the epoch advance; then again
+                            continue
                         r = nr
                     last = now
-                if fast:
-                    u = self._u
-                    eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
-                    if eb is None:
-                        eb = self._stats_entry(lb, level, fs_index)
-                    bw = eb + (_WORK_AT[ms] if ms < 101 else _WORK_INF)
-                    sa = self._sb + head * SLOT_WORDS
-                    # the undo log (_log inline): the words of this event that are not derived
-                    _UNDO5.pack_into(mv, self._ub * 8, bw, w[bw], eb + E_WORK_SUM,
-                                     w[eb + E_WORK_SUM], eb + E_WAIT_X, w[eb + E_WAIT_X],
-                                     sa + S_STATE, w[sa + S_STATE], lb + L_DISPATCHED, dispatched)
-                    w[H_UNDO_N] = 5
-                    w[bw] += 1
-                    w[eb + E_WORK_SUM] += ms
-                    w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
-                    # nothing waits anywhere in the level, so every queue's waiting work is 0
-                    # and the first card visited wins
-                    h = flow_hash & U64
-                    q = deal(h, desired, hs)[enq % hs]
-                    qa = self._qb + (qbase + q) * QUEUE_WORDS
-                    gen = w[sa + S_GEN] + 1
-                    _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
-                    g = w[lb + L_SERVICE_NS]
-                    x = initial * g  # seats_ns_times inline
-                    iw = (x + 5) // 10 if x < EXACT_BOUND else seats_ns_times(initial, g)
-                    fw = seats_ns_times(final, al) if final and al else 0
-                    tw = (iw + fw) & U64
-                    ex = w[qa + Q_EXECUTING]
-                    ndr = r if ex == 0 else u[qa + Q_NDR]
-                    if ndr < r:  # the anti-windup floor with this request as head
-                        ndr = r
-                    if now > ilast:  # seat demand Set() after the enqueue
-                        dt = now - ilast
-                        dt = dt / 1e9 if dt < 1_000_000_000 else _seconds(dt)
-                        it += dt
-                        ix += cur * dt
-                        ixx += cur * cur * dt
-                        ilast = now
-                    cur = float(in_use + sw + ms)
-                    if cur < imn:
-                        imn = cur
-                    if cur > imx:
-                        imx = cur
-                    held = ms
-                    if final > c:  # the final-seat cap
-                        al = duration_per_seat(fw, float(c))
-                        final = c
-                        held = initial if initial >= c else c
-                        if held != ms:  # Set() again after the dispatch, no time passing
-                            cur = float(in_use + held + sw)
-                            if cur < imn:
-                                imn = cur
-                            if cur > imx:
-                                imx = cur
-                    if ex == 0:
-                        active += 1
-                    w[qa + Q_EXECUTING] = ex + 1
-                    w[qa + Q_SEATS] += held
-                    u[qa + Q_NDR] = (ndr + tw) & U64
-                    if detail:
-                        d = detail[: self._detail_bytes]
-                        off = self._details + head * self._detail_stride
-                        mv[off:off + len(d)] = d
-                        dlen = len(d)
-                    else:
-                        dlen = 0
-                    _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL,
-                                    initial, final, al, ms, held, iw, fw, tw, r, now, now, h,
-                                    fs_index, enq, dlen, 2 * eb + (1 if watch else 0), g)
-                    _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
-                                         in_use + held, active, qseats + held, it, ix, ixx, imn,
-                                         imx, cur, ilast, q, enq + 1, dispatched + 1)
-                    res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
+                u = self._u
+                eb = self._stats_at.get((serial << 32) | (fs_index & 0xFFFFFFFF))
+                if eb is None:
+                    eb = self._stats_entry_locked(lb, level, fs_index)
+                bw = eb + (_WORK_AT[ms] if ms < 101 else _WORK_INF)
+                sa = self._sb + head * SLOT_WORDS
+                # the undo log (_log_locked inline): the words of this event that are not derived
+                _UNDO5.pack_into(mv, self._ub * 8, bw, w[bw], eb + E_WORK_SUM,
+                                 w[eb + E_WORK_SUM], eb + E_WAIT_X, w[eb + E_WAIT_X],
+                                 sa + S_STATE, w[sa + S_STATE], lb + L_DISPATCHED, dispatched)
+                w[H_UNDO_N] = 5
+                w[bw] += 1
+                w[eb + E_WORK_SUM] += ms
+                w[eb + E_WAIT_X] += 1  # dispatched at arrival: a 0 s wait
+                h = flow_hash & U64
+                q = deal(h, desired, hs)[enq % hs]
+                qa = self._qb + (qbase + q) * QUEUE_WORDS
+                gen = w[sa + S_GEN] + 1
+                _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, w[sa + S_NEXT], nfree - 1)
+                g = w[lb + L_SERVICE_NS]
+                x = initial * g  # seats_ns_times inline
+                iw = (x + 5) // 10 if x < EXACT_BOUND else seats_ns_times(initial, g)
+                fw = seats_ns_times(final, al) if final and al else 0
+                tw = (iw + fw) & U64
+                ex = w[qa + Q_EXECUTING]
+                ndr = r if ex == 0 else u[qa + Q_NDR]
+                if ndr < r:  # the anti-windup floor with this request as head
+                    ndr = r
+                # seat demand Set() after the enqueue
+                it, ix, ixx, imn, imx, cur, ilast = integrate(it, ix, ixx, imn, imx, cur, ilast,
+                                                              now, float(in_use + sw + ms))
+                held = ms
+                if final > c:  # the final-seat cap
+                    al = duration_per_seat(fw, float(c))
+                    final = c
+                    held = initial if initial >= c else c
+                    if held != ms:  # Set() again after the dispatch, no time passing
+                        it, ix, ixx, imn, imx, cur, ilast = integrate(
+                            it, ix, ixx, imn, imx, cur, ilast, now, float(in_use + held + sw))
+                if ex == 0:
+                    active += 1
+                w[qa + Q_EXECUTING] = ex + 1
+                w[qa + Q_SEATS] += held
+                u[qa + Q_NDR] = (ndr + tw) & U64
+                if detail:
+                    d = detail[: self._detail_bytes]
+                    off = self._details + head * self._detail_stride
+                    mv[off:off + len(d)] = d
+                    dlen = len(d)
+                else:
+                    dlen = 0
+                _SLOT.pack_into(mv, sa * 8, EXECUTING, gen, owner, level, q, NIL, NIL,
+                                initial, final, al, ms, held, iw, fw, tw, r, now, now, h,
+                                fs_index, enq, dlen, 2 * eb + (1 if watch else 0), g)
+                _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
+                                     in_use + held, active, qseats + held, it, ix, ixx, imn,
+                                     imx, cur, ilast, q, enq + 1, dispatched + 1)
+                res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
+                break
             if res is None:
-                res = self._admit_slow(level, flow_hash, initial_seats, final_seats,
-                                       additional_latency_ns, owner, now, fs_index, detail,
-                                       granted, 1 if watch else 0)
+                res = self._admit_slow_locked(level, flow_hash, initial, final, al, owner, now,
+                                              fs_index, detail, granted, 1 if watch else 0)
         except BaseException:
-            lock.release()
+            self._abort_locked()
             raise
-        w[H_DIRTY] = 0
-        w[H_UNDO_N] = 0
-        lock.release()
+        self._end_locked()
         return res
 
-    def finish(self, slot: int, gen: int, now: int) -> tuple[list, int]:
-        """The main phase is over. Returns (granted, linger_until_ns); call :meth:`release`
-        at ``linger_until_ns`` when it is not 0. A stale or unknown slot is a no-op.
-
-        The fast path (no lingering, nothing waiting in the level, no queue to remove, not
-        quiescing) is inline, computed in locals and written back in one go like
-        :meth:`admit`'s; everything else goes to :meth:`_finish_slow`. With the C fast paths
-        bound, the C entry ``finish_call`` replaces it, as for :meth:`admit`."""
-        return self._finish_locked(self._lock.acquire(), slot, gen, now)
-
-    def _finish_resume(self, decline, slot: int, gen: int, now: int) -> tuple[list, int]:
-        """Where the C ``finish_call`` hands over (see :meth:`_admit_resume`)."""
-        dead = (self._lock.acquire() if decline is None
-                else (None if decline < 0 else decline))
-        return self._finish_locked(dead, slot, gen, now)
-
     def _finish_locked(self, dead, slot: int, gen: int, now: int) -> tuple[list, int]:
-        lock = self._lock
+        """:meth:`finish` once the lock is taken (``dead``: what the lock reported): through the
+        funnel, then the fast path inline or :meth:`_finish_slow_locked`.
+
+        The fast path (``fp_finish`` in ``_fastpath.c`` computes the same words): no lingering,
+        nothing waiting in the level, no queue to remove, not quiescing, no epoch advance. It
+        reads the slot and the level record once, computes in locals and writes both back in
+        one go; anything else goes to the general path before it has written a word."""
+        granted = self._begin_locked(dead, now)
         w = self._w
-        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
-        w[H_DIRTY] = 1
         try:
             linger = -1
             if 0 <= slot < self._nslots:
@@ -379,14 +329,7 @@ class FastPaths:
                     fast = not (waiting or quiescing or (q != NIL and nq > desired))
                     if fast and now > last:  # syncTimeLocked
                         if active:
-                            seats = qseats if qseats < c else c
-                            if active == 1:  # seats_ns_times inline, as in admit
-                                x = seats * (now - last)
-                                nr = ((x + 5) // 10 if 0 <= x < EXACT_BOUND
-                                      else seats_ns_times(seats, now - last))
-                            else:
-                                nr = _std(seats / active, now - last)
-                            nr = (r + nr) & U64
+                            nr = r_after(r, last, now, active, qseats, c)
                             fast = not (nr >= HIGH_R and nr >= r)  # epoch advance: slow path
                             r = nr
                         last = now
@@ -405,31 +348,15 @@ class FastPaths:
                                 active -= 1
                             # nextDispatchR -= initial*(G - S): usually negative, so the
                             # uint64 wraparound adds
-                            x = initial * (g - ran)  # seats_ns_times inline
-                            if 0 <= x < EXACT_BOUND:
-                                corr = (x + 5) // 10
-                            elif -EXACT_BOUND < x < 0:
-                                corr = -((5 - x) // 10) & U64
-                            else:
-                                corr = seats_ns_times(initial, g - ran)
-                            u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+                            u[qa + Q_NDR] = (u[qa + Q_NDR] - seats_ns_times(initial, g - ran)) & U64
                             if w[H_SERVICE_ADAPT]:
-                                self._learn(lb, ran)
+                                self._learn_locked(lb, ran)
                             w[qa + Q_SEATS] -= held
                             qseats -= held
                         in_use -= held
-                        if now > ilast:  # seat demand Set() after the release
-                            dt = now - ilast
-                            dt = dt / 1e9 if dt < 1_000_000_000 else _seconds(dt)
-                            it += dt
-                            ix += cur * dt
-                            ixx += cur * cur * dt
-                            ilast = now
-                        cur = float(in_use + sw)
-                        if cur < imn:
-                            imn = cur
-                        if cur > imx:
-                            imx = cur
+                        # seat demand Set() after the release
+                        it, ix, ixx, imn, imx, cur, ilast = integrate(
+                            it, ix, ixx, imn, imx, cur, ilast, now, float(in_use + sw))
                         head, nfree = _FREE_LIST.unpack_from(mv, H_FREE_HEAD * 8)
                         _SLOT_FREE.pack_into(mv, sa * 8, FREE, gen, owner, level, NIL, NIL, head)
                         _FREE_LIST.pack_into(mv, H_FREE_HEAD * 8, slot, nfree + 1)
@@ -437,11 +364,9 @@ class FastPaths:
                                        active, qseats, it, ix, ixx, imn, imx, cur, ilast)
                         linger = 0
             if linger < 0:
-                linger = self._finish_slow(slot, gen, now, granted)
+                linger = self._finish_slow_locked(slot, gen, now, granted)
         except BaseException:
-            lock.release()
+            self._abort_locked()
             raise
-        w[H_DIRTY] = 0
-        w[H_UNDO_N] = 0
-        lock.release()
+        self._end_locked()
         return granted, linger

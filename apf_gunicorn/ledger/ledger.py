@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, RequestCounters,
+class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
              ServiceEstimate, Configuration, Reading, WorkerTable, BufferWords):
     """Fair-queuing seat ledger over a buffer. Create with :meth:`create` or :meth:`attach`."""
 
@@ -107,6 +107,7 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
         self._fp = None  # the C fast paths, once bound (_accelerate)
+        self._queueset = KubernetesQueueSet(self)  # the dispatch policy (policy.py)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
-        led._name_stats_entry(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
+        led._name_stats_entry_locked(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         if accelerate:
             led._accelerate()
@@ -205,16 +206,41 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
         """The G that ``level`` charges now (lock-free read of one word)."""
         return self._w[self._lb(level) + L_SERVICE_NS]
 
-    # -- lock protocol ------------------------------------------------------------------------
+    # -- the lock funnel -------------------------------------------------------------------------
+    # Every operation runs as: take the lock, _begin_locked, the operation's ..._locked body,
+    # then _end_locked (or _abort_locked when the body raised). _begin_locked is the one place
+    # that repairs after a dead holder or an interrupted operation and sets the dirty mark, as
+    # Kubernetes' lockAndSyncTime is the one place that syncs the clock: no operation can skip
+    # it. (The C fast paths take the lock themselves and hand any ledger that needs repair to
+    # Python before writing anything, see fastpath.py.) A method named ..._locked expects the
+    # lock held and the dirty mark set; the public operations are the only callers of the funnel.
 
-    def _enter(self, now: int | None) -> list:
-        dead = self._lock.acquire()
+    def _begin_locked(self, dead: int | None, now: int | None) -> list:
+        """The first step under the lock: repair when the lock reported a dead holder (``dead``,
+        its pid) or the dirty mark shows an operation that did not complete, then set the dirty
+        mark, which only :meth:`_end_locked` clears. Returns the grants a repair dispatched."""
         w = self._w
-        granted = self._recover(dead, now) if dead is not None or w[H_DIRTY] else []
-        w[H_DIRTY] = 1  # cleared only when the operation completes
+        granted = self._recover_locked(dead, now) if dead is not None or w[H_DIRTY] else []
+        w[H_DIRTY] = 1
         return granted
 
-    def _recover(self, dead: int | None, now: int | None) -> list:
+    def _end_locked(self) -> None:
+        """The operation completed: clear the dirty mark and the undo log, release the lock."""
+        w = self._w
+        w[H_DIRTY] = 0
+        w[H_UNDO_N] = 0
+        self._lock.release()
+
+    def _abort_locked(self) -> None:
+        """The operation raised: release the lock with the dirty mark still set, so the next
+        locker repairs (and rolls back the half-written event)."""
+        self._lock.release()
+
+    def _enter(self, now: int | None) -> list:
+        """Take the lock and pass the funnel; returns the grants of a repair."""
+        return self._begin_locked(self._lock.acquire(), now)
+
+    def _recover_locked(self, dead: int | None, now: int | None) -> list:
         """Repair after a dead holder (``dead`` = its pid) or an interrupted operation."""
         from apf_gunicorn.ledger.repair import repair_locked
 
@@ -232,12 +258,6 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
             self._lock.consistent()
         return granted
 
-    def _leave_ok(self) -> None:
-        w = self._w
-        w[H_DIRTY] = 0
-        w[H_UNDO_N] = 0
-        self._lock.release()
-
     def _locked(self, now: int | None, fn, *args):
         """``fn(*args)`` under the lock, for calls that return no grants of their own: grants a
         repair finds on entry go to :attr:`pending_grants`."""
@@ -245,22 +265,59 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
         try:
             out = fn(*args)
         except BaseException:
-            self._lock.release()
+            self._abort_locked()
             raise
-        self._leave_ok()
+        self._end_locked()
         return out
 
-    def _granting(self, now: int, fn, *args) -> list:
-        """``fn(granted, *args)`` under the lock; returns ``granted``: what a repair found on
-        entry plus what ``fn`` dispatched."""
+    def _granting(self, now: int, fn, *args) -> tuple[list, object]:
+        """``fn(granted, *args)`` under the lock, where ``granted`` starts as what a repair found
+        on entry and ``fn`` appends what it dispatches. Returns ``(granted, fn's result)``."""
         granted = self._enter(now)
         try:
-            fn(granted, *args)
+            out = fn(granted, *args)
         except BaseException:
-            self._lock.release()
+            self._abort_locked()
             raise
-        self._leave_ok()
-        return granted
+        self._end_locked()
+        return granted, out
+
+    # -- the dispatch policy ---------------------------------------------------------------------
+    # The general path asks the level's dispatch policy (policy.py) what to do with queues; these
+    # are the only places that pick the policy. Today every level runs Kubernetes' queueset.
+
+    def _policy_locked(self, lb: int) -> KubernetesQueueSet:
+        """The dispatch policy of the level at word address ``lb``."""
+        return self._queueset
+
+    def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
+                        granted: list) -> AdmitResult:
+        """A request of a queuing level that does not run at once: queue it (or reject it)."""
+        return self._queueset.enqueue_locked(lb, level, req, eb, ms, watch, granted)
+
+    def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
+        """Dispatch what fits in the level (seats were freed or the limit rose)."""
+        self._queueset.dispatch_all_locked(lb, now, granted)
+
+    def _touch_locked(self, lb: int, q: int) -> None:
+        """Queue ``q`` of the level changed: let the policy re-rank it."""
+        self._queueset.touch_locked(lb, q)
+
+    def _advance_epoch_locked(self, lb: int) -> None:
+        """R reached ``highR`` (see :func:`vclock.r_after`)."""
+        self._queueset.advance_epoch_locked(lb)
+
+    def _queues_moved_locked(self, lb: int) -> None:
+        """The level's queues were renumbered or re-packed."""
+        self._queueset.queues_moved_locked(lb)
+
+    def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
+        """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase."""
+        self._queueset.main_phase_ended_locked(lb, q, qa, sa, now)
+
+    def _repair_level_locked(self, lb: int) -> None:
+        """A repair rebuilt the level's queues from the slot table."""
+        self._queueset.repair_locked(lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds
@@ -276,7 +333,7 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
     # events keeps the events it completed. Execution histograms (finish) and derived state are
     # not logged.
 
-    def _log(self, *addrs: int) -> None:
+    def _log_locked(self, *addrs: int) -> None:
         """Note each word's value before the current event writes it."""
         w = self._w
         n = w[H_UNDO_N]
@@ -289,6 +346,6 @@ class Ledger(FastPaths, RequestPath, KubernetesQueueSet, VirtualClock, MinTree, 
             at += 2
         w[H_UNDO_N] = n + len(addrs)  # the pairs count only from here
 
-    def _commit(self) -> None:
+    def _commit_locked(self) -> None:
         """The current event is complete: nothing to undo."""
         self._w[H_UNDO_N] = 0

@@ -27,7 +27,7 @@ def _next_pow2(n: int) -> int:
 class MinTree:
     """Leaves: each queue head's virtual finish (U64 when empty); nodes: the minimum."""
 
-    def _set_leaf(self, lb: int, q: int, value: int) -> None:
+    def _set_leaf_locked(self, lb: int, q: int, value: int) -> None:
         u = self._u
         w = self._w
         tb = w[lb + L_TBASE]
@@ -45,7 +45,7 @@ class MinTree:
             u[tb + i] = m
             i >>= 1
 
-    def _first_le(self, tb: int, p: int, lo: int, target: int) -> int:
+    def _first_le_locked(self, tb: int, p: int, lo: int, target: int) -> int:
         """First leaf index >= lo whose value is <= target, or -1."""
         u = self._u
         i = lo + p
@@ -61,7 +61,7 @@ class MinTree:
                 i += 1
         return i - p
 
-    def _leaf_value(self, lb: int, q: int) -> int:
+    def _leaf_value_locked(self, lb: int, q: int) -> int:
         w = self._w
         qa = self._qa(lb, q)
         if w[qa + Q_WAITING] == 0:
@@ -69,7 +69,7 @@ class MinTree:
         head = w[qa + Q_HEAD]
         return (self._u[qa + Q_NDR] + self._u[self._sa(head) + S_TOTAL_WORK]) & U64
 
-    def _rebuild_tree(self, lb: int) -> None:
+    def _rebuild_tree_locked(self, lb: int) -> None:
         w, u = self._w, self._u
         tb = w[lb + L_TBASE]
         p = w[lb + L_TP]
@@ -77,7 +77,7 @@ class MinTree:
             return
         nq = w[lb + L_NQ]
         for i in range(p):
-            u[tb + p + i] = self._leaf_value(lb, i) if i < nq else U64
+            u[tb + p + i] = self._leaf_value_locked(lb, i) if i < nq else U64
         for i in range(p - 1, 0, -1):
             a = u[tb + 2 * i]
             b = u[tb + 2 * i + 1]

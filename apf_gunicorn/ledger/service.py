@@ -25,7 +25,7 @@ def learn_service(g: int, n: int, ran: int) -> int:
 class ServiceEstimate:
     """Learning G."""
 
-    def _learn(self, lb: int, ran: int) -> None:
+    def _learn_locked(self, lb: int, ran: int) -> None:
         w = self._w
         n = w[lb + L_SERVICE_N]
         if n < SERVICE_WINDOW:

@@ -64,21 +64,21 @@ class Reading:
     def take_demand_stats(self, level: int, now: int) -> DemandStats:
         """Kubernetes ``Integrator.Reset()``: results since the last take, then restart
         (min and max restart at the current value). Does not sync R."""
-        return self._locked(now, self._demand_results, level, now, True)
+        return self._locked(now, self._demand_results_locked, level, now, True)
 
     def demand_stats(self, level: int, now: int) -> DemandStats:
         """Kubernetes ``Integrator.GetResults()``: cumulative since the last take, no reset."""
-        return self._locked(now, self._demand_results, level, now, False)
+        return self._locked(now, self._demand_results_locked, level, now, False)
 
     def snapshot(self, now: int) -> Snapshot:
         """A consistent view of every level, queue and request (for dumps and metrics)."""
-        return self._locked(now, self._snapshot, now)
+        return self._locked(now, self._snapshot_locked, now)
 
-    def _snapshot(self, now: int) -> Snapshot:
+    def _snapshot_locked(self, now: int) -> Snapshot:
         w, u = self._w, self._u
         levels = []
         per_level: dict[int, list] = {}
-        states, slot_levels = self._slot_columns(S_STATE, S_LEVEL)
+        states, slot_levels = self._slot_columns_locked(S_STATE, S_LEVEL)
         for s, st in enumerate(states):
             if st != FREE:
                 per_level.setdefault(slot_levels[s], []).append(s)

@@ -68,7 +68,7 @@ class BufferWords:
     def _sa(self, s: int) -> int:
         return self._sb + s * SLOT_WORDS
 
-    def _alloc(self, level: int, owner: int, flow_hash: int, fs_index: int, initial: int,
+    def _alloc_locked(self, level: int, owner: int, flow_hash: int, fs_index: int, initial: int,
                final: int, al: int, now: int, detail: bytes) -> tuple[int, int, int]:
         w, u = self._w, self._u
         s = w[H_FREE_HEAD]
@@ -108,7 +108,7 @@ class BufferWords:
             w[sa + S_DETAIL_LEN] = 0
         return s, sa, gen
 
-    def _free(self, s: int, sa: int) -> None:
+    def _free_locked(self, s: int, sa: int) -> None:
         w = self._w
         w[sa + S_STATE] = FREE
         w[sa + S_QUEUE] = NIL
@@ -117,7 +117,7 @@ class BufferWords:
         w[H_FREE_HEAD] = s
         w[H_FREE_COUNT] += 1
 
-    def _slot_if(self, s: int, gen: int, state: int) -> int:
+    def _slot_if_locked(self, s: int, gen: int, state: int) -> int:
         """The slot's address if it still has this generation and state, else -1."""
         if not 0 <= s < self._lay.cap.slots:
             return -1
@@ -127,14 +127,14 @@ class BufferWords:
             return -1
         return sa
 
-    def _slot_columns(self, *fields: int) -> list[list[int]]:
+    def _slot_columns_locked(self, *fields: int) -> list[list[int]]:
         """One list per field over the whole slot table (fast strided reads)."""
         w = self._w
         sb = self._sb
         end = sb + self._lay.cap.slots * SLOT_WORDS
         return [w[sb + f: end: SLOT_WORDS].tolist() for f in fields]
 
-    def _link_tail(self, lb: int, qa: int, s: int, sa: int) -> None:
+    def _link_tail_locked(self, lb: int, qa: int, s: int, sa: int) -> None:
         w, u = self._w, self._u
         tail = w[qa + Q_TAIL]
         w[sa + S_PREV] = tail
@@ -154,7 +154,7 @@ class BufferWords:
         u[qa + Q_WORK_SUM] = (u[qa + Q_WORK_SUM] + u[sa + S_TOTAL_WORK]) & U64
         w[lb + L_QSEATS] += ms
 
-    def _unlink(self, lb: int, qa: int, sa: int) -> None:
+    def _unlink_locked(self, lb: int, qa: int, sa: int) -> None:
         w, u = self._w, self._u
         prev = w[sa + S_PREV]
         nxt = w[sa + S_NEXT]

@@ -59,30 +59,30 @@ class WorkerTable:
 
     def owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
         """[(slot, gen, state)] held by ``owner`` (the dispatcher's 100 ms backstop scan)."""
-        return self._locked(None, self._owned_slots, owner)
+        return self._locked(None, self._owned_slots_locked, owner)
 
-    def _owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
-        states, owners, gens = self._slot_columns(S_STATE, S_OWNER, S_GEN)
+    def _owned_slots_locked(self, owner: int) -> list[tuple[int, int, str]]:
+        states, owners, gens = self._slot_columns_locked(S_STATE, S_OWNER, S_GEN)
         return [(s, gens[s], L.STATE_NAMES[st]) for s, st in enumerate(states)
                 if st != FREE and owners[s] == owner]
 
     def reap_worker(self, owner: int, now: int) -> list:
         """Drop everything worker ``owner`` had (waits, executions, lingering seats) and
         dispatch what that frees. Idempotent."""
-        return self._granting(now, self._reap_worker, owner, now)
+        return self._granting(now, self._reap_worker_locked, owner, now)[0]
 
-    def _reap_worker(self, granted: list, owner: int, now: int) -> None:
-        self._reap(owner, now)
-        self._dispatch_every_level(now, granted)
+    def _reap_worker_locked(self, granted: list, owner: int, now: int) -> None:
+        self._reap_owner_locked(owner, now)
+        self._dispatch_every_level_locked(now, granted)
         wa = self._lay.worker(owner)
         if self._w[wa + L.W_STATE] != L.WORKER_FREE:
             self._w[wa + L.W_STATE] = L.WORKER_GONE
         self._w[wa + L.W_ROOM] = 0
 
-    def _reap(self, owner: int, now: int) -> None:
+    def _reap_owner_locked(self, owner: int, now: int) -> None:
         w = self._w
         synced = set()
-        states, owners = self._slot_columns(S_STATE, S_OWNER)
+        states, owners = self._slot_columns_locked(S_STATE, S_OWNER)
         for s in range(len(states)):
             if states[s] == FREE or owners[s] != owner:
                 continue
@@ -91,23 +91,23 @@ class WorkerTable:
             level = w[sa + S_LEVEL]
             lb = self._lvb + level * LEVEL_WORDS
             if level not in synced:
-                self._sync(lb, now)
+                self._sync_locked(lb, now)
                 synced.add(level)
             if state == WAITING:
-                self._drop_waiting(lb, s, sa, now)
-                self._count_lost_wait(lb, sa, now)
-                self._commit()
+                self._drop_waiting_locked(lb, s, sa, now)
+                self._count_lost_wait_locked(lb, sa, now)
+                self._commit_locked()
                 continue
             if state == EXECUTING:
-                self._end_main_phase(lb, sa, now)
-            self._release_seats(lb, level, s, sa, now)
+                self._end_main_phase_locked(lb, sa, now)
+            self._release_seats_locked(lb, level, s, sa, now)
 
-    def _dispatch_every_level(self, now: int, granted: list) -> None:
+    def _dispatch_every_level_locked(self, now: int, granted: list) -> None:
         w = self._w
         for level in range(self._lay.cap.levels):
             lb = self._lvb + level * LEVEL_WORDS
             if w[lb + L_USED]:
                 if w[lb + L_WAITING]:
-                    self._sync(lb, now)
-                    self._dispatch_all(lb, now, granted)
-                self._maybe_drop(lb)
+                    self._sync_locked(lb, now)
+                    self._dispatch_all_locked(lb, now, granted)
+                self._maybe_drop_locked(lb)
