@@ -283,12 +283,9 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return granted, out
 
     # -- the dispatch policy ---------------------------------------------------------------------
-    # The general path asks the level's dispatch policy (policy.py) what to do with queues; these
-    # are the only places that pick the policy. Today every level runs Kubernetes' queueset.
-
-    def _policy_locked(self, lb: int) -> KubernetesQueueSet:
-        """The dispatch policy of the level at word address ``lb``."""
-        return self._queueset
+    # The general path asks the level's dispatch policy (policy.py) what to do with its queues
+    # through these routers only: they are the one place that picks the policy. Today every
+    # level runs Kubernetes' queueset (self._queueset); a second policy is chosen here per level.
 
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:

@@ -6,12 +6,11 @@ shuffle sharding into the queue with the least waiting work, dispatch by the min
 finish (a min-segment tree per level, ``mintree.py``) with round-robin ties from
 ``robinIndex + 1``, head-of-line blocking, the anti-windup floor after every queue change, and the
 finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a policy provides
-is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; the ledger holds one policy object per
-ledger (``Ledger._queueset``) and reaches it through ``Ledger._policy_locked(lb)``::
+is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; each ``Ledger`` builds one
+(``Ledger._queueset``) and calls it through its routers only (``ledger.py``)::
 
-    policy = led._policy_locked(lb)
-    res = policy.enqueue_locked(lb, level, req, granted)     # the request waits (or is rejected)
-    policy.dispatch_all_locked(lb, now, granted)             # seats freed: dispatch what fits
+    led._enqueue_locked(lb, level, req, eb, ms, watch, granted)   # -> policy.enqueue_locked
+    led._dispatch_all_locked(lb, now, granted)                    # -> policy.dispatch_all_locked
 
 Everything here runs with the ledger lock held (hence ``_locked``). The admit-at-once fast path
 (``fastpath.py`` and ``_fastpath.c``) implements this policy's at-once case inline.
