@@ -48,8 +48,8 @@ def test_fast_path_never_touches_the_segment_tree(monkeypatch) -> None:
     def forbidden(*_args):
         raise AssertionError("the fast path touched the tree")
 
-    monkeypatch.setattr(Ledger, "_set_leaf", forbidden)
-    monkeypatch.setattr(Ledger, "_first_le", forbidden)
+    monkeypatch.setattr(Ledger, "_set_leaf_locked", forbidden)
+    monkeypatch.setattr(Ledger, "_first_le_locked", forbidden)
     a = led.admit(levels["a"], 11, 1, 0, 0, 0, 0)
     b = led.admit(levels["a"], 12, 1, 0, 0, 0, 5)
     assert (a.outcome, b.outcome) == (EXECUTE, EXECUTE)
@@ -127,7 +127,7 @@ def test_the_c_files_other_mirrored_constants_equal_pythons() -> None:
 
 
 def test_an_extension_built_for_another_layout_is_not_used(monkeypatch) -> None:
-    from apf_gunicorn.ledger import ledger as ledger_module
+    from apf_gunicorn.ledger import fastpath as ledger_module
 
     real = ledger_module.fastpath_module()
     if real is None:
