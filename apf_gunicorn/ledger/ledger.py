@@ -57,6 +57,7 @@ from apf_gunicorn.ledger.records import (
     RequestSnapshot,
     Snapshot,
 )
+from apf_gunicorn.ledger.repair import RepairView, repair_locked
 from apf_gunicorn.ledger.requestpath import RequestPath
 from apf_gunicorn.ledger.service import (
     DEFAULT_SERVICE_ESTIMATE_NS,
@@ -206,6 +207,19 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         """The G that ``level`` charges now (lock-free read of one word)."""
         return self._w[self._lb(level) + L_SERVICE_NS]
 
+    def repair_view(self) -> RepairView:
+        """The buffer views and lock-held steps that ``repair.py`` uses (its rebuild, rollback
+        and :func:`~apf_gunicorn.ledger.repair.verify`), so that it needs nothing private.
+
+        Returns:
+            A :class:`~apf_gunicorn.ledger.repair.RepairView` over this ledger; its ``..._locked``
+            steps need the lock held (a repair runs inside the lock funnel).
+        """
+        return RepairView(self._w, self._u, self._lay, self._qa, self._count_lost_wait_locked,
+                          self._log_locked, self._commit_locked, self._demand_locked,
+                          self._repair_level_locked, self._dispatch_all_locked,
+                          self._leaf_value_locked)
+
     # -- the lock funnel -------------------------------------------------------------------------
     # Every operation runs as: take the lock, _begin_locked, the operation's ..._locked body,
     # then _end_locked (or _abort_locked when the body raised). _begin_locked is the one place
@@ -242,8 +256,6 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     def _recover_locked(self, dead: int | None, now: int | None) -> list:
         """Repair after a dead holder (``dead`` = its pid) or an interrupted operation."""
-        from apf_gunicorn.ledger.repair import repair_locked
-
         try:
             granted = repair_locked(self, now, dead_pid=dead or 0)
         except BaseException:
