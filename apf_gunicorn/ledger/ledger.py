@@ -17,6 +17,18 @@ docs/ledger.md): the ``totSeatsWaiting`` drift is not kept, time never runs back
 level (a stale ``now`` from another process counts as no time passing), a quiescing level is
 dropped only once its lingering seats are released too, and per-request cost does not grow with
 the number of queues (incremental rate inputs and a min-segment tree of head virtual finishes).
+
+How it is built: ``Ledger`` is a thin facade over mixins, one per concern, that share its
+buffer views (``_w``/``_u``/``_f``/``_mv``) and call each other as methods (no extra object on
+the per-request path). This module holds construction, the lock funnel (the one way into a
+locked operation: ``_begin_locked`` / ``_end_locked``), the routers to the dispatch policy
+and the undo log. The rest: ``requestpath.py`` (admit, finish, release, cancel and the general
+path), ``fastpath.py`` (their fast paths, mirrored by ``_fastpath.c``), ``queueset.py`` (the
+Kubernetes dispatch policy, behind ``policy.py``), ``vclock.py`` (R and the seat-demand
+integrator), ``mintree.py``, ``words.py`` (addresses, slots, FIFOs), ``counters.py``
+(per-request stats), ``service.py`` (G), ``configure.py``, ``snapshot.py`` (readers),
+``workers.py``, ``records.py`` (result types and ``LedgerPort``) and ``repair.py``. A method
+named ``..._locked`` expects the lock held. See docs/ARCHITECTURE.md for the module map.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ from apf_gunicorn.ledger.records import (
     REJECTED,
     AdmitResult,
     DemandStats,
+    LedgerPort,
     LevelLoad,
     LevelSnapshot,
     LevelSpec,
@@ -74,10 +87,11 @@ from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
 
-__all__ = [
+__all__ = [  # what ledger.py exported before the split, for its importers
     "DEFAULT_SERVICE_ESTIMATE_NS", "EXECUTE", "MAX_SERVICE_ESTIMATE_NS", "QUEUED", "REJECTED",
-    "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger", "LevelLoad",
-    "LevelSnapshot", "LevelSpec", "QueueSnapshot", "RequestSnapshot", "Snapshot", "learn_service",
+    "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger",
+    "LedgerPort", "LevelLoad", "LevelSnapshot", "LevelSpec", "QueueSnapshot",
+    "RequestSnapshot", "Snapshot", "learn_service",
 ]
 
 
@@ -114,7 +128,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @staticmethod
     def size(cap: Capacity | None = None) -> int:
-        """Bytes needed for a ledger of these capacities."""
+        """Bytes a ledger of these capacities needs (``Capacity()`` when None)."""
         return Layout(cap or Capacity()).size
 
     @classmethod
@@ -122,13 +136,25 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
                service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS,
                owner_pid: int = 0, accelerate: bool = True,
                learn_service: bool = False) -> Ledger:
-        """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part.
+        """Format ``buf`` as an empty ledger (zeroed, free list, header) and initialise the lock's
+        shared part.
 
-        ``service_estimate_ns`` is G, the service time charged to a request's queue when it is
-        dispatched (its completion corrects the charge to the time it really ran). With
-        ``learn_service`` each level starts at that G and learns its own from the requests it
-        finishes (:func:`learn_service`); without, G stays fixed, as in Kubernetes.
-        ``accelerate``: use the C fast paths when they are built (see :attr:`accelerated`)."""
+        Args:
+            buf: a writable buffer of at least :meth:`size` bytes (a ``bytearray``, or an mmap of
+                POSIX shared memory for ``ProcessLock``).
+            cap: the capacities (``Capacity()`` when None).
+            lock: ``NullLock`` (one thread; the default) or ``ProcessLock`` (processes).
+            service_estimate_ns: G, the service time charged to a request's queue when it is
+                dispatched (its completion corrects the charge to the time it really ran).
+            owner_pid: the creating process, recorded in the header.
+            accelerate: use the C fast paths when they are built (see :attr:`accelerated`).
+            learn_service: each level starts at G and learns its own from the requests it
+                finishes (:func:`learn_service`); without, G stays fixed, as in Kubernetes.
+        Returns:
+            The ledger over ``buf``.
+        Raises:
+            ValueError: ``service_estimate_ns`` outside [0, 60 s], or ``buf`` too small.
+        """
         if not 0 <= service_estimate_ns <= MAX_SERVICE_ESTIMATE_NS:
             raise ValueError(f"service_estimate_ns must be within [0, "
                              f"{MAX_SERVICE_ESTIMATE_NS}], not {service_estimate_ns}")
@@ -166,7 +192,17 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @classmethod
     def attach(cls, buf, lock=None, accelerate: bool = True) -> Ledger:
-        """Wrap a buffer some other process (or object) formatted with :meth:`create`."""
+        """Wrap a buffer that :meth:`create` formatted (in this or another process).
+
+        Args:
+            buf: the buffer (an mmap of the shared memory segment).
+            lock: the same kind of lock the creator used (``ProcessLock`` across processes).
+            accelerate: use the C fast paths when they are built.
+        Returns:
+            A ledger over ``buf``, with the capacities recorded in its header.
+        Raises:
+            ValueError: ``buf`` does not hold a ledger of this layout version.
+        """
         head = memoryview(buf).cast("B")[: L.HEADER_WORDS * L.WORD].cast("q")
         if head[L.H_MAGIC] != L.MAGIC or head[L.H_VERSION] != L.VERSION:
             raise ValueError("buffer does not hold an apf_gunicorn ledger of this version")
@@ -182,7 +218,9 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return led
 
     def close(self) -> None:
-        """Release the views so the underlying mmap can be closed."""
+        """Release the buffer views (and the C fast paths' hold on them) so the underlying mmap
+        can be closed; the ledger is unusable afterwards.
+        """
         fp, self._fp = self._fp, None
         if fp is not None:
             self.__dict__.pop("admit", None)
@@ -196,6 +234,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @property
     def capacity(self) -> Capacity:
+        """The capacities the ledger was created with."""
         return self._lay.cap
 
     @property
@@ -204,7 +243,11 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return self._w[H_SERVICE_NS]
 
     def level_service_estimate_ns(self, level: int) -> int:
-        """The G that ``level`` charges now (lock-free read of one word)."""
+        """The G that ``level`` charges now (one word read, no lock).
+
+        Raises:
+            ValueError: ``level`` is out of range or not configured.
+        """
         return self._w[self._lb(level) + L_SERVICE_NS]
 
     def repair_view(self) -> RepairView:
