@@ -345,31 +345,31 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:
         """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._queueset.enqueue_locked(lb, level, req, eb, ms, watch, granted)
+        return self._queueset.enqueue_locked(self, lb, level, req, eb, ms, watch, granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""
-        self._queueset.dispatch_all_locked(lb, now, granted)
+        self._queueset.dispatch_all_locked(self, lb, now, granted)
 
     def _touch_locked(self, lb: int, q: int) -> None:
         """Queue ``q`` of the level changed: let the policy re-rank it."""
-        self._queueset.touch_locked(lb, q)
+        self._queueset.touch_locked(self, lb, q)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
-        self._queueset.advance_epoch_locked(lb)
+        self._queueset.advance_epoch_locked(self, lb)
 
     def _queues_moved_locked(self, lb: int) -> None:
         """The level's queues were renumbered or re-packed."""
-        self._queueset.queues_moved_locked(lb)
+        self._queueset.queues_moved_locked(self, lb)
 
     def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
         """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase."""
-        self._queueset.main_phase_ended_locked(lb, q, qa, sa, now)
+        self._queueset.main_phase_ended_locked(self, lb, q, qa, sa, now)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""
-        self._queueset.repair_locked(lb)
+        self._queueset.repair_locked(self, lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds
