@@ -165,7 +165,6 @@ def _load_accelerator():
 _ACCEL = _load_accelerator()
 
 
-
 class FastPaths:
     """The admit and finish entries under the lock, with their fast paths (a mixin)."""
 

@@ -80,9 +80,7 @@ from apf_gunicorn.ledger.service import (
     learn_service,
 )
 from apf_gunicorn.ledger.snapshot import Reading
-from apf_gunicorn.ledger.stats import (
-    OVERFLOW,
-)
+from apf_gunicorn.ledger.stats import OVERFLOW
 from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable

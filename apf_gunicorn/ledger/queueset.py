@@ -81,9 +81,7 @@ from apf_gunicorn.ledger.seatseconds import (
     duration_per_seat,
     seats_ns_times,
 )
-from apf_gunicorn.ledger.stats import (
-    R_QUEUE_FULL,
-)
+from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 
 class KubernetesQueueSet:
