@@ -25,6 +25,30 @@ NARROW = ([1, 1, 1, 1, 2, 3, 20], [0, 0, 0, 0, 1, 2, 40])  # initial, final seat
 WIDE = ([1, 1, 1, 1, 2, 3, 20, 70], [0, 0, 0, 0, 1, 2, 40, 120])  # wider than every limit too
 
 
+class Counted:
+    """Counts the calls of two of a ledger's methods (wrapped as instance attributes, so the
+    ledger's own calls through ``self`` see the wrappers)::
+
+        counted = Counted(led, "_admit_locked", "_finish_locked")   # the C hand-overs
+        counted.admits, counted.finishes
+    """
+
+    def __init__(self, led: Ledger, admit: str, finish: str) -> None:
+        self.admits = self.finishes = 0
+        admit_fn, finish_fn = getattr(led, admit), getattr(led, finish)
+
+        def a(*args):
+            self.admits += 1
+            return admit_fn(*args)
+
+        def f(*args):
+            self.finishes += 1
+            return finish_fn(*args)
+
+        setattr(led, admit, a)
+        setattr(led, finish, f)
+
+
 def drive(seed: int, pair: tuple[Ledger, Ledger], same: Callable[[Ledger, Ledger, str], None],
           seats: tuple[list[int], list[int]] = NARROW, steps: int = 700,
           ) -> tuple[list[int], int, int]:

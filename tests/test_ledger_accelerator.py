@@ -20,7 +20,7 @@ from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec, ve
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger import ledger as ledger_module
 from apf_gunicorn.ledger.lock import ProcessLock
-from tests.ledger_streams import drive
+from tests.ledger_streams import Counted, drive
 
 CAP = Capacity(levels=4, queues=256, slots=96, workers=4, flow_schemas=4, detail_bytes=24,
                stats_entries=16)
@@ -35,25 +35,6 @@ def test_the_accelerator_is_built_and_used() -> None:
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
     assert led.accelerated
     assert not Ledger.create(bytearray(Ledger.size(CAP)), CAP, accelerate=False).accelerated
-
-
-class _Counted:
-    """Counts the operations the C paths handed to Python (wraps the ``_*_locked`` methods)."""
-
-    def __init__(self, led: Ledger) -> None:
-        self.admits = self.finishes = 0
-        admit, finish = led._admit_locked, led._finish_locked
-
-        def a(*args):
-            self.admits += 1
-            return admit(*args)
-
-        def f(*args):
-            self.finishes += 1
-            return finish(*args)
-
-        led._admit_locked = a
-        led._finish_locked = f
 
 
 def _pair(learn_service: bool = False):
@@ -77,7 +58,7 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
 def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, slow = _pair(learn)
-    counted = _Counted(fast)
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     levels, admits, finishes = drive(seed, (fast, slow), _same)
     learnt = {fast.level_service_estimate_ns(lv) for lv in levels[:2]}
     assert (learnt != {fast.service_estimate_ns}) == learn, learnt
@@ -90,7 +71,7 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
 
 def test_the_fast_cases_never_reach_python() -> None:
     fast, slow = _pair()
-    counted = _Counted(fast)
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     for led in (fast, slow):
         levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4)], ["fs"], 0)
     a = levels["a"]
@@ -169,7 +150,7 @@ def test_the_c_entries_hand_over_and_take_keywords() -> None:
     the Python paths with the same results as a pure-Python ledger."""
     fast, slow = _pair()
     assert type(fast.admit) is not type(slow.admit)  # the C entry vs the bound method
-    counted = _Counted(fast)
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     for led in (fast, slow):
         levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 1)], ["fs"], 0)
     a = levels["a"]

@@ -16,7 +16,7 @@ import pytest
 
 from apf_gunicorn.ledger import Capacity, Ledger
 from apf_gunicorn.ledger import layout as L
-from tests.ledger_streams import WIDE, drive
+from tests.ledger_streams import WIDE, Counted, drive
 
 CAP = Capacity(levels=4, queues=256, slots=96, workers=4, flow_schemas=4, detail_bytes=24,
                stats_entries=16)
@@ -48,25 +48,6 @@ class GeneralPathLedger(Ledger):
         return granted, linger
 
 
-class _GeneralCalls:
-    """Counts the fast ledger's operations that went to the general path."""
-
-    def __init__(self, led: Ledger) -> None:
-        self.admits = self.finishes = 0
-        admit, finish = led._admit_slow_locked, led._finish_slow_locked
-
-        def a(*args):
-            self.admits += 1
-            return admit(*args)
-
-        def f(*args):
-            self.finishes += 1
-            return finish(*args)
-
-        led._admit_slow_locked = a
-        led._finish_slow_locked = f
-
-
 def _pair(learn: bool) -> tuple[Ledger, Ledger]:
     return tuple(cls.create(bytearray(cls.size(CAP)), CAP, accelerate=False, learn_service=learn)
                  for cls in (Ledger, GeneralPathLedger))
@@ -91,7 +72,7 @@ def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int) -> None
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, general = _pair(learn)
     assert not fast.accelerated and not general.accelerated
-    calls = _GeneralCalls(fast)
+    calls = Counted(fast, "_admit_slow_locked", "_finish_slow_locked")  # the general path
     _levels, admits, finishes = drive(seed, (fast, general), _same, WIDE)
     # both paths ran in the fast ledger: its fast paths completed a share of the operations
     assert 0 < calls.admits < admits and 0 < calls.finishes < finishes, (
