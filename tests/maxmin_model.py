@@ -855,3 +855,55 @@ def model_factory(qs, clients):
 
     return MaxMinBackend(qs.queues, qs.hand_size, qs.queue_length_limit, qs.concurrency_limit,
                          slots=concurrent_requests_bound(clients) + 8)
+
+
+def verify(m: MaxMinModel) -> list[str]:
+    """Every violated invariant of the model's words (empty when consistent)."""
+    bad: list[str] = []
+    for li, lv in enumerate(m.levels):
+        in_heap = set(m._heap_all(lv))
+        parked = set(m._parked(lv))
+        for f in in_heap:
+            c = m.f_child[f]
+            while c != NIL:
+                if m._less(c, f):
+                    bad.append(f"level {li}: heap order broken at flow {f}")
+                c = m.f_next[c]
+        waiting = seats_waiting = in_use = executing = 0
+        flows_active = set()
+        for s in range(m.slots):
+            if m.s_level[s] != li or m.s_state[s] == FREE:
+                continue
+            st = m.s_state[s]
+            if st == WAITING:
+                waiting += 1
+                seats_waiting += m.s_max[s]
+                flows_active.add(m.s_flow[s])
+            if st in (EXECUTING, LINGERING):
+                in_use += m.s_held[s]
+            if st == EXECUTING:
+                executing += 1
+                flows_active.add(m.s_flow[s])
+        if (waiting, seats_waiting, in_use, executing) != (
+                lv.waiting, lv.seats_waiting, lv.in_use, lv.executing):
+            bad.append(f"level {li}: totals {(lv.waiting, lv.seats_waiting, lv.in_use, lv.executing)}"
+                       f" != recount {(waiting, seats_waiting, in_use, executing)}")
+        if len(flows_active) != lv.nflows:
+            bad.append(f"level {li}: {lv.nflows} active flows counted, {len(flows_active)} found")
+        for f in flows_active:
+            fifo, s = [], m.f_head[f]
+            while s != NIL:
+                fifo.append(s)
+                s = m.s_fnext[s]
+            if len(fifo) != m.f_waiting[f]:
+                bad.append(f"flow {f}: FIFO of {len(fifo)}, waiting {m.f_waiting[f]}")
+            if m.f_waiting[f] and f not in in_heap and f not in parked:
+                bad.append(f"flow {f}: waits but is neither in the heap nor parked")
+            if m._flow_find(li, m.f_hash[f]) != f:
+                bad.append(f"flow {f}: not found by its key")
+        for f in in_heap | parked:
+            if not m.f_waiting[f]:
+                bad.append(f"flow {f}: listed with nothing waiting")
+        if lv.reserve != NIL and not m.f_waiting[lv.reserve]:
+            bad.append(f"level {li}: reserved flow {lv.reserve} has nothing waiting")
+    return bad
