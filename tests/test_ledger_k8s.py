@@ -34,16 +34,16 @@ def put_waiting(led: Ledger, level: int, q: int, initial: int, ndr_seat_seconds:
     """Hand-build a waiting request at the tail of queue q (as the Go test builds queues)."""
     w, u = led._w, led._u
     lb = led._lb(level)
-    s, sa, _gen = led._alloc(level, 0, 0, 0, initial, 0, 0, 0, b"")
+    s, sa, _gen = led._alloc_locked(level, 0, 0, 0, initial, 0, 0, 0, b"")
     w[sa + L.S_QUEUE] = q
     w[sa + L.S_STATE] = L.WAITING
     w[sa + L.S_SEQ] = s
     qa = led._qa(lb, q)
-    led._link_tail(lb, qa, s, sa)
+    led._link_tail_locked(lb, qa, s, sa)
     w[lb + L.L_WAITING] += 1
     w[lb + L.L_SEATS_WAITING] += initial
     u[qa + L.Q_NDR] = ndr_seat_seconds * SS_SCALE
-    led._touch(lb, q)
+    led._touch_locked(lb, q)
     return s
 
 
@@ -75,7 +75,7 @@ def test_find_dispatch_queue(name, c, in_use, queues, attempts) -> None:
         if set_in_use is not None:
             w[lb + L.L_SEATS_IN_USE] = set_in_use
         granted: list = []
-        picked = led._dispatch_one(lb, 0, granted)
+        picked = led._queueset.dispatch_one_locked(lb, 0, granted)
         assert picked == (want_queue is not None)
         if want_queue is None:
             assert granted == []
@@ -135,15 +135,15 @@ def test_request_seats_is_max(initial: int, final: int) -> None:
 def test_integrator_vectors() -> None:
     led, level = make(-1, 0)
     lb = led._lb(level)
-    led._demand_x(lb, 0, 3.0)  # Add(3)
+    led._set_demand_locked(lb, 0, 3.0)  # Add(3)
     got = led.demand_stats(level, S)
     assert got == (1.0, 3.0, 0.0, 0.0, 3.0)
     assert led.take_demand_stats(level, S) == got
-    led._demand_x(lb, S, 2.0)  # Set(2)
+    led._set_demand_locked(lb, S, 2.0)  # Set(2)
     got = led.demand_stats(level, S)
     assert got.duration_s == 0 and math.isnan(got.average) and math.isnan(got.deviation)
     assert (got.min, got.max) == (2.0, 3.0)
-    led._demand_x(lb, S + MS, 1.0)  # step 1ms, Add(-1)
+    led._set_demand_locked(lb, S + MS, 1.0)  # step 1ms, Add(-1)
     got = led.demand_stats(level, S + 2 * MS)
     assert got.duration_s == pytest.approx(0.002, rel=1e-12)
     assert got.average == pytest.approx(1.5, rel=1e-9)
@@ -376,7 +376,7 @@ def test_epoch_advance_at_high_r() -> None:
     u[lb + L.L_R] = base
     u[led._qa(lb, q) + L.Q_NDR] = base + 100
     u[led._sa(b.slot) + L.S_ARRIVAL_R] = base
-    led._rebuild_tree(lb)
+    led._rebuild_tree_locked(lb)
     # rate = min(2 seats, C=1) / 1 active queue = 1 seat: 100 ns -> 10 units
     led.admit(level, 99, 1, 0, 0, 0, 100)
     assert u[lb + L.L_R] == base + 10 - R_DECREMENT

@@ -42,8 +42,8 @@ def test_fast_path_never_touches_the_segment_tree(monkeypatch) -> None:
     def forbidden(*_args):
         raise AssertionError("the fast path touched the tree")
 
-    monkeypatch.setattr(Ledger, "_set_leaf", forbidden)
-    monkeypatch.setattr(Ledger, "_first_le", forbidden)
+    monkeypatch.setattr(Ledger, "_set_leaf_locked", forbidden)
+    monkeypatch.setattr(Ledger, "_first_le_locked", forbidden)
     a = led.admit(levels["a"], 11, 1, 0, 0, 0, 0)
     b = led.admit(levels["a"], 12, 1, 0, 0, 0, 5)
     assert (a.outcome, b.outcome) == (EXECUTE, EXECUTE)

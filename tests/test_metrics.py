@@ -305,7 +305,7 @@ def _wind_to_high_r(led, level: int, underflow: bool) -> None:
             while s != L.NIL:
                 u[led._sa(s) + L.S_ARRIVAL_R] = base
                 s = w[led._sa(s) + L.S_NEXT]
-    led._rebuild_tree(lb)
+    led._rebuild_tree_locked(lb)
 
 
 def test_epoch_advance_total_follows_the_ledger() -> None:

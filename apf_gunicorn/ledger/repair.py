@@ -132,8 +132,8 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
             if state == WAITING and w[lb + L.L_USED] and w[sa + L.S_OWNER] in drop_owners:
                 # one event: the count, then the slot freed below (not ok: a dropped owner)
                 t = w[lb + L.L_LAST_NS] if now is None else now
-                led._count_lost_wait(lb, sa, t)
-                led._log(sa + L.S_STATE)
+                led._count_lost_wait_locked(lb, sa, t)
+                led._log_locked(sa + L.S_STATE)
             q = w[sa + L.S_QUEUE]
             if ok and not (q == NIL or 0 <= q < w[lb + L.L_NQ]):
                 if state == WAITING:
@@ -144,7 +144,7 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
                 ok = False
         if not ok:
             w[sa + L.S_STATE] = FREE
-            led._commit()
+            led._commit_locked()
 
 
 def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset()) -> list:
@@ -184,16 +184,10 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
         lb = lay.level(level)
         for field, value in agg.items():
             w[lb + field] = value
-        for q in range(w[lb + L.L_NQ]):
-            qa = led._qa(lb, q)
-            if w[qa + L.Q_WAITING]:  # anti-windup floor, as after any queue change
-                head_r = u[lay.slot(w[qa + L.Q_HEAD]) + L.S_ARRIVAL_R]
-                if u[qa + L.Q_NDR] < head_r:
-                    u[qa + L.Q_NDR] = head_r
-        led._rebuild_tree(lb)
+        led._repair_level_locked(lb)
         t = w[lb + L.L_LAST_NS] if now is None else max(now, w[lb + L.L_LAST_NS])
-        led._demand(lb, t)
-        led._dispatch_all(lb, t, granted)
+        led._demand_locked(lb, t)
+        led._dispatch_all_locked(lb, t, granted)
     for owner in drop_owners:
         if 0 <= owner < lay.cap.workers:
             wa = lay.worker(owner)
@@ -279,7 +273,7 @@ def _verify_tree(led, lb: int) -> list[str]:
     if nq > p:
         return [f"level at {lb}: {nq} queues but a tree of {p} leaves"]
     for q in range(p):
-        want = led._leaf_value(lb, q) if q < nq else U64
+        want = led._leaf_value_locked(lb, q) if q < nq else U64
         if u[tb + p + q] != want:
             out.append(f"level at {lb}: tree leaf {q} = {u[tb + p + q]}, want {want}")
     for i in range(1, p):

@@ -1,0 +1,301 @@
+"""Kubernetes' queueset dispatch policy: which queue a request waits in and which waits next.
+
+The ledger's general request path (``requestpath.py``) owns slots, seats, counters and the
+lock; a *dispatch policy* decides the queuing: this module is Kubernetes' (``queueset.go``):
+shuffle sharding into the queue with the least waiting work, dispatch by the minimum virtual
+finish (a min-segment tree per level, ``mintree.py``) with round-robin ties from
+``robinIndex + 1``, head-of-line blocking, the anti-windup floor after every queue change, and the
+finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a policy provides
+is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; the ledger holds one policy object per
+ledger (``Ledger._queueset``) and reaches it through ``Ledger._policy_locked(lb)``::
+
+    policy = led._policy_locked(lb)
+    res = policy.enqueue_locked(lb, level, req, granted)     # the request waits (or is rejected)
+    policy.dispatch_all_locked(lb, now, granted)             # seats freed: dispatch what fits
+
+Everything here runs with the ledger lock held (hence ``_locked``). The admit-at-once fast path
+(``fastpath.py`` and ``_fastpath.c``) implements this policy's at-once case inline.
+"""
+
+from __future__ import annotations
+
+from apf_gunicorn.flowcontrol.shufflesharding import deal
+from apf_gunicorn.ledger import layout as L
+from apf_gunicorn.ledger.layout import (
+    EXECUTING,
+    L_ACTIVE_QUEUES,
+    L_C,
+    L_DESIRED,
+    L_DISPATCHED,
+    L_ENQUEUES,
+    L_EXECUTING,
+    L_HAND,
+    L_NQ,
+    L_QBASE,
+    L_QLL,
+    L_QSEATS,
+    L_R,
+    L_ROBIN,
+    L_SEATS_IN_USE,
+    L_SEATS_WAITING,
+    L_TBASE,
+    L_TP,
+    L_WAITING,
+    NIL,
+    Q_EXECUTING,
+    Q_HEAD,
+    Q_NDR,
+    Q_SEATS,
+    Q_WAITING,
+    Q_WORK_SUM,
+    QUEUE_WORDS,
+    S_AL,
+    S_ARRIVAL_NS,
+    S_ARRIVAL_R,
+    S_FINAL,
+    S_FINAL_WORK,
+    S_GEN,
+    S_HELD,
+    S_INITIAL,
+    S_MAX_SEATS,
+    S_NEXT,
+    S_OWNER,
+    S_QUEUE,
+    S_SEQ,
+    S_SERVICE_NS,
+    S_START_NS,
+    S_STATE,
+    S_STATS,
+    S_TOTAL_WORK,
+    SLOT_WORDS,
+    WAITING,
+)
+from apf_gunicorn.ledger.records import (
+    EXECUTE,
+    QUEUED,
+    REJECTED,
+    AdmitResult,
+)
+from apf_gunicorn.ledger.seatseconds import (
+    R_DECREMENT,
+    U64,
+    duration_per_seat,
+    seats_ns_times,
+)
+from apf_gunicorn.ledger.stats import (
+    R_QUEUE_FULL,
+)
+
+
+class KubernetesQueueSet:
+    """Kubernetes' queueset rules over one ledger's buffer (a :class:`DispatchPolicy`)."""
+
+    name = "kubernetes"
+
+    def __init__(self, led) -> None:
+        self._led = led
+        self._w = led._w
+        self._u = led._u
+        self._qb = led._qb
+        self._sb = led._sb
+
+    def enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
+                       granted: list) -> AdmitResult:
+        """``StartRequest`` of a queuing level for a request that does not run at once (the
+        fast path declined): the arrival is counted, a slot is free, R is synced.
+
+        Args:
+            lb: the level's word address; ``level`` its index.
+            req: ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``.
+            eb: the request's stats entry; ``ms``: max(initial, final) seats; ``watch``: 0/1.
+            granted: the operation's grants, appended to.
+        Returns:
+            REJECTED ``queue-full`` (nothing else written but the counts), QUEUED, or EXECUTE
+            when the dispatch that follows the enqueue picked this request.
+        """
+        led = self._led
+        w, u = self._w, self._u
+        flow_hash, initial, final, al, owner, now, fs_index, detail = req
+        desired = w[lb + L_DESIRED]
+        hs = w[lb + L_HAND]
+        hand = deal(flow_hash & U64, desired, hs)
+        enq = w[lb + L_ENQUEUES]
+        w[lb + L_ENQUEUES] = enq + 1
+        off = enq % hs
+        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
+        r = u[lb + L_R]
+        # shuffle sharding: least waiting work in the hand, visiting from the rotating offset
+        best_q = hand[off]
+        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
+        for i in range(1, hs):
+            q = hand[(off + i) % hs]
+            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
+            if ws < best:
+                best, best_q = ws, q
+        q = best_q
+        qa = qbase + q * QUEUE_WORDS
+        if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
+            led._count_rejection_locked(lb)
+            led._note_rejection_locked(eb, R_QUEUE_FULL, False)
+            led._commit_locked()
+            return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
+        s, sa, gen = led._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al, now,
+                                       detail)
+        w[sa + S_STATS] = 2 * eb + watch
+        u[sa + S_ARRIVAL_R] = r
+        w[sa + S_SEQ] = enq
+        w[sa + S_QUEUE] = q
+        led._log_locked(sa + S_STATE)
+        w[sa + S_STATE] = WAITING
+        led._commit_locked()
+        if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
+            u[qa + Q_NDR] = r
+        led._link_tail_locked(lb, qa, s, sa)
+        w[lb + L_WAITING] += 1
+        w[lb + L_SEATS_WAITING] += ms
+        led._demand_locked(lb, now)
+        self.touch_locked(lb, q)
+        self.dispatch_all_locked(lb, now, granted)
+        if w[sa + S_STATE] == EXECUTING:
+            mine = (s, gen, owner)
+            granted[:] = [g for g in granted if g != mine]
+            return AdmitResult(EXECUTE, s, gen, "", granted)
+        return AdmitResult(QUEUED, s, gen, "", granted)
+
+    def dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
+        """Dispatch while something waits, seats are free and the chosen head fits
+        (``dispatchAsMuchAsPossibleLocked``); appends ``(slot, gen, owner)`` to ``granted``."""
+        w = self._w
+        while (w[lb + L_WAITING] != 0 and w[lb + L_SEATS_IN_USE] < w[lb + L_C]
+               and self.dispatch_one_locked(lb, now, granted)):
+            pass
+
+    def dispatch_one_locked(self, lb: int, now: int, granted: list) -> bool:
+        """``findDispatchQueueToBoundLocked`` + ``dispatchLocked``: False when nothing was
+        dispatched (no waiting head, or the chosen head does not fit: head-of-line blocking)."""
+        led = self._led
+        w, u = self._w, self._u
+        nq = w[lb + L_NQ]
+        if nq == 0:
+            return False
+        tb = w[lb + L_TBASE]
+        robin = w[lb + L_ROBIN]
+        best = u[tb + 1]
+        if best == U64:  # no waiting head (or all at MaxSeatSeconds): a fruitless full scan
+            w[lb + L_ROBIN] = robin % nq
+            return False
+        p = w[lb + L_TP]
+        q = led._first_le_locked(tb, p, (robin + 1) % nq, best)
+        if q < 0:
+            q = led._first_le_locked(tb, p, 0, best)
+        qa = self._qb + (w[lb + L_QBASE] + q) * QUEUE_WORDS
+        s = w[qa + Q_HEAD]
+        sa = self._sb + s * SLOT_WORDS
+        ms = w[sa + S_MAX_SEATS]
+        if not led._can_accommodate_locked(lb, ms):
+            w[lb + L_ROBIN] = robin % nq  # head-of-line blocking: nothing else is tried
+            return False
+        led._unlink_locked(lb, qa, sa)
+        c = w[lb + L_C]
+        initial = w[sa + S_INITIAL]
+        held = ms
+        if w[sa + S_FINAL] > c:  # final-seat cap, preserving the tail's area
+            w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
+            w[sa + S_FINAL] = c
+            held = initial if initial >= c else c
+        w[lb + L_ROBIN] = q
+        w[lb + L_WAITING] -= 1
+        w[lb + L_SEATS_WAITING] -= ms
+        led._log_locked(sa + S_STATE, lb + L_DISPATCHED)  # one event: this dispatch
+        w[sa + S_STATE] = EXECUTING
+        w[sa + S_START_NS] = now
+        w[sa + S_HELD] = held
+        w[lb + L_EXECUTING] += 1
+        w[lb + L_SEATS_IN_USE] += held
+        w[lb + L_DISPATCHED] += 1
+        led._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
+        led._commit_locked()
+        ex = w[qa + Q_EXECUTING]
+        w[qa + Q_EXECUTING] = ex + 1
+        if ex == 0 and w[qa + Q_WAITING] == 0:
+            w[lb + L_ACTIVE_QUEUES] += 1
+        w[qa + Q_SEATS] += held
+        w[lb + L_QSEATS] += held
+        led._demand_locked(lb, now)
+        u[qa + Q_NDR] = (u[qa + Q_NDR] + u[sa + S_TOTAL_WORK]) & U64
+        self.touch_locked(lb, q)
+        granted.append((s, w[sa + S_GEN], w[sa + S_OWNER]))
+        return True
+
+    def touch_locked(self, lb: int, q: int) -> None:
+        """Queue ``q`` changed (a request joined or left it, or its ``nextDispatchR`` moved):
+        ``boundNextDispatchLocked`` (the anti-windup floor) plus the queue's tree leaf."""
+        led = self._led
+        w, u = self._w, self._u
+        qa = led._qa(lb, q)
+        if w[qa + Q_WAITING]:
+            sa = self._sb + w[qa + Q_HEAD] * SLOT_WORDS
+            ndr = u[qa + Q_NDR]
+            ar = u[sa + S_ARRIVAL_R]
+            if ndr < ar:
+                u[qa + Q_NDR] = ndr = ar
+            led._set_leaf_locked(lb, q, (ndr + u[sa + S_TOTAL_WORK]) & U64)
+        else:
+            led._set_leaf_locked(lb, q, U64)
+
+    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
+        """The request in slot ``sa`` of queue ``q`` ended its main phase (finished, or its
+        worker died) and the counts are updated: correct the queue's ``nextDispatchR`` by the
+        time it really ran (``finishRequestLocked``: ``-= initial*(G - S)``)."""
+        w, u = self._w, self._u
+        # nextDispatchR -= initial*(G - S): usually negative, so uint64 wraparound adds
+        corr = seats_ns_times(w[sa + S_INITIAL], w[sa + S_SERVICE_NS] - (now - w[sa + S_START_NS]))
+        u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
+        if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
+            self.touch_locked(lb, q)
+
+    def queues_moved_locked(self, lb: int) -> None:
+        """The level's queues were renumbered or re-packed (a queue removed, a relayout):
+        rebuild what is indexed by queue (the tree)."""
+        self._led._rebuild_tree_locked(lb)
+
+    def repair_locked(self, lb: int) -> None:
+        """After a repair rebuilt the level's FIFOs from the slot table: the anti-windup floor
+        on every queue with a head, then the tree."""
+        led = self._led
+        w, u = self._w, self._u
+        for q in range(w[lb + L_NQ]):
+            qa = led._qa(lb, q)
+            if w[qa + Q_WAITING]:  # anti-windup floor, as after any queue change
+                head_r = u[self._sb + w[qa + Q_HEAD] * SLOT_WORDS + S_ARRIVAL_R]
+                if u[qa + Q_NDR] < head_r:
+                    u[qa + Q_NDR] = head_r
+        led._rebuild_tree_locked(lb)
+
+    def advance_epoch_locked(self, lb: int) -> None:
+        """``advanceEpoch`` once R reached ``highR``: R, every busy queue's ``nextDispatchR``
+        and its waiting requests' arrival R go down by ``rDecrement``; idle queues restart at 0.
+        Counts the advance in ``L_EPOCH_OK`` (or ``L_EPOCH_FAIL`` if anything wrapped)."""
+        led = self._led
+        w, u = self._w, self._u
+        u[lb + L_R] = (u[lb + L_R] - R_DECREMENT) & U64
+        ok = True
+        for q in range(w[lb + L_NQ]):
+            qa = led._qa(lb, q)
+            if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
+                u[qa + Q_NDR] = 0  # the next arrival overwrites it with R
+                continue
+            old = u[qa + Q_NDR]
+            new = (old - R_DECREMENT) & U64
+            ok = ok and new <= old
+            u[qa + Q_NDR] = new
+            s = w[qa + Q_HEAD]
+            while s != NIL:
+                sa = self._sb + s * SLOT_WORDS
+                old = u[sa + S_ARRIVAL_R]
+                new = (old - R_DECREMENT) & U64
+                ok = ok and new <= old
+                u[sa + S_ARRIVAL_R] = new
+                s = w[sa + S_NEXT]
+        w[lb + (L.L_EPOCH_OK if ok else L.L_EPOCH_FAIL)] += 1
+        led._rebuild_tree_locked(lb)
