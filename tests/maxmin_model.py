@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.ledger.ledger import SERVICE_WINDOW, learn_service
-from apf_gunicorn.ledger.seatseconds import seats_ns_times
+from apf_gunicorn.ledger.seatseconds import duration_per_seat, seats_ns_times
 from apf_gunicorn.simulate.harness import Admission, DemandResults, ExactIntegrator
 
 U64 = (1 << 64) - 1
@@ -131,6 +131,8 @@ class MaxMinModel:
         self.s_max = [0] * n
         self.s_held = [0] * n
         self.s_work = [0] * n
+        self.s_final_work = [0] * n
+        self.s_end = [0] * n  # a lingering slot: when its seats free
         self.s_arrival = [0] * n
         self.s_start = [0] * n
         self.s_est = [0] * n
@@ -445,15 +447,6 @@ class MaxMinModel:
         enq = lv.enqueues
         lv.enqueues = enq + 1
         off = enq % hs
-        if lv.waiting == 0 and lv.in_use < lv.c and self._fits(lv, ms):
-            q = hand[off]
-            s = self._alloc(lv, level, q, h, initial, final, al, now)
-            f = self._flow_get(lv, level, h)
-            self.s_flow[s] = f
-            self._backlog(lv, f)
-            self._start(lv, s, f, now)
-            self._note_demand(lv, now)
-            return "execute", s, self.s_gen[s], granted
         best_q = hand[off]
         best = self.q_work[lv.qbase + best_q]
         for i in range(1, hs):
@@ -520,6 +513,7 @@ class MaxMinModel:
         iw = seats_ns_times(initial, lv.g)
         fw = seats_ns_times(final, al) if final and al else 0
         self.s_work[s] = (iw + fw) & U64
+        self.s_final_work[s] = fw
         self.s_arrival[s] = now
         self.s_start[s] = 0
         self.s_hash[s] = h
@@ -531,8 +525,8 @@ class MaxMinModel:
         c = lv.c
         initial = self.s_initial[s]
         held = self.s_max[s]
-        if self.s_final[s] > c:  # final-seat cap, preserving the tail's area (integer)
-            self.s_al[s] = self.s_final[s] * self.s_al[s] // c
+        if self.s_final[s] > c:  # final-seat cap, preserving the tail's area (Kubernetes')
+            self.s_al[s] = duration_per_seat(self.s_final_work[s], float(c))
             self.s_final[s] = c
             held = initial if initial >= c else c
         self.s_held[s] = held
@@ -638,7 +632,7 @@ class MaxMinModel:
     def _end_estimate(self, lv: Level, s: int, now: int) -> int:
         """When slot ``s``'s seats should be free, by the estimate it was charged."""
         if self.s_state[s] == LINGERING:
-            return self.s_start[s]  # linger-until, stored at finish
+            return self.s_end[s]
         end = self.s_start[s] + self.s_est[s]
         if end < now:
             end = now  # overdue: assume it is about to end (the reserved head's side)
@@ -749,7 +743,7 @@ class MaxMinModel:
         if self.s_al[s] > 0:
             linger = now + self.s_al[s]
             self.s_state[s] = LINGERING
-            self.s_start[s] = linger
+            self.s_end[s] = linger
         else:
             self._release_seats(lv, s, now)
         self._dispatch_all(lv, now, granted)

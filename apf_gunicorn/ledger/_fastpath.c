@@ -43,6 +43,7 @@ enum {
     L_I_X = 22, L_I_XX = 23, L_I_MIN = 24, L_I_MAX = 25, L_I_CUR = 26, L_I_LAST = 27,
     L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30, L_SERVICE_NS = 37,
     L_SERVICE_N = 38,
+    L_FAIRNESS = 39, /* maxmin (non-zero) levels: always declined, the Python general path */
     Q_NDR = 0, Q_EXECUTING = 7, Q_SEATS = 8,
     S_STATE = 0, S_GEN = 1, S_OWNER = 2, S_LEVEL = 3, S_QUEUE = 4, S_PREV = 5, S_NEXT = 6,
     S_INITIAL = 7, S_FINAL = 8, S_AL = 9, S_MAX_SEATS = 10, S_HELD = 11, S_INIT_WORK = 12,
@@ -323,7 +324,7 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     if (dead >= 0 || w[H_DIRTY] || level < 0 || level >= self->nlevels)
         return declined(self, dead);
     int64_t lb = self->lvb + level * LEVEL_WORDS;
-    if (w[lb + L_WAITING])
+    if (w[lb + L_WAITING] || w[lb + L_FAIRNESS])
         return declined(self, -1);
     int64_t ms = initial >= final ? initial : final;
     int64_t used = w[lb + L_USED], desired = w[lb + L_DESIRED], hs = w[lb + L_HAND];
@@ -522,7 +523,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     double it = f[lb + L_I_T], ix = f[lb + L_I_X], ixx = f[lb + L_I_XX];
     double imn = f[lb + L_I_MIN], imx = f[lb + L_I_MAX], cur = f[lb + L_I_CUR];
     int64_t ilast = w[lb + L_I_LAST];
-    if (waiting || quiescing || (q != NIL && nq > desired))
+    if (waiting || quiescing || (q != NIL && nq > desired) || w[lb + L_FAIRNESS])
         return declined(self, -1);
     if (now > last) {
         if (active && !advance_r(qseats, c, active, now - last, &r))
@@ -869,7 +870,7 @@ PyInit__fastpath(void)
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii)i)",
+        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii)ii)",
         H_FREE_HEAD, H_FREE_COUNT, H_HOLDER_PID, H_DIRTY, H_MUTEX, LEVEL_WORDS, QUEUE_WORDS,
         SLOT_WORDS,
         L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L_SERIAL, L_WAITING,
@@ -881,7 +882,7 @@ PyInit__fastpath(void)
         S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
         S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
         ST_FREE, ST_EXECUTING, NIL, H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N,
-        S_SERVICE_NS, H_UNDO_N);
+        S_SERVICE_NS, H_UNDO_N, L_FAIRNESS);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

@@ -141,7 +141,7 @@ def _load_accelerator():
                  S_AL, S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
                  S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
                 FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS),
-                H_UNDO_N)
+                H_UNDO_N, L.L_FAIRNESS)
     if _fastpath.LAYOUT != expected:
         return None
     return _fastpath
@@ -215,7 +215,8 @@ class FastPaths:
             res = None
             lb = self._lvb + level * LEVEL_WORDS
             # (something waiting: the general path, without paying for the record read first)
-            while 0 <= level < self._nlevels and not w[lb + L_WAITING]:
+            while (0 <= level < self._nlevels and not w[lb + L_WAITING]
+                   and not w[lb + L.L_FAIRNESS]):  # (maxmin levels: the general path)
                 ms = initial if initial >= final else final
                 mv = self._mv
                 (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp, serial,
@@ -321,7 +322,8 @@ class FastPaths:
                  st, g) = _SLOT.unpack_from(mv, sa * 8)
                 if sgen != gen or state != EXECUTING:
                     linger = 0  # stale: a no-op
-                elif al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]:
+                elif (al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]
+                      and not w[self._lvb + level * LEVEL_WORDS + L.L_FAIRNESS]):
                     lb = self._lvb + level * LEVEL_WORDS
                     (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
                      _serial, waiting, sw, r, last, executing, in_use, active, qseats, it, ix,

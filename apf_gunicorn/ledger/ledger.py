@@ -42,6 +42,7 @@ from apf_gunicorn.ledger.layout import (
     Layout,
 )
 from apf_gunicorn.ledger.lock import NullLock
+from apf_gunicorn.ledger.maxmin import MaxMinPolicy
 from apf_gunicorn.ledger.mintree import MinTree
 from apf_gunicorn.ledger.queueset import KubernetesQueueSet
 from apf_gunicorn.ledger.records import (
@@ -107,7 +108,8 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
         self._fp = None  # the C fast paths, once bound (_accelerate)
-        self._queueset = KubernetesQueueSet(self)  # the dispatch policy (policy.py)
+        self._queueset = KubernetesQueueSet(self)  # the dispatch policies (policy.py)
+        self._maxmin = MaxMinPolicy(self)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -156,6 +158,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
+        led._maxmin.format_locked()
         led._name_stats_entry_locked(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         if accelerate:
@@ -286,38 +289,51 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
     # The general path asks the level's dispatch policy (policy.py) what to do with queues; these
     # are the only places that pick the policy. Today every level runs Kubernetes' queueset.
 
-    def _policy_locked(self, lb: int) -> KubernetesQueueSet:
-        """The dispatch policy of the level at word address ``lb``."""
-        return self._queueset
+    def _policy_locked(self, lb: int) -> KubernetesQueueSet | MaxMinPolicy:
+        """The dispatch policy of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
+        return self._maxmin if self._w[lb + L.L_FAIRNESS] else self._queueset
 
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:
         """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._queueset.enqueue_locked(lb, level, req, eb, ms, watch, granted)
+        return self._policy_locked(lb).enqueue_locked(lb, level, req, eb, ms, watch, granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""
-        self._queueset.dispatch_all_locked(lb, now, granted)
+        self._policy_locked(lb).dispatch_all_locked(lb, now, granted)
 
     def _touch_locked(self, lb: int, q: int) -> None:
         """Queue ``q`` of the level changed: let the policy re-rank it."""
-        self._queueset.touch_locked(lb, q)
+        self._policy_locked(lb).touch_locked(lb, q)
+
+    def _waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+        """The waiting request in slot ``sa`` left queue ``q`` without running (its slot is
+        still allocated)."""
+        if self._w[lb + L.L_FAIRNESS]:
+            self._maxmin.waiting_removed_locked(lb, q, sa)
+        else:
+            self._queueset.touch_locked(lb, q)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
-        self._queueset.advance_epoch_locked(lb)
+        self._policy_locked(lb).advance_epoch_locked(lb)
 
     def _queues_moved_locked(self, lb: int) -> None:
         """The level's queues were renumbered or re-packed."""
-        self._queueset.queues_moved_locked(lb)
+        self._policy_locked(lb).queues_moved_locked(lb)
 
-    def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
-        """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase."""
-        self._queueset.main_phase_ended_locked(lb, q, qa, sa, now)
+    def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+                                 learn: bool = True) -> None:
+        """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase
+        (``learn``: it finished; False: its worker died)."""
+        if self._w[lb + L.L_FAIRNESS]:
+            self._maxmin.main_phase_ended_locked(lb, q, qa, sa, now, learn)
+        else:
+            self._queueset.main_phase_ended_locked(lb, q, qa, sa, now)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""
-        self._queueset.repair_locked(lb)
+        self._policy_locked(lb).repair_locked(lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds

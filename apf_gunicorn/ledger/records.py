@@ -9,13 +9,16 @@ EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 class LevelSpec(NamedTuple):
     """One priority level's queue set configuration. ``desired_queues``: > 0 queuing, 0 reject
-    (no queues, ``concurrency-limit``), < 0 exempt."""
+    (no queues, ``concurrency-limit``), < 0 exempt. ``fairness``: the dispatch policy of a
+    queuing level, ``"kubernetes"`` (Kubernetes' queue set, exactly) or ``"maxmin"``
+    (docs/fairness.md)."""
 
     name: str
     desired_queues: int
     hand_size: int
     queue_length_limit: int
     concurrency_limit: int
+    fairness: str = "kubernetes"
 
 
 class AdmitResult(NamedTuple):

@@ -239,7 +239,7 @@ def verify(led) -> list[str]:
         if chain != order.get((level, q), []):
             problems.append(f"level {level} queue {q}: FIFO {chain} != arrival order "
                             f"{order.get((level, q), [])}")
-        if chain:
+        if chain and not w[lay.level(level) + L.L_FAIRNESS]:
             head_r = u[lay.slot(chain[0]) + L.S_ARRIVAL_R]
             if u[qa + L.Q_NDR] < head_r:
                 problems.append(f"level {level} queue {q}: nextDispatchR below head arrival R")
@@ -258,7 +258,10 @@ def verify(led) -> list[str]:
     if seen != set(free):
         problems.append("free list does not hold exactly the FREE slots")
     for level in levels:
-        problems.extend(_verify_tree(led, lay.level(level)))
+        if w[lay.level(level) + L.L_FAIRNESS]:
+            problems.extend(led._maxmin.verify_locked(lay.level(level)))
+        else:
+            problems.extend(_verify_tree(led, lay.level(level)))
     return problems
 
 
