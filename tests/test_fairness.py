@@ -1,7 +1,9 @@
 """The ``maxmin`` dispatch policy against issue 12's "Done means" fairness numbers.
 
-Each scenario runs through the simulator's uniform harness on the maxmin reference model
-(``maxmin_model.py``). Per window and client the average executing seats are compared with the
+Each scenario runs through the simulator's uniform harness twice: on the production ledger
+with ``fairness: maxmin`` (what ``apf-gunicorn simulate --fairness maxmin`` runs) and on the
+reference model (``maxmin_model.py``; ``test_ledger_maxmin.py`` checks that both take the same
+decisions). Per window and client the average executing seats are compared with the
 max-min fair share: the harness's ``fairAlloc`` for the Kubernetes scenarios, and the shares
 written below for our own scenarios (where clients come and go, so the share depends on who is
 active in the window). The model checks after every operation that no waiting request fits
@@ -59,6 +61,14 @@ OWN = {
 }
 
 
+def run(path: str, backend: str):
+    """(scenario, result, model or None) on ``backend`` "ledger" or "model"."""
+    if backend == "ledger":
+        sc = load_scenario(path)
+        return sc, simulate(sc, fairness="maxmin"), None
+    return run_model(path)
+
+
 def run_model(path: str, check: bool = True):
     sc = load_scenario(path)
     holder = {}
@@ -89,10 +99,11 @@ def assert_all_done(result):
         assert t.dispatched == t.completed, name
 
 
+@pytest.mark.parametrize("backend", ["ledger", "model"])
 @pytest.mark.parametrize("name", sorted(KUBERNETES))
-def test_kubernetes_scenarios_within_done_means_margin(name):
+def test_kubernetes_scenarios_within_done_means_margin(name, backend):
     (margins,) = KUBERNETES[name]
-    _, result, model = run_model(os.path.join(K8S, name))
+    _, result, model = run(os.path.join(K8S, name), backend)
     assert_all_done(result)
     devs = deviations(result)
     if len(margins) == 1:
@@ -102,13 +113,22 @@ def test_kubernetes_scenarios_within_done_means_margin(name):
             continue
         for client, dev in window.items():
             assert abs(dev) <= margin, (client, dev, margin)
-    assert verify(model) == []
+    assert model is None or verify(model) == []
 
 
+def test_kubernetes_policy_stays_as_it_was():
+    """The same scenarios under the default policy keep Kubernetes' deviations (the reason
+    for maxmin): TestWindup's second window is off by 16.7%."""
+    result = simulate(load_scenario(os.path.join(K8S, "k8s-13-windup-upper-bound.yaml")))
+    devs = deviations(result)
+    assert max(abs(d) for d in devs[1].values()) > 0.16
+
+
+@pytest.mark.parametrize("backend", ["ledger", "model"])
 @pytest.mark.parametrize("name", sorted(OWN))
-def test_own_scenarios_max_min_fair(name):
+def test_own_scenarios_max_min_fair(name, backend):
     windows = OWN[name]
-    _, result, model = run_model(os.path.join(OURS, name))
+    _, result, model = run(os.path.join(OURS, name), backend)
     assert_all_done(result)
     assert len(result.windows) == len(windows)
     for w, (shares, margin) in zip(result.windows, windows, strict=True):
@@ -118,11 +138,12 @@ def test_own_scenarios_max_min_fair(name):
                 assert abs(got) < 1e-6, (client, got)  # threads start ns apart
             else:
                 assert abs(got - share) / share <= margin, (w.end_ns, client, got, share)
-    assert verify(model) == []
+    assert model is None or verify(model) == []
 
 
-def test_mouse_gets_its_demand_against_elephants():
-    _, result, _ = run_model(os.path.join(OURS, "mouse-elephants.yaml"))
+@pytest.mark.parametrize("backend", ["ledger", "model"])
+def test_mouse_gets_its_demand_against_elephants(backend):
+    _, result, _ = run(os.path.join(OURS, "mouse-elephants.yaml"), backend)
     assert_all_done(result)
     mouse = result.windows[0].clients["mouse"]
     assert mouse.average_executing_seats >= 0.95 * mouse.demand
@@ -131,10 +152,16 @@ def test_mouse_gets_its_demand_against_elephants():
             assert abs(c.average_executing_seats - c.fair_share) / c.fair_share <= 0.01
 
 
-def test_limit_wide_class_never_starves_and_reservation_is_bounded():
-    sc, result, model = run_model(os.path.join(OURS, "limit-wide.yaml"))
+@pytest.mark.parametrize("backend", ["ledger", "model"])
+def test_limit_wide_class_never_starves(backend):
+    sc, result, _ = run(os.path.join(OURS, "limit-wide.yaml"), backend)
     wide = next(c for c in sc.clients if c.name == "wide")
     assert result.clients["wide"].completed == wide.threads * wide.calls
+    assert result.windows[0].clients["wide"].average_executing_seats >= 1.98
+
+
+def test_limit_wide_reservation_is_bounded():
+    _, _, model = run_model(os.path.join(OURS, "limit-wide.yaml"))
     # a reserved head waits at most for the requests running when it was reserved to end:
     # the longest narrow request here is 1 s (exact estimates in this scenario)
     assert 0 < model.max_reserved_ns <= 1_000_000_000
