@@ -47,6 +47,7 @@ def test_stop_all_answers_parked_and_later_requests():
 class _Releases:
     def __init__(self):
         self.calls = []
+        self.pending_grants = []  # the part of LedgerPort the dispatcher's tick reads
 
     def release(self, slot, gen, now):
         self.calls.append((slot, gen, now))

@@ -3,9 +3,12 @@
     from apf_gunicorn.ledger import Ledger, Capacity, LevelSpec, NullLock, EXECUTE
     led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
 
-See ``ledger.py`` for the operations, ``stats.py`` for the per-request counters, ``layout.py`` for the binary layout, ``lock.py`` for the
-cross-process lock and ``repair.py`` for rebuilding after a crash; docs/ledger.md for the
-user-facing description.
+See ``ledger.py`` for the ``Ledger`` facade and the module of each concern (the operations in
+``requestpath.py``, their fast paths in ``fastpath.py``, Kubernetes' dispatch policy in
+``queueset.py``), ``records.py`` for the result types and ``LedgerPort``, ``stats.py`` for the
+per-request counters, ``layout.py`` for the binary layout, ``lock.py`` for the cross-process
+lock and ``repair.py`` for rebuilding after a crash; docs/ledger.md for the user-facing
+description.
 """
 
 from apf_gunicorn.ledger.layout import Capacity, Layout
@@ -17,6 +20,7 @@ from apf_gunicorn.ledger.ledger import (
     AdmitResult,
     DemandStats,
     Ledger,
+    LedgerPort,
     LevelLoad,
     LevelSnapshot,
     LevelSpec,
@@ -39,6 +43,7 @@ __all__ = [
     "Hist",
     "Layout",
     "Ledger",
+    "LedgerPort",
     "LevelLoad",
     "LevelSnapshot",
     "LevelSpec",

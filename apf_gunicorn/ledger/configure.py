@@ -1,4 +1,15 @@
-"""Configuration."""
+"""Configuration: the levels and FlowSchema names a ledger serves, and their limits.
+
+:meth:`Configuration.configure` applies a whole set of levels at once (Kubernetes'
+``BeginConfigChange`` + ``Complete``): new levels get an index and a queue region, changed ones
+take their new queues at once and lose queues by attrition, levels left out quiesce and are
+dropped when idle; FlowSchema names are interned in an append-only table.
+:meth:`Configuration.set_limits` is the borrowing loop's ``Complete(dCfg)``. Both dispatch what
+a higher limit allows::
+
+    levels, schemas = led.configure([LevelSpec("a", 64, 6, 50, 20)], ["fs"], now)
+    granted = led.set_limits({levels["a"]: 30}, now)
+"""
 
 from __future__ import annotations
 
@@ -40,13 +51,27 @@ from apf_gunicorn.ledger.seatseconds import (
 
 
 class Configuration:
-    """configure."""
+    """Level configuration and limits (a mixin of ``Ledger``)."""
 
     def configure(self, specs, flow_schema_names, now: int,
                   granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]:
-        """Apply the whole set of levels (levels not named start quiescing) and intern the
-        FlowSchema names. Returns ({level name: index}, {flow schema name: index}); requests
-        a limit increase dispatches are appended to ``granted`` when given."""
+        """Apply the whole set of levels and intern the FlowSchema names (``BeginConfigChange`` +
+        ``Complete``). Levels not named start quiescing and disappear once idle; a level's queues
+        are added at once and removed by attrition.
+
+        Args:
+            specs: every level, as :class:`LevelSpec` (names unique, 1..253 bytes of UTF-8).
+            flow_schema_names: names to intern (append-only: an index stays valid across reloads).
+            now: the caller's monotonic ns.
+            granted: when given, the requests a limit increase dispatched (and any a repair on
+                entry found) are appended to it; otherwise they go to :attr:`pending_grants`.
+        Returns:
+            ``({level name: index}, {FlowSchema name: index})`` for the names given.
+        Raises:
+            ValueError: a bad name, a level named twice, an invalid shuffle-sharding
+                configuration, a negative limit, or more levels, queues or FlowSchema names than
+                the :class:`Capacity`; checked before anything is changed.
+        """
         specs = list(specs)
         seen = set()
         for spec in specs:
@@ -227,7 +252,18 @@ class Configuration:
             self._queues_moved_locked(self._lvb + i * LEVEL_WORDS)
 
     def set_limits(self, limits: dict[int, int], now: int) -> list:
-        """Change concurrency limits (borrowing); dispatches what a higher limit allows."""
+        """Change concurrency limits (the borrowing loop's ``Complete(dCfg)``) and dispatch what a
+        higher limit allows.
+
+        Args:
+            limits: {level index: new concurrency limit C}.
+            now: the caller's monotonic ns.
+        Returns:
+            The requests dispatched, as ``(slot, gen, owner)``.
+        Raises:
+            ValueError: a level index out of range or not configured (limits before it in
+                ``limits`` are applied; the next locker repairs the interrupted call).
+        """
         return self._granting(now, self._set_limits_locked, limits, now)[0]
 
     def _set_limits_locked(self, granted: list, limits: dict[int, int], now: int) -> None:
@@ -247,11 +283,19 @@ class Configuration:
             w[L.H_GENERATION] += 1
 
     def flow_schema_names(self) -> list[str]:
-        """Interned FlowSchema names; a slot's ``fs_index`` indexes this list."""
+        """The interned FlowSchema names (under the lock).
+
+        Returns:
+            Every name in index order: a slot's ``fs_index`` indexes this list.
+        """
         return self._locked(None, self._fs_names_locked)
 
     def level_indices(self) -> dict[str, int]:
-        """{level name: index} of the levels in the ledger (cached per config generation)."""
+        """The configured levels by name (cached per configuration generation).
+
+        Returns:
+            A new ``{level name: index}`` dict, quiescing levels included.
+        """
         if self._w[L.H_GENERATION] != self._names_gen:
             self._names, self._names_gen = self._locked(
                 None, lambda: (self._level_names_locked(), self._w[L.H_GENERATION]))

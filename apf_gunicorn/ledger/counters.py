@@ -1,4 +1,15 @@
-"""Per-request counting into the stats table."""
+"""Per-request counting: every metric event, counted under the lock into the stats table.
+
+``stats.py`` defines the table (one entry per (level serial, FlowSchema) pair: the work
+histogram, dispatched, rejections by reason, wait and execution histograms); this mixin of
+``Ledger`` finds or creates an entry (``_stats_entry_locked``, cached per process) and counts
+into it, logging each word in the undo log first where an event must stay whole. Also the
+public counting calls that are not requests through ``admit``: :meth:`turn_away` (a 429 from a
+worker's thread reserve), :meth:`count_head_timeout`, and the readers
+:meth:`request_stats` (under the lock) and :meth:`rejected_total` (one lock-free word)::
+
+    for st in led.request_stats(): st.level, st.flow_schema, st.work, st.rejected
+"""
 
 from __future__ import annotations
 
@@ -150,7 +161,9 @@ class RequestCounters:
         self._note_rejection_locked(eb, r, self._w[lb + L_DESIRED] < 0)
 
     def count_head_timeout(self) -> None:
-        """One more connection answered 408 because its request head was late."""
+        """Count one connection answered 408 because its request head was late (server-wide,
+        under the lock).
+        """
         self._locked(None, self._count_head_timeout_locked)
 
     def _count_head_timeout_locked(self) -> None:
@@ -158,18 +171,27 @@ class RequestCounters:
 
     @property
     def head_timeouts(self) -> int:
-        """Connections answered 408 for a late request head, server-wide (one word read)."""
+        """Connections answered 408 for a late request head, server-wide (one word, no lock)."""
         return self._w[self._lay.counters_base + L.C_HEAD_TIMEOUTS]
 
     def rejected_total(self, level: int) -> int:
-        """Cumulative rejections (every reason) of the level now at index ``level``; one word
-        read, no lock (from the shadow copy no fast path ever rewrites). Restarts at 0 if the
-        index is reused by a new level."""
+        """The cumulative rejections (every reason) of the level now at index ``level``: one word
+        read without the lock, from a shadow copy no fast path rewrites.
+
+        Args:
+            level: a level index within ``Capacity.levels`` (not checked: one word read).
+        Returns:
+            The count; it restarts at 0 if the index is reused by a new level.
+        """
         return self._w[self._lvb + level * LEVEL_WORDS + L.L_REJECTED_SHADOW]
 
     def request_stats(self) -> list[RequestStats]:
-        """Every stats entry as plain objects (under the lock), in creation order; the
-        catch-all entry is included only once something was counted in it."""
+        """Every per-request stats entry as plain objects (under the lock), in creation order.
+
+        Returns:
+            One :class:`RequestStats` per (level, FlowSchema) pair seen, then the per-level
+            overflow entries, and the catch-all entry only once something was counted in it.
+        """
         return self._locked(None, self._request_stats_locked)
 
     def _request_stats_locked(self) -> list[RequestStats]:

@@ -17,6 +17,18 @@ docs/ledger.md): the ``totSeatsWaiting`` drift is not kept, time never runs back
 level (a stale ``now`` from another process counts as no time passing), a quiescing level is
 dropped only once its lingering seats are released too, and per-request cost does not grow with
 the number of queues (incremental rate inputs and a min-segment tree of head virtual finishes).
+
+How it is built: ``Ledger`` is a thin facade over mixins, one per concern, that share its
+buffer views (``_w``/``_u``/``_f``/``_mv``) and call each other as methods (no extra object on
+the per-request path). This module holds construction, the lock funnel (the one way into a
+locked operation: ``_begin_locked`` / ``_end_locked``), the routers to the dispatch policy
+and the undo log. The rest: ``requestpath.py`` (admit, finish, release, cancel and the general
+path), ``fastpath.py`` (their fast paths, mirrored by ``_fastpath.c``), ``queueset.py`` (the
+Kubernetes dispatch policy, behind ``policy.py``), ``vclock.py`` (R and the seat-demand
+integrator), ``mintree.py``, ``words.py`` (addresses, slots, FIFOs), ``counters.py``
+(per-request stats), ``service.py`` (G), ``configure.py``, ``snapshot.py`` (readers),
+``workers.py``, ``records.py`` (result types and ``LedgerPort``) and ``repair.py``. A method
+named ``..._locked`` expects the lock held. See docs/ARCHITECTURE.md for the module map.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from apf_gunicorn.ledger.records import (
     REJECTED,
     AdmitResult,
     DemandStats,
+    LedgerPort,
     LevelLoad,
     LevelSnapshot,
     LevelSpec,
@@ -58,6 +71,7 @@ from apf_gunicorn.ledger.records import (
     RequestSnapshot,
     Snapshot,
 )
+from apf_gunicorn.ledger.repair import RepairView, repair_locked
 from apf_gunicorn.ledger.requestpath import RequestPath
 from apf_gunicorn.ledger.service import (
     DEFAULT_SERVICE_ESTIMATE_NS,
@@ -74,10 +88,11 @@ from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
 
-__all__ = [
+__all__ = [  # what ledger.py exported before the split, for its importers
     "DEFAULT_SERVICE_ESTIMATE_NS", "EXECUTE", "MAX_SERVICE_ESTIMATE_NS", "QUEUED", "REJECTED",
-    "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger", "LevelLoad",
-    "LevelSnapshot", "LevelSpec", "QueueSnapshot", "RequestSnapshot", "Snapshot", "learn_service",
+    "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger",
+    "LedgerPort", "LevelLoad", "LevelSnapshot", "LevelSpec", "QueueSnapshot",
+    "RequestSnapshot", "Snapshot", "learn_service",
 ]
 
 
@@ -115,7 +130,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @staticmethod
     def size(cap: Capacity | None = None) -> int:
-        """Bytes needed for a ledger of these capacities."""
+        """Bytes a ledger of these capacities needs (``Capacity()`` when None)."""
         return Layout(cap or Capacity()).size
 
     @classmethod
@@ -123,13 +138,25 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
                service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS,
                owner_pid: int = 0, accelerate: bool = True,
                learn_service: bool = False) -> Ledger:
-        """Format ``buf`` (zeroed, free list, header) and initialise the lock's shared part.
+        """Format ``buf`` as an empty ledger (zeroed, free list, header) and initialise the lock's
+        shared part.
 
-        ``service_estimate_ns`` is G, the service time charged to a request's queue when it is
-        dispatched (its completion corrects the charge to the time it really ran). With
-        ``learn_service`` each level starts at that G and learns its own from the requests it
-        finishes (:func:`learn_service`); without, G stays fixed, as in Kubernetes.
-        ``accelerate``: use the C fast paths when they are built (see :attr:`accelerated`)."""
+        Args:
+            buf: a writable buffer of at least :meth:`size` bytes (a ``bytearray``, or an mmap of
+                POSIX shared memory for ``ProcessLock``).
+            cap: the capacities (``Capacity()`` when None).
+            lock: ``NullLock`` (one thread; the default) or ``ProcessLock`` (processes).
+            service_estimate_ns: G, the service time charged to a request's queue when it is
+                dispatched (its completion corrects the charge to the time it really ran).
+            owner_pid: the creating process, recorded in the header.
+            accelerate: use the C fast paths when they are built (see :attr:`accelerated`).
+            learn_service: each level starts at G and learns its own from the requests it
+                finishes (:func:`learn_service`); without, G stays fixed, as in Kubernetes.
+        Returns:
+            The ledger over ``buf``.
+        Raises:
+            ValueError: ``service_estimate_ns`` outside [0, 60 s], or ``buf`` too small.
+        """
         if not 0 <= service_estimate_ns <= MAX_SERVICE_ESTIMATE_NS:
             raise ValueError(f"service_estimate_ns must be within [0, "
                              f"{MAX_SERVICE_ESTIMATE_NS}], not {service_estimate_ns}")
@@ -168,7 +195,17 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @classmethod
     def attach(cls, buf, lock=None, accelerate: bool = True) -> Ledger:
-        """Wrap a buffer some other process (or object) formatted with :meth:`create`."""
+        """Wrap a buffer that :meth:`create` formatted (in this or another process).
+
+        Args:
+            buf: the buffer (an mmap of the shared memory segment).
+            lock: the same kind of lock the creator used (``ProcessLock`` across processes).
+            accelerate: use the C fast paths when they are built.
+        Returns:
+            A ledger over ``buf``, with the capacities recorded in its header.
+        Raises:
+            ValueError: ``buf`` does not hold a ledger of this layout version.
+        """
         head = memoryview(buf).cast("B")[: L.HEADER_WORDS * L.WORD].cast("q")
         if head[L.H_MAGIC] != L.MAGIC or head[L.H_VERSION] != L.VERSION:
             raise ValueError("buffer does not hold an apf_gunicorn ledger of this version")
@@ -184,7 +221,9 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return led
 
     def close(self) -> None:
-        """Release the views so the underlying mmap can be closed."""
+        """Release the buffer views (and the C fast paths' hold on them) so the underlying mmap
+        can be closed; the ledger is unusable afterwards.
+        """
         fp, self._fp = self._fp, None
         if fp is not None:
             self.__dict__.pop("admit", None)
@@ -198,6 +237,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     @property
     def capacity(self) -> Capacity:
+        """The capacities the ledger was created with."""
         return self._lay.cap
 
     @property
@@ -206,8 +246,25 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return self._w[H_SERVICE_NS]
 
     def level_service_estimate_ns(self, level: int) -> int:
-        """The G that ``level`` charges now (lock-free read of one word)."""
+        """The G that ``level`` charges now (one word read, no lock).
+
+        Raises:
+            ValueError: ``level`` is out of range or not configured.
+        """
         return self._w[self._lb(level) + L_SERVICE_NS]
+
+    def repair_view(self) -> RepairView:
+        """The buffer views and lock-held steps that ``repair.py`` uses (its rebuild, rollback
+        and :func:`~apf_gunicorn.ledger.repair.verify`), so that it needs nothing private.
+
+        Returns:
+            A :class:`~apf_gunicorn.ledger.repair.RepairView` over this ledger; its ``..._locked``
+            steps need the lock held (a repair runs inside the lock funnel).
+        """
+        return RepairView(self._w, self._u, self._lay, self._qa, self._count_lost_wait_locked,
+                          self._log_locked, self._commit_locked, self._demand_locked,
+                          self._repair_level_locked, self._dispatch_all_locked,
+                          self._leaf_value_locked, self._maxmin.verify_locked)
 
     # -- the lock funnel -------------------------------------------------------------------------
     # Every operation runs as: take the lock, _begin_locked, the operation's ..._locked body,
@@ -245,8 +302,6 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     def _recover_locked(self, dead: int | None, now: int | None) -> list:
         """Repair after a dead holder (``dead`` = its pid) or an interrupted operation."""
-        from apf_gunicorn.ledger.repair import repair_locked
-
         try:
             granted = repair_locked(self, now, dead_pid=dead or 0)
         except BaseException:
@@ -286,8 +341,9 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return granted, out
 
     # -- the dispatch policy ---------------------------------------------------------------------
-    # The general path asks the level's dispatch policy (policy.py) what to do with queues; these
-    # are the only places that pick the policy. Today every level runs Kubernetes' queueset.
+    # The general path asks the level's dispatch policy (policy.py) what to do with its queues
+    # through these routers only: they are the one place that picks the policy, by the level's
+    # L_FAIRNESS: Kubernetes' queueset (self._queueset) or maxmin (self._maxmin).
 
     def _policy_locked(self, lb: int) -> KubernetesQueueSet | MaxMinPolicy:
         """The dispatch policy of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
@@ -309,10 +365,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
     def _waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
         """The waiting request in slot ``sa`` left queue ``q`` without running (its slot is
         still allocated)."""
-        if self._w[lb + L.L_FAIRNESS]:
-            self._maxmin.waiting_removed_locked(lb, q, sa)
-        else:
-            self._queueset.touch_locked(lb, q)
+        self._policy_locked(lb).waiting_removed_locked(lb, q, sa)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
@@ -326,10 +379,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
                                  learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase
         (``learn``: it finished; False: its worker died)."""
-        if self._w[lb + L.L_FAIRNESS]:
-            self._maxmin.main_phase_ended_locked(lb, q, qa, sa, now, learn)
-        else:
-            self._queueset.main_phase_ended_locked(lb, q, qa, sa, now)
+        self._policy_locked(lb).main_phase_ended_locked(lb, q, qa, sa, now, learn)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""

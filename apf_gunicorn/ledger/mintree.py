@@ -1,4 +1,16 @@
-"""The per-level min-segment tree of head virtual finishes."""
+"""The per-level min-segment tree of queue head virtual finishes (Kubernetes' dispatch index).
+
+Kubernetes scans every queue for the minimum virtual finish at each dispatch; the ledger keeps,
+per level, a segment tree over queue indices whose leaves hold each queue head's virtual
+finish (``nextDispatchR`` + the head's work; ``U64`` for an empty queue) and whose nodes hold
+the minimum, so a dispatch is O(log queues). ``_first_le_locked`` finds the first leaf at or
+after an index holding a value at or below a target, which gives Kubernetes' round-robin tie
+break from ``robinIndex + 1``. The dispatch policy (``queueset.py``) keeps the leaves current;
+``_rebuild_tree_locked`` recomputes a level's tree from its queues (relayout, repair)::
+
+    led._set_leaf_locked(lb, q, head_finish)
+    q = led._first_le_locked(tb, p, (robin + 1) % nq, best)
+"""
 
 from __future__ import annotations
 

@@ -6,12 +6,11 @@ shuffle sharding into the queue with the least waiting work, dispatch by the min
 finish (a min-segment tree per level, ``mintree.py``) with round-robin ties from
 ``robinIndex + 1``, head-of-line blocking, the anti-windup floor after every queue change, and the
 finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a policy provides
-is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; the ledger holds one policy object per
-ledger (``Ledger._queueset``) and reaches it through ``Ledger._policy_locked(lb)``::
+is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; each ``Ledger`` builds one
+(``Ledger._queueset``) and calls it through its routers only (``ledger.py``)::
 
-    policy = led._policy_locked(lb)
-    res = policy.enqueue_locked(lb, level, req, granted)     # the request waits (or is rejected)
-    policy.dispatch_all_locked(lb, now, granted)             # seats freed: dispatch what fits
+    led._enqueue_locked(lb, level, req, eb, ms, watch, granted)   # -> policy.enqueue_locked
+    led._dispatch_all_locked(lb, now, granted)                    # -> policy.dispatch_all_locked
 
 Everything here runs with the ledger lock held (hence ``_locked``). The admit-at-once fast path
 (``fastpath.py`` and ``_fastpath.c``) implements this policy's at-once case inline.
@@ -243,7 +242,12 @@ class KubernetesQueueSet:
         else:
             led._set_leaf_locked(lb, q, U64)
 
-    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
+    def waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+        """A waiting request left queue ``q`` without running: re-rank the queue."""
+        self.touch_locked(lb, q)
+
+    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+                                learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` ended its main phase (finished, or its
         worker died) and the counts are updated: correct the queue's ``nextDispatchR`` by the
         time it really ran (``finishRequestLocked``: ``-= initial*(G - S)``)."""

@@ -1,8 +1,21 @@
-"""Result and snapshot records."""
+"""What the ledger hands out: result and snapshot records, and the ``LedgerPort`` protocol.
+
+Plain immutable values (``NamedTuple``), built under the lock and safe to keep after it: the
+outcome of :meth:`Ledger.admit` (:class:`AdmitResult`), a level's configuration
+(:class:`LevelSpec`), the seat-demand integrator's results (:class:`DemandStats`), the
+consistent view for dumps and metrics (:class:`Snapshot` of :class:`LevelSnapshot`,
+:class:`QueueSnapshot`, :class:`RequestSnapshot`) and the lock-free load rows
+(:class:`LevelLoad`). :class:`LedgerPort` is the part of ``Ledger`` the server layer uses, so
+that ``server/`` is typed against an interface rather than the class (tests pass fakes)::
+
+    from apf_gunicorn.ledger.records import EXECUTE, LedgerPort
+    def serve(ledger: LedgerPort) -> None:
+        res = ledger.admit(level, flow_hash, 1, 0, 0, owner, now)
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
@@ -22,6 +35,8 @@ class LevelSpec(NamedTuple):
 
 
 class AdmitResult(NamedTuple):
+    """What :meth:`Ledger.admit` decided: run now, wait on ``(slot, gen)``, or rejected."""
+
     outcome: str  # EXECUTE | QUEUED | REJECTED
     slot: int  # -1 when rejected
     gen: int
@@ -44,6 +59,8 @@ class DemandStats(NamedTuple):
 
 
 class QueueSnapshot(NamedTuple):
+    """One queue in a :class:`LevelSnapshot` (R and work in 1e-8 seat-seconds)."""
+
     index: int
     waiting: int
     executing: int
@@ -55,6 +72,8 @@ class QueueSnapshot(NamedTuple):
 
 
 class RequestSnapshot(NamedTuple):
+    """One slot in use (waiting, executing or lingering) in a :class:`LevelSnapshot`."""
+
     slot: int
     queue: int
     index_in_queue: int
@@ -72,6 +91,8 @@ class RequestSnapshot(NamedTuple):
 
 
 class LevelSnapshot(NamedTuple):
+    """One priority level in a :class:`Snapshot`; counters cumulative, as Kubernetes' dump."""
+
     index: int
     name: str
     desired_queues: int
@@ -96,6 +117,8 @@ class LevelSnapshot(NamedTuple):
 
 
 class Snapshot(NamedTuple):
+    """A consistent view of every level, queue and request (:meth:`Ledger.snapshot`)."""
+
     now: int
     levels: list
     flow_schema_names: list
@@ -113,3 +136,52 @@ class LevelLoad(NamedTuple):
     requests_waiting: int
     dispatched: int  # cumulative; restarts at 0 if the index is reused by a new level
     rejected: int  # cumulative, every reason
+
+
+class LedgerPort(Protocol):
+    """The ledger operations the server layer calls (``Ledger`` implements all of them; see
+    each method there for Args/Returns/Raises)."""
+
+    pending_grants: list  # grants a repair found inside a call that could not return them
+
+    def admit(self, level: int, flow_hash: int, initial_seats: int, final_seats: int,
+              additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
+              detail: bytes = b"", watch: bool = False) -> AdmitResult: ...
+
+    def finish(self, slot: int, gen: int, now: int) -> tuple[list, int]: ...
+
+    def release(self, slot: int, gen: int, now: int) -> list: ...
+
+    def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool: ...
+
+    def turn_away(self, level: int, fs_index: int, seats: int, reason: str,
+                  now: int) -> None: ...
+
+    def rejected_total(self, level: int) -> int: ...
+
+    def count_head_timeout(self) -> None: ...
+
+    def configure(self, specs, flow_schema_names, now: int,
+                  granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]: ...
+
+    def set_limits(self, limits: dict[int, int], now: int) -> list: ...
+
+    def take_demand_stats(self, level: int, now: int) -> DemandStats: ...
+
+    def snapshot(self, now: int) -> Snapshot: ...
+
+    def request_stats(self) -> list: ...
+
+    def load(self, levels: tuple[int, ...] | None = None) -> list[LevelLoad]: ...
+
+    def register_worker(self, owner: int, pid: int, now: int) -> None: ...
+
+    def set_worker_room(self, owner: int, room: bool) -> None: ...
+
+    def other_worker_has_room(self, owner: int) -> bool: ...
+
+    def workers(self) -> list[tuple[int, int, int, int]]: ...
+
+    def owned_slots(self, owner: int) -> list[tuple[int, int, str]]: ...
+
+    def reap_worker(self, owner: int, now: int) -> list: ...

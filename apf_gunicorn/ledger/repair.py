@@ -18,6 +18,9 @@ invariant (tests and ``apf-gunicorn dump`` use it)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.layout import (
     EXECUTING,
@@ -28,28 +31,47 @@ from apf_gunicorn.ledger.layout import (
 )
 from apf_gunicorn.ledger.seatseconds import U64
 
+
+class RepairView(NamedTuple):
+    """What repair and :func:`verify` use of a ledger (``Ledger.repair_view()``): its buffer
+    views and layout, and the steps that need the lock held, which are the ledger's own (the
+    same code every operation runs, so a repair cannot drift from it)."""
+
+    w: memoryview  # the buffer as int64 words
+    u: memoryview  # the same words as uint64 (R, SeatSeconds, hashes)
+    lay: L.Layout
+    queue: Callable[[int, int], int]  # (level address, queue index) -> queue record address
+    count_lost_wait_locked: Callable[[int, int, int], None]  # a dead worker's wait: cancelled
+    log_locked: Callable[..., None]  # the undo log: note words before an event writes them
+    commit_locked: Callable[[], None]  # the event is whole
+    demand_locked: Callable[[int, int], None]  # seat-demand integrator Set() from the totals
+    repair_level_locked: Callable[[int], None]  # the dispatch policy's invariants (policy.py)
+    dispatch_all_locked: Callable[[int, int, list], None]  # dispatch what fits in a level
+    leaf_value_locked: Callable[[int, int], int]  # what a queue's min-tree leaf should hold
+    verify_maxmin_locked: Callable[[int], list]  # a maxmin level's flow-table invariants
+
 _LEVEL_AGGREGATES = (L.L_WAITING, L.L_EXECUTING, L.L_SEATS_IN_USE, L.L_SEATS_WAITING,
                      L.L_ACTIVE_QUEUES, L.L_QSEATS)
 _QUEUE_AGGREGATES = (L.Q_WAITING, L.Q_INIT_SUM, L.Q_MAX_SUM, L.Q_WORK_SUM, L.Q_EXECUTING,
                      L.Q_SEATS)
 
 
-def _owners_of_pid(led, pid: int) -> set[int]:
+def _owners_of_pid(v: RepairView, pid: int) -> set[int]:
     if pid <= 0:
         return set()
-    w = led._w
-    lay = led._lay
+    w = v.w
+    lay = v.lay
     return {i for i in range(lay.cap.workers)
             if w[lay.worker(i) + L.W_STATE] != L.WORKER_FREE and w[lay.worker(i) + L.W_PID] == pid}
 
 
-def _expected(led) -> tuple[dict, dict, list[int], dict]:
+def _expected(v: RepairView) -> tuple[dict, dict, list[int], dict]:
     """Recompute aggregates from the slot table.
 
     Returns (level aggregates {level: {field: value}}, queue aggregates {(level, q): {...}},
     free slots, waiting slots {(level, q): [slot, ...] in arrival order})."""
-    w, u = led._w, led._u
-    lay = led._lay
+    w, u = v.w, v.u
+    lay = v.lay
     levels: dict[int, dict[int, int]] = {}
     queues: dict[tuple[int, int], dict[int, int]] = {}
     for i in range(lay.cap.levels):
@@ -100,25 +122,29 @@ def _expected(led) -> tuple[dict, dict, list[int], dict]:
 
 def rollback(led) -> int:
     """Put back the words the interrupted event wrote (its undo log, newest first) and clear
-    the log. Returns how many words were logged."""
-    w = led._w
+    the log. Call with the lock held. Returns how many words were logged."""
+    return _rollback(led.repair_view())
+
+
+def _rollback(v: RepairView) -> int:
+    w = v.w
     n = w[L.H_UNDO_N]
-    words = led._lay.size // L.WORD
+    words = v.lay.size // L.WORD
     if 0 < n <= L.UNDO_PAIRS:
-        base = led._lay.undo_base
+        base = v.lay.undo_base
         for i in range(n - 1, -1, -1):
             addr = w[base + 2 * i]
-            if led._lay.level_base <= addr < words:
+            if v.lay.level_base <= addr < words:
                 w[addr] = w[base + 2 * i + 1]
     w[L.H_UNDO_N] = 0
     return max(0, n)
 
 
-def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
+def _sanitize(v: RepairView, drop_owners: set[int], now: int | None) -> None:
     """Free slots that cannot be placed (dead owner, unknown level or queue, bad state). A dead
     owner's waiting requests are counted as cancelled, as a reap counts them."""
-    w = led._w
-    lay = led._lay
+    w = v.w
+    lay = v.lay
     for s in range(lay.cap.slots):
         sa = lay.slot(s)
         state = w[sa + L.S_STATE]
@@ -132,8 +158,8 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
             if state == WAITING and w[lb + L.L_USED] and w[sa + L.S_OWNER] in drop_owners:
                 # one event: the count, then the slot freed below (not ok: a dropped owner)
                 t = w[lb + L.L_LAST_NS] if now is None else now
-                led._count_lost_wait_locked(lb, sa, t)
-                led._log_locked(sa + L.S_STATE)
+                v.count_lost_wait_locked(lb, sa, t)
+                v.log_locked(sa + L.S_STATE)
             q = w[sa + L.S_QUEUE]
             if ok and not (q == NIL or 0 <= q < w[lb + L.L_NQ]):
                 if state == WAITING:
@@ -144,16 +170,20 @@ def _sanitize(led, drop_owners: set[int], now: int | None) -> None:
                 ok = False
         if not ok:
             w[sa + L.S_STATE] = FREE
-            led._commit_locked()
+            v.commit_locked()
 
 
 def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset()) -> list:
     """Drop the slots of ``drop_owners``, rebuild everything derived from the slot table, and
     dispatch what the freed seats allow. Call with the lock held. Returns the grants."""
-    w, u = led._w, led._u
-    lay = led._lay
-    _sanitize(led, set(drop_owners), now)
-    levels, queues, free, order = _expected(led)
+    return _rebuild(led.repair_view(), now, drop_owners)
+
+
+def _rebuild(v: RepairView, now: int | None, drop_owners: set[int] | frozenset) -> list:
+    w, u = v.w, v.u
+    lay = v.lay
+    _sanitize(v, set(drop_owners), now)
+    levels, queues, free, order = _expected(v)
     for s in range(lay.cap.slots):
         sa = lay.slot(s)
         w[sa + L.S_PREV] = NIL
@@ -166,7 +196,7 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
     w[L.H_FREE_HEAD] = free[0] if free else NIL
     w[L.H_FREE_COUNT] = len(free)
     for (level, q), qagg in queues.items():
-        qa = led._qa(lay.level(level), q)
+        qa = v.queue(lay.level(level), q)
         for field, value in qagg.items():
             if field == L.Q_WORK_SUM:
                 u[qa + field] = value
@@ -184,10 +214,10 @@ def rebuild(led, now: int | None, drop_owners: set[int] | frozenset = frozenset(
         lb = lay.level(level)
         for field, value in agg.items():
             w[lb + field] = value
-        led._repair_level_locked(lb)
+        v.repair_level_locked(lb)
         t = w[lb + L.L_LAST_NS] if now is None else max(now, w[lb + L.L_LAST_NS])
-        led._demand_locked(lb, t)
-        led._dispatch_all_locked(lb, t, granted)
+        v.demand_locked(lb, t)
+        v.dispatch_all_locked(lb, t, granted)
     for owner in drop_owners:
         if 0 <= owner < lay.cap.workers:
             wa = lay.worker(owner)
@@ -201,25 +231,27 @@ def repair_locked(led, now: int | None, dead_pid: int = 0) -> list:
     """What the ledger runs on ``EOWNERDEAD`` or a dirty mark: drop the dead holder's slots
     (found by pid in the worker table), rebuild, count the repair. Returns the grants."""
     rollback(led)
-    granted = rebuild(led, now, _owners_of_pid(led, dead_pid))
-    led._w[L.H_REPAIRS] += 1
-    led._w[L.H_DIRTY] = 0
+    v = led.repair_view()
+    granted = rebuild(led, now, _owners_of_pid(v, dead_pid))
+    v.w[L.H_REPAIRS] += 1
+    v.w[L.H_DIRTY] = 0
     return granted
 
 
 def verify(led) -> list[str]:
     """Every violated invariant, as text. Call without concurrent mutators."""
-    w, u = led._w, led._u
-    lay = led._lay
+    v = led.repair_view()
+    w, u = v.w, v.u
+    lay = v.lay
     problems: list[str] = []
-    levels, queues, free, order = _expected(led)
+    levels, queues, free, order = _expected(v)
     for level, agg in levels.items():
         lb = lay.level(level)
         for field, value in agg.items():
             if w[lb + field] != value:
                 problems.append(f"level {level} field {field}: {w[lb + field]} != {value}")
     for (level, q), qagg in queues.items():
-        qa = led._qa(lay.level(level), q)
+        qa = v.queue(lay.level(level), q)
         for field, value in qagg.items():
             got = u[qa + field] if field == L.Q_WORK_SUM else w[qa + field]
             if got != value:
@@ -258,15 +290,15 @@ def verify(led) -> list[str]:
     if seen != set(free):
         problems.append("free list does not hold exactly the FREE slots")
     for level in levels:
-        if w[lay.level(level) + L.L_FAIRNESS]:
-            problems.extend(led._maxmin.verify_locked(lay.level(level)))
+        if w[lay.level(level) + L.L_FAIRNESS]:  # maxmin: no tree, its flow table instead
+            problems.extend(v.verify_maxmin_locked(lay.level(level)))
         else:
-            problems.extend(_verify_tree(led, lay.level(level)))
+            problems.extend(_verify_tree(v, lay.level(level)))
     return problems
 
 
-def _verify_tree(led, lb: int) -> list[str]:
-    w, u = led._w, led._u
+def _verify_tree(v: RepairView, lb: int) -> list[str]:
+    w, u = v.w, v.u
     p = w[lb + L.L_TP]
     if p == 0:
         return [] if w[lb + L.L_NQ] == 0 else [f"level at {lb}: queues but no tree"]
@@ -276,7 +308,7 @@ def _verify_tree(led, lb: int) -> list[str]:
     if nq > p:
         return [f"level at {lb}: {nq} queues but a tree of {p} leaves"]
     for q in range(p):
-        want = led._leaf_value_locked(lb, q) if q < nq else U64
+        want = v.leaf_value_locked(lb, q) if q < nq else U64
         if u[tb + p + q] != want:
             out.append(f"level at {lb}: tree leaf {q} = {u[tb + p + q]}, want {want}")
     for i in range(1, p):

@@ -304,7 +304,16 @@ class RequestPath:
         self._queues_moved_locked(lb)
 
     def release(self, slot: int, gen: int, now: int) -> list:
-        """The additional latency is over: free the lingering seats and dispatch."""
+        """The request's additional latency is over: free its lingering seats (the lingering-release
+        callback of Kubernetes) and dispatch what they allow.
+
+        Args:
+            slot, gen: the request, as :meth:`admit` returned it.
+            now: the caller's monotonic ns (``finish``'s ``linger_until_ns`` or later).
+        Returns:
+            The requests dispatched, as ``(slot, gen, owner)``; ``[]`` for a stale or unknown
+            ``(slot, gen)`` or a slot that is not lingering (a no-op).
+        """
         return self._granting(now, self._release_locked, slot, gen, now)[0]
 
     def _release_locked(self, granted: list, slot: int, gen: int, now: int) -> None:
@@ -318,8 +327,18 @@ class RequestPath:
             self._maybe_drop_locked(lb)
 
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
-        """Remove a waiting request (``time-out`` or ``cancelled``). No dispatch follows, as
-        in Kubernetes. False: it is no longer waiting (already granted: run and finish it)."""
+        """Remove a waiting request whose wait ended (its context is done, in Kubernetes). No
+        dispatch follows, as in Kubernetes.
+
+        Args:
+            slot, gen: the request, as :meth:`admit` returned it.
+            now: the caller's monotonic ns.
+            reason: ``"time-out"`` (counted as rejected, cancelled and timed out) or anything
+                else, counted as ``"cancelled"``.
+        Returns:
+            True when it was waiting and is now removed; False when it is no longer waiting (it
+            was granted: the caller must run it and :meth:`finish` it after all).
+        """
         return self._locked(now, self._cancel_locked, slot, gen, now, reason)
 
     def _cancel_locked(self, s: int, gen: int, now: int, reason: str) -> bool:

@@ -1,4 +1,12 @@
-"""The learnt service estimate G."""
+"""The service estimate G: what a dispatched request is charged until it finishes.
+
+Kubernetes charges every dispatch ``initial seats x G`` with a fixed G (3 ms) and corrects the
+charge at completion. A ledger created with ``learn_service=True`` lets each queuing level learn
+its G from the requests it finishes: :func:`learn_service` is the integer update (shared with
+``_fastpath.c``), ``ServiceEstimate._learn_locked`` applies it to a level's words::
+
+    g = learn_service(g, n, ran_ns)    # n: finished requests so far, at most SERVICE_WINDOW
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ def learn_service(g: int, n: int, ran: int) -> int:
 
 
 class ServiceEstimate:
-    """Learning G."""
+    """A level learning its G (a mixin of ``Ledger``)."""
 
     def _learn_locked(self, lb: int, ran: int) -> None:
         w = self._w

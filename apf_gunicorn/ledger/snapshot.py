@@ -1,4 +1,14 @@
-"""Reading."""
+"""Reading the ledger: consistent snapshots, seat-demand statistics and the lock-free load.
+
+:meth:`Reading.snapshot` copies every level, queue and request into plain records under the
+lock (the debug dumps and the metrics); :meth:`Reading.take_demand_stats` and
+:meth:`Reading.demand_stats` are the seat-demand integrator's ``Reset()`` and ``GetResults()``
+(the borrowing loop); :meth:`Reading.load` reads each level's seats and counters without the
+lock (load reports), never waiting for a request::
+
+    snap = led.snapshot(now)               # Snapshot(now, levels, flow_schema_names, ...)
+    stats = led.take_demand_stats(level, now)
+"""
 
 from __future__ import annotations
 
@@ -59,19 +69,43 @@ from apf_gunicorn.ledger.records import (
 
 
 class Reading:
-    """reading."""
+    """The readers of ``Ledger`` (a mixin)."""
 
     def take_demand_stats(self, level: int, now: int) -> DemandStats:
-        """Kubernetes ``Integrator.Reset()``: results since the last take, then restart
-        (min and max restart at the current value). Does not sync R."""
+        """The seat-demand integrator's results since the last take, then restart it (Kubernetes'
+        ``Integrator.Reset()``: min and max restart at the current value). Does not sync R.
+
+        Args:
+            level: the level index; now: the caller's monotonic ns.
+        Returns:
+            :class:`DemandStats` (duration, average, deviation, min, max).
+        Raises:
+            ValueError: ``level`` is out of range or not configured.
+        """
         return self._locked(now, self._demand_results_locked, level, now, True)
 
     def demand_stats(self, level: int, now: int) -> DemandStats:
-        """Kubernetes ``Integrator.GetResults()``: cumulative since the last take, no reset."""
+        """The seat-demand integrator's results since the last take, without restarting it
+        (``Integrator.GetResults()``).
+
+        Args:
+            level: the level index; now: the caller's monotonic ns.
+        Returns:
+            :class:`DemandStats`, as :meth:`take_demand_stats`.
+        Raises:
+            ValueError: ``level`` is out of range or not configured.
+        """
         return self._locked(now, self._demand_results_locked, level, now, False)
 
     def snapshot(self, now: int) -> Snapshot:
-        """A consistent view of every level, queue and request (for dumps and metrics)."""
+        """A consistent view of every level, queue and request, copied under the lock (the debug
+        dumps and the metrics read it; Kubernetes' ``Dump``).
+
+        Args:
+            now: the caller's monotonic ns (recorded in the snapshot; nothing is synced).
+        Returns:
+            :class:`Snapshot` of plain records, safe to keep after the lock is released.
+        """
         return self._locked(now, self._snapshot_locked, now)
 
     def _snapshot_locked(self, now: int) -> Snapshot:

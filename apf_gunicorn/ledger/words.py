@@ -1,4 +1,15 @@
-"""Buffer words: addressing, slot allocation and the per-queue FIFO links."""
+"""Buffer words: addressing, the slot table's free list, the per-queue FIFOs, and names.
+
+The lowest layer of ``Ledger`` (a mixin over its buffer views ``_w``/``_u``/``_mv``): word
+addresses of a level (``_lb``, which checks the index), a queue (``_qa``) and a slot (``_sa``);
+taking a slot off the free list and filling it (``_alloc_locked``) and putting it back
+(``_free_locked``); linking a waiting request at its queue's tail and unlinking it, with the
+queue's and level's sums kept in step (``_link_tail_locked``/``_unlink_locked``); and the
+name areas (level and FlowSchema names). No policy and no counting here::
+
+    s, sa, gen = led._alloc_locked(level, owner, flow_hash, fs_index, 1, 0, 0, now, b"")
+    led._link_tail_locked(lb, led._qa(lb, q), s, sa)
+"""
 
 from __future__ import annotations
 

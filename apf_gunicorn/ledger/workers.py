@@ -1,4 +1,14 @@
-"""The worker table."""
+"""The worker table: which process each worker index is, and dropping a dead worker's work.
+
+Each gunicorn worker registers its index and pid (:meth:`WorkerTable.register_worker`; repair
+finds a dead lock holder's slots by pid), publishes whether it has a thread free
+(:meth:`WorkerTable.set_worker_room`, read lock-free by the others' accept gates), and when it
+dies the master reaps it (:meth:`WorkerTable.reap_worker`): its waiting requests count as
+cancelled, its executing and lingering seats are freed, and what that frees is dispatched::
+
+    led.register_worker(index, os.getpid(), now)
+    granted = led.reap_worker(index, now)      # after the worker exited
+"""
 
 from __future__ import annotations
 
@@ -19,11 +29,16 @@ from apf_gunicorn.ledger.layout import (
 
 
 class WorkerTable:
-    """workers."""
+    """The worker table of ``Ledger`` (a mixin)."""
 
     def register_worker(self, owner: int, pid: int, now: int) -> None:
-        """Record that worker index ``owner`` is process ``pid`` (used to repair after a
-        holder dies)."""
+        """Record that worker index ``owner`` is process ``pid`` (repair finds a dead lock holder's
+        slots by pid). One word each, no lock: each worker writes only its own record.
+
+        Args:
+            owner: the worker index, below ``Capacity.workers`` (not checked).
+            pid: its process id; now: the caller's monotonic ns (the heartbeat).
+        """
         wa = self._lay.worker(owner)
         w = self._w
         w[wa + L.W_PID] = pid
@@ -31,13 +46,15 @@ class WorkerTable:
         w[wa + L.W_HEARTBEAT] = now
 
     def set_worker_room(self, owner: int, room: bool) -> None:
-        """Publish whether worker ``owner`` has a thread free for a non-exempt request (one
-        word store, no lock)."""
+        """Publish whether worker ``owner`` has a thread free for a non-exempt request (one word
+        store, no lock; read by the other workers' accept gates).
+        """
         self._w[self._lay.worker(owner) + L.W_ROOM] = 1 if room else 0
 
     def other_worker_has_room(self, owner: int) -> bool:
-        """Whether a live worker other than ``owner`` has published room (lock-free read of
-        one word per worker record; a reaped worker's word is 0)."""
+        """Whether a live worker other than ``owner`` has published room (lock-free: one word per
+        worker record; a reaped worker's word is 0).
+        """
         lay = self._lay
         base = lay.worker_base + L.W_ROOM
         rooms = self._w[base: base + lay.cap.workers * L.WORKER_WORDS: L.WORKER_WORDS]
@@ -45,10 +62,16 @@ class WorkerTable:
         return n > (1 if self._w[lay.worker(owner) + L.W_ROOM] else 0)
 
     def heartbeat(self, owner: int, now: int) -> None:
+        """Record that worker ``owner`` is alive at ``now`` (one word store, no lock)."""
         self._w[self._lay.worker(owner) + L.W_HEARTBEAT] = now
 
     def workers(self) -> list[tuple[int, int, int, int]]:
-        """[(owner, pid, state, heartbeat)] of registered workers."""
+        """The registered workers, read without the lock.
+
+        Returns:
+            ``[(owner, pid, state, heartbeat_ns)]`` of every worker record in use, ``state``
+            ``layout.WORKER_ALIVE`` or ``layout.WORKER_GONE``.
+        """
         w = self._w
         out = []
         for i in range(self._lay.cap.workers):
@@ -58,7 +81,12 @@ class WorkerTable:
         return out
 
     def owned_slots(self, owner: int) -> list[tuple[int, int, str]]:
-        """[(slot, gen, state)] held by ``owner`` (the dispatcher's 100 ms backstop scan)."""
+        """The slots ``owner`` holds (under the lock): the dispatcher's 100 ms backstop scan for
+        grants whose wake-up was lost.
+
+        Returns:
+            ``[(slot, gen, state)]``, ``state`` ``"waiting"``, ``"executing"`` or ``"lingering"``.
+        """
         return self._locked(None, self._owned_slots_locked, owner)
 
     def _owned_slots_locked(self, owner: int) -> list[tuple[int, int, str]]:
@@ -67,8 +95,15 @@ class WorkerTable:
                 if st != FREE and owners[s] == owner]
 
     def reap_worker(self, owner: int, now: int) -> list:
-        """Drop everything worker ``owner`` had (waits, executions, lingering seats) and
-        dispatch what that frees. Idempotent."""
+        """Drop everything worker ``owner`` had: its waiting requests (counted as cancelled), its
+        executing requests (not observed: they did not finish) and its lingering seats; then
+        dispatch what that frees in every level, and mark the worker gone. Idempotent.
+
+        Args:
+            owner: the dead worker's index; now: the caller's monotonic ns.
+        Returns:
+            The requests dispatched, as ``(slot, gen, owner)``.
+        """
         return self._granting(now, self._reap_worker_locked, owner, now)[0]
 
     def _reap_worker_locked(self, granted: list, owner: int, now: int) -> None:

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from apf_gunicorn.ledger.records import LedgerPort
 from apf_gunicorn.server.loadreport import summarize, weight_percent
 
 log = logging.getLogger("apf_gunicorn.agent")
@@ -65,7 +66,7 @@ class AgentState:
         self.stopping = False  # set on SIGTERM: "drain" until the master exits
         self.last = b""  # the previous reply (a change to down is logged once)
 
-    def workers_restarting(self, ledger: Any) -> bool:
+    def workers_restarting(self, ledger: LedgerPort) -> bool:
         """Whether gunicorn is starting or replacing workers right now."""
         arb = self.arbiter
         if arb is None:
@@ -79,7 +80,7 @@ class AgentState:
 
     def reply(self) -> bytes:
         """The line for one agent connection (never raises)."""
-        ledger = getattr(self.master, "ledger", None)
+        ledger: LedgerPort | None = self.master.ledger
         try:
             if ledger is None:
                 raise ValueError("no ledger")

@@ -34,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from apf_gunicorn.ledger.records import LedgerPort
+
 log = logging.getLogger("apf_gunicorn.dispatcher")
 
 GRANTED = 1
@@ -162,23 +164,15 @@ class Parking:
                     del self._early[slot]
 
 
-def granted_slots(ledger, owner: int, now_ns: int) -> dict[int, int]:
+def granted_slots(ledger: LedgerPort, owner: int) -> dict[int, int]:
     """{slot: gen} of this owner's slots the ledger has dispatched (the backstop scan)."""
-    fn = getattr(ledger, "owned_slots", None)
-    if fn is not None:
-        return {slot: gen for slot, gen, st in fn(owner) if st != "waiting"}
-    out = {}
-    for level in ledger.snapshot(now_ns).levels:
-        for r in level.requests:
-            if r.owner == owner and r.start_ns:
-                out[r.slot] = getattr(r, "gen", None)
-    return out
+    return {slot: gen for slot, gen, st in ledger.owned_slots(owner) if st != "waiting"}
 
 
 class Dispatcher(threading.Thread):
     """One per worker process; a daemon thread."""
 
-    def __init__(self, parking: Parking, inbox, ledger, *, owner: int,
+    def __init__(self, parking: Parking, inbox, ledger: LedgerPort, *, owner: int,
                  deliver: Callable[[list], None], alive: Callable[[], bool],
                  clock: Callable[[], int] = time.monotonic_ns):
         super().__init__(name="apf-dispatcher", daemon=True)
@@ -282,7 +276,7 @@ class Dispatcher(threading.Thread):
         if not self.alive():
             self.parking.stop_all()
         # Grants a lock repair found inside a call that could not return them.
-        pending = getattr(self.ledger, "pending_grants", None)
+        pending = self.ledger.pending_grants
         if pending:
             self.ledger.pending_grants = []
             self.deliver(pending)
@@ -292,7 +286,7 @@ class Dispatcher(threading.Thread):
             return
         self.scans += 1
         try:
-            granted = granted_slots(self.ledger, self.owner, now)
+            granted = granted_slots(self.ledger, self.owner)
         except Exception:
             log.exception("apf: backstop scan failed")
             return

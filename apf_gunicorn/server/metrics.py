@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from apf_gunicorn.ledger.records import LedgerPort
 from apf_gunicorn.ledger.stats import OVERFLOW
 
 log = logging.getLogger("apf_gunicorn.metrics")
@@ -137,7 +138,7 @@ class UserMultiprocessCollector:
 class MasterView:
     """What the master exposes to the admin endpoint and :class:`LedgerCollector`."""
 
-    ledger: Any = None  # None until the ledger is configured
+    ledger: LedgerPort | None = None  # None until the ledger is configured
     level_limits: Mapping[str, Any] | None = None  # name -> LevelLimits
     borrowing: Any = None  # flowcontrol.borrowing.BorrowingStates
     workers: int = 0  # registered (booted) workers

@@ -56,7 +56,7 @@ from apf_gunicorn.flowcontrol.workestimate import (
     declared_estimate,
     default_estimator,
 )
-from apf_gunicorn.ledger.ledger import EXECUTE, QUEUED
+from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
 from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
 
 log = logging.getLogger("apf_gunicorn.middleware")
@@ -78,7 +78,7 @@ hidden = threading.local()
 class WorkerContext:
     """Everything the middleware binds at construction (one per worker process)."""
 
-    ledger: Any
+    ledger: LedgerPort
     resolver: Callable[[dict], Any]
     classifier: Any
     level_index: dict[str, int]
@@ -189,7 +189,7 @@ class APFMiddleware:
         self._hook = hook
         self._clamp_logged: set[tuple] = set()
         self._nonexempt_threads = ctx.nonexempt_threads
-        self._rejected_total = getattr(ctx.ledger, "rejected_total", None)
+        self._rejected_total = ctx.ledger.rejected_total
         self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0}
@@ -425,12 +425,8 @@ class APFMiddleware:
         tracker = self.ctx.retry_after
         if tracker is not None:
             try:
-                if self._rejected_total is not None:
-                    retry = tracker.observe_total(route.level_name,
-                                                  self._rejected_total(route.level))
-                else:  # a ledger without the server-wide counter: this worker's own view
-                    tracker.record(route.level_name)
-                    retry = tracker.retry_after(route.level_name)
+                retry = tracker.observe_total(route.level_name,
+                                              self._rejected_total(route.level))
             except Exception:
                 log.exception("apf: retry-after tracker failed")
         start_response("429 Too Many Requests", [

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from apf_gunicorn.ledger.records import LedgerPort
+
 
 @dataclass
 class Generation:
@@ -34,7 +36,7 @@ class MasterState:
     settings: Any
     token: str  # names the ledger segment and the workers' grant sockets
     segment: Any  # server.shm.Segment
-    ledger: Any
+    ledger: LedgerPort
     capacity: Any
     resolver: Any
     generation: Generation
@@ -51,7 +53,7 @@ class MasterState:
 class WorkerState:
     index: int
     pid: int
-    ledger: Any = None
+    ledger: LedgerPort | None = None
     parking: Any = None
     dispatcher: Any = None
     inbox: Any = None
