@@ -88,8 +88,11 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
     assert a._w[L.H_UNDO_N] == b._w[L.H_UNDO_N] == 0
 
 
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
-def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int) -> None:
+def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int, fairness: str) -> None:
+    """``fairness``: the queuing levels' dispatch policy; ``mixed``: level a kubernetes, b
+    switching between the two at reconfigurations."""
     rnd = random.Random(seed)
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, general = _pair(learn)
@@ -97,8 +100,10 @@ def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int) -> None
     calls = _GeneralCalls(fast)
     light = seed % 2  # light load: most requests run at once (the fast paths' own cases)
     c = rnd.randint(30, 60) if light else rnd.randint(2, 12)
-    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c),
-             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1),
+    fa = "kubernetes" if fairness == "mixed" else fairness
+    fb = "maxmin" if fairness == "mixed" else fairness
+    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c, fa),
+             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1, fb),
              LevelSpec("x", -1, 0, 0, 0),
              LevelSpec("r", 0, 0, 0, 3)]
     now = rnd.randint(0, 10**12)
@@ -147,6 +152,8 @@ def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int) -> None
         elif op < 0.95 and step % 7 == 0:  # reconfigure: queue counts change by attrition
             specs[1] = specs[1]._replace(desired_queues=rnd.choice([4, 8, 16]),
                                          concurrency_limit=rnd.randint(1, 8))
+            if fairness == "mixed":
+                specs[1] = specs[1]._replace(fairness=rnd.choice(["kubernetes", "maxmin"]))
             got = [led.configure(specs, ["fs0", "fs1", "fs2"], now) for led in (fast, general)]
             assert got[0] == got[1]
         else:

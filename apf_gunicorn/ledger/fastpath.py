@@ -230,8 +230,7 @@ class FastPaths:
             res = None
             lb = self._lvb + level * LEVEL_WORDS
             # (something waiting: the general path, without paying for the record read first)
-            while (0 <= level < self._nlevels and not w[lb + L_WAITING]
-                   and not w[lb + L.L_FAIRNESS]):  # (maxmin levels: the general path)
+            while 0 <= level < self._nlevels and not w[lb + L_WAITING]:
                 ms = initial if initial >= final else final
                 mv = self._mv
                 (used, _qui, _nl, desired, hs, _qll, c, qbase, _qcap, _nq, _tb, _tp, serial,
@@ -292,7 +291,12 @@ class FastPaths:
                     active += 1
                 w[qa + Q_EXECUTING] = ex + 1
                 w[qa + Q_SEATS] += held
-                u[qa + Q_NDR] = (ndr + tw) & U64
+                if w[lb + L.L_FAIRNESS]:  # maxmin: the flow's words instead of the queue's
+                    g = self._maxmin.at_once_locked(lb, level, h, head, held, al)
+                    q_robin = _robin
+                else:
+                    u[qa + Q_NDR] = (ndr + tw) & U64
+                    q_robin = q
                 if detail:
                     d = detail[: self._detail_bytes]
                     off = self._details + head * self._detail_stride
@@ -305,7 +309,7 @@ class FastPaths:
                                 fs_index, enq, dlen, 2 * eb + (1 if watch else 0), g)
                 _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
                                      in_use + held, active, qseats + held, it, ix, ixx, imn,
-                                     imx, cur, ilast, q, enq + 1, dispatched + 1)
+                                     imx, cur, ilast, q_robin, enq + 1, dispatched + 1)
                 res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
                 break
             if res is None:
@@ -337,8 +341,7 @@ class FastPaths:
                  st, g) = _SLOT.unpack_from(mv, sa * 8)
                 if sgen != gen or state != EXECUTING:
                     linger = 0  # stale: a no-op
-                elif (al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]
-                      and not w[self._lvb + level * LEVEL_WORDS + L.L_FAIRNESS]):
+                elif al <= 0 and not w[self._lvb + level * LEVEL_WORDS + L_WAITING]:
                     lb = self._lvb + level * LEVEL_WORDS
                     (_used, quiescing, _nl, desired, _hs, _qll, c, qbase, _qcap, nq, _tb, _tp,
                      _serial, waiting, sw, r, last, executing, in_use, active, qseats, it, ix,
@@ -363,9 +366,13 @@ class FastPaths:
                             w[qa + Q_EXECUTING] = ex
                             if ex == 0:  # (its waiting count is 0: nothing waits in the level)
                                 active -= 1
-                            # nextDispatchR -= initial*(G - S): usually negative, so the
-                            # uint64 wraparound adds
-                            u[qa + Q_NDR] = (u[qa + Q_NDR] - seats_ns_times(initial, g - ran)) & U64
+                            if w[lb + L.L_FAIRNESS]:  # maxmin: correct and learn the flow's
+                                self._maxmin.main_phase_ended_locked(lb, q, qa, sa, now)
+                            else:
+                                # nextDispatchR -= initial*(G - S): usually negative, so the
+                                # uint64 wraparound adds
+                                u[qa + Q_NDR] = (u[qa + Q_NDR]
+                                                 - seats_ns_times(initial, g - ran)) & U64
                             if w[H_SERVICE_ADAPT]:
                                 self._learn_locked(lb, ran)
                             w[qa + Q_SEATS] -= held

@@ -550,6 +550,34 @@ class MaxMinPolicy:
             return AdmitResult(EXECUTE, s, gen, "", granted)
         return AdmitResult(QUEUED, s, gen, "", granted)
 
+    def at_once_locked(self, lb: int, level: int, h: int, s: int, held: int, al: int) -> int:
+        """The fast admit's flow words (``fastpath.py``; ``fp_admit`` in ``_fastpath.c``): a
+        request of flow ``h`` runs at once in slot ``s`` holding ``held`` seats for its main
+        phase and ``al`` ns after (both after the final-seat cap). Nothing waits in the level,
+        so this is what :meth:`enqueue_locked` and :meth:`_dispatch` leave: the flow's entry
+        found or made active, its tag lifted to V and its backlog sequence taken, V raised to
+        it (no other flow waits), the tag charged. Returns the estimate charged (the slot's
+        ``S_SERVICE_NS``)."""
+        w, u = self._w, self._u
+        mm = self._mm(lb)
+        f = self._get(mm, level, h)
+        fa = self._fa(f)
+        v = u[mm + M_V]
+        tag = u[fa + F_TAG]
+        if ((tag - v) & U64) >= HALF:
+            tag = v
+        seq = w[mm + M_SEQ] + 1
+        w[mm + M_SEQ] = seq
+        w[fa + F_SEQ] = seq
+        if ((v - tag) & U64) >= HALF:
+            u[mm + M_V] = tag
+        est = w[fa + F_EST] if w[fa + F_N] else w[lb + L_SERVICE_NS]
+        u[fa + F_TAG] = (tag + held * (est + al)) & U64
+        w[fa + F_EXEC] += 1
+        w[fa + F_SEATS] += held
+        w[self._xb + s * XSLOT_WORDS + X_FLOW] = f
+        return est
+
     # -- dispatch -----------------------------------------------------------------------------
     def _fits(self, lb: int, ms: int) -> bool:
         w = self._w
