@@ -74,16 +74,21 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
                              f"{[(wa[i], wb[i]) for i in diff]}")
 
 
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
-def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
+def test_c_and_python_paths_leave_identical_ledgers(seed: int, fairness: str) -> None:
+    """``fairness``: the queuing levels' dispatch policy; ``mixed``: level a kubernetes, b
+    switching between the two at reconfigurations."""
     rnd = random.Random(seed)
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, slow = _pair(learn)
     counted = _Counted(fast)
     light = seed % 2  # light load: most requests run at once (the C paths' own cases)
     c = rnd.randint(30, 60) if light else rnd.randint(2, 12)
-    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c),
-             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1),
+    fa = "kubernetes" if fairness == "mixed" else fairness
+    fb = "maxmin" if fairness == "mixed" else fairness
+    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c, fa),
+             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1, fb),
              LevelSpec("x", -1, 0, 0, 0),
              LevelSpec("r", 0, 0, 0, 3)]
     now = rnd.randint(0, 10**12)
@@ -136,6 +141,8 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
         elif op < 0.95 and step % 7 == 0:  # reconfigure: queue counts change by attrition
             specs[1] = specs[1]._replace(desired_queues=rnd.choice([4, 8, 16]),
                                          concurrency_limit=rnd.randint(1, 8))
+            if fairness == "mixed":
+                specs[1] = specs[1]._replace(fairness=rnd.choice(["kubernetes", "maxmin"]))
             got = [led.configure(specs, ["fs0", "fs1", "fs2"], now) for led in (fast, slow)]
             assert got[0] == got[1]
         else:
@@ -154,11 +161,12 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
     assert 0 < counted.admits < admits and 0 < counted.finishes < finishes
 
 
-def test_the_fast_cases_never_reach_python() -> None:
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin"])
+def test_the_fast_cases_never_reach_python(fairness: str) -> None:
     fast, slow = _pair()
     counted = _Counted(fast)
     for led in (fast, slow):
-        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4)], ["fs"], 0)
+        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4, fairness)], ["fs"], 0)
     a = levels["a"]
     # the first admit creates the stats entry (Python); after that every admit and finish
     # of a request that runs at once stays in C

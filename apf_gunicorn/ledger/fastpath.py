@@ -159,6 +159,14 @@ def _load_accelerator():
                 H_UNDO_N, L.L_FAIRNESS)
     if _fastpath.LAYOUT != expected:
         return None
+    expected_mm = (L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
+                   (L.FH_FREE, L.FH_IDLE_HEAD, L.FH_IDLE_TAIL, L.FH_EVICTIONS),
+                   (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
+                    L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
+                    L.F_NEXT, L.F_PREV),
+                   (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
+    if getattr(_fastpath, "LAYOUT_MAXMIN", None) != expected_mm:
+        return None
     return _fastpath
 
 
@@ -191,6 +199,9 @@ class FastPaths:
              E_EXEC_R, EXEC_STRIDE, ND, self._ub),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
         self._fp.set_resume(self._admit_resume, self._finish_resume)
+        lay = self._lay
+        self._fp.set_maxmin(lay.maxmin_base, lay.flow_header, lay.flow_base, lay.flow_index,
+                            lay.flow_index_words - 1, lay.xslot_base)
         self.admit = self._fp.admit_call
         self.finish = self._fp.finish_call
         if old is not None:
