@@ -65,7 +65,7 @@ LEVEL_WORDS = 40
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
 
 MODE_EXEMPT, MODE_REJECT, MODE_QUEUE = "exempt", "reject", "queue"
-# L_FAIRNESS: the level's dispatch policy (configuration; the fast paths decline maxmin levels)
+# L_FAIRNESS: the level's dispatch policy (configuration: LevelSpec.fairness)
 FAIRNESS_KUBERNETES, FAIRNESS_MAXMIN = 0, 1
 FAIRNESS_NAMES = {FAIRNESS_KUBERNETES: "kubernetes", FAIRNESS_MAXMIN: "maxmin"}
 FAIRNESS_CODES = {name: code for code, name in FAIRNESS_NAMES.items()}

@@ -18,9 +18,10 @@ In short, per level:
 
 Everything runs under the ledger lock (``…_locked``); the ledger reaches this class through
 ``Ledger._policy_locked`` for levels whose ``L_FAIRNESS`` is ``FAIRNESS_MAXMIN``. The fast paths
-(``fastpath.py``, ``_fastpath.c``) decline such levels, so every maxmin request takes the
-general path. Tags are uint64 words compared by signed difference (wrapping is harmless while
-live tags lie within 2^63 seat-ns of each other).
+(``fastpath.py``, and ``mm_at_once`` / ``mm_finish`` in ``_fastpath.c``) do the at-once admit
+and the plain finish of such levels with :meth:`MaxMinPolicy.at_once_locked` and
+:meth:`MaxMinPolicy.main_phase_ended_locked`. Tags are uint64 words compared by signed
+difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each other).
 """
 
 from __future__ import annotations
@@ -476,7 +477,7 @@ class MaxMinPolicy:
     # -- arrival ------------------------------------------------------------------------------
     def enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                        granted: list) -> AdmitResult:
-        """``StartRequest`` of a maxmin level (the fast paths decline these): choose the queue
+        """``StartRequest`` of a maxmin level that the fast admit did not take: choose the queue
         as Kubernetes does, reject ``queue-full`` as Kubernetes does, else wait in the queue and
         in the flow's FIFO and dispatch what fits (this request too, when nothing else waits).
 

@@ -21,8 +21,9 @@ Two things a new policy must also settle, outside this interface:
 * the fast paths: ``fastpath.py``'s admit-at-once and fast finish (and ``fp_admit`` /
   ``fp_finish`` in ``_fastpath.c``) embody Kubernetes' at-once case (first card of the hand,
   ``nextDispatchR`` floored at R and charged the request's work). For another policy's levels
-  they must decline (or do that policy's at-once case, identically in C and Python); today
-  they decline maxmin levels;
+  they must decline (or do that policy's at-once case, identically in C and Python); for
+  maxmin levels they do maxmin's (``MaxMinPolicy.at_once_locked`` and ``mm_at_once``, and at
+  the finish ``main_phase_ended_locked`` and ``mm_finish``);
 * repair (``repair.py``) rebuilds the FIFOs and aggregates from the slot table, then calls
   :meth:`DispatchPolicy.repair_locked`; any per-policy state that is not derivable from the
   slot table must be kept whole by the undo log or be recomputable there.
