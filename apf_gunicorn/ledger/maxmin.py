@@ -333,47 +333,63 @@ class MaxMinPolicy:
         return w[fa + F_SEQ] < w[fb + F_SEQ]
 
     def _meld(self, a: int, b: int) -> int:
+        """The heap of roots ``a`` and ``b``: the loser becomes the winner's first child.
+        (:meth:`_less` inline: this is the heap's inner loop.)"""
         if a == NIL:
             return b
         if b == NIL:
             return a
-        if self._less(b, a):
-            a, b = b, a
         w = self._w
-        aa, ba = self._fa(a), self._fa(b)
+        fb = self._fb
+        aa, ba = fb + a * FLOW_WORDS, fb + b * FLOW_WORDS
+        u = self._u
+        ta, tb = u[aa + F_TAG], u[ba + F_TAG]
+        if ta != tb:
+            b_first = ((tb - ta) & U64) >= HALF
+        else:
+            sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
+            b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
+        if b_first:
+            a, b, aa, ba = b, a, ba, aa
         c = w[aa + F_CHILD]
         w[ba + F_NEXT] = c
         if c != NIL:
-            w[self._fa(c) + F_PREV] = b
+            w[fb + c * FLOW_WORDS + F_PREV] = b
         w[ba + F_PREV] = a
         w[aa + F_CHILD] = b
         return a
 
     def _merge_pairs(self, first: int) -> int:
+        """Two-pass pairing of a sibling list (links through ``F_NEXT``): meld pairs left to
+        right, then the results right to left. Returns the new root."""
         w = self._w
+        fb = self._fb
+        meld = self._meld
         acc = NIL
         x = first
         while x != NIL:
             a = x
-            aa = self._fa(a)
+            aa = fb + a * FLOW_WORDS
             b = w[aa + F_NEXT]
-            nxt = w[self._fa(b) + F_NEXT] if b != NIL else NIL
             w[aa + F_NEXT] = NIL
             w[aa + F_PREV] = NIL
             if b != NIL:
-                ba = self._fa(b)
+                ba = fb + b * FLOW_WORDS
+                nxt = w[ba + F_NEXT]
                 w[ba + F_NEXT] = NIL
                 w[ba + F_PREV] = NIL
-                a = self._meld(a, b)
-            w[self._fa(a) + F_NEXT] = acc
+                a = meld(a, b)
+            else:
+                nxt = NIL
+            w[fb + a * FLOW_WORDS + F_NEXT] = acc
             acc = a
             x = nxt
         res = NIL
         while acc != NIL:
-            aa = self._fa(acc)
+            aa = fb + acc * FLOW_WORDS
             nxt = w[aa + F_NEXT]
             w[aa + F_NEXT] = NIL
-            res = self._meld(res, acc)
+            res = meld(res, acc)
             acc = nxt
         return res
 
