@@ -219,3 +219,20 @@ def test_model_random_operations_keep_invariants():
         seen["backfills"] += m.backfills
         seen["evictions"] += m.evictions
     assert all(seen.values()), seen  # every mechanism was exercised
+
+
+def test_windup_picture_shows_what_the_windows_measure():
+    """benchmarks/plot_fairness.py's data (docs/fairness.md's picture): per-second seats whose
+    second-half averages are the windows' (matplotlib is needed only to draw)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_fairness", os.path.join(HERE, "..", "benchmarks", "plot_fairness.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for fairness, want in (("kubernetes", (1.25, 1.75)), ("maxmin", (1.5, 1.5))):
+        data = mod.seats_per_second(fairness)
+        got = tuple(round(sum(data[c][20:40]) / 20, 6) for c in ("client0", "client1"))
+        assert got == want, fairness
+        assert [round(x, 6) for x in data["client0"][:20]] == [2.0] * 20
+
