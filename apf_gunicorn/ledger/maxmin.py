@@ -1023,10 +1023,13 @@ class MaxMinPolicy:
         mm = self._mm(lb)
         level = (lb - self._lvb) // LEVEL_WORDS
         flows = {}
+        end = self._fb + self._nslots * FLOW_WORDS
+        levels = w[self._fb + F_LEVEL: end: FLOW_WORDS].tolist()  # strided: one pass in C
+        wheres = w[self._fb + F_WHERE: end: FLOW_WORDS].tolist()
         for f in range(self._nslots):
-            fa = self._fa(f)
-            if w[fa + F_LEVEL] != level or w[fa + F_WHERE] == FW_IDLE:
+            if levels[f] != level or wheres[f] == FW_IDLE:
                 continue
+            fa = self._fa(f)
             flows[u[fa + F_HASH]] = {
                 "tag": u[fa + F_TAG], "waiting": w[fa + F_WAITING], "executing": w[fa + F_EXEC],
                 "seats": w[fa + F_SEATS], "estimate_ns": w[fa + F_EST] if w[fa + F_N] else None,

@@ -114,6 +114,9 @@ class LevelSnapshot(NamedTuple):
     epoch_advances: int = 0
     epoch_advance_failures: int = 0
     service_estimate_ns: int = 0  # G, the service time charged at dispatch
+    fairness: str = "kubernetes"  # the dispatch policy (LevelSpec.fairness)
+    maxmin: dict | None = None  # under maxmin: V, the reserved flow, every active flow's
+    #   tag, counts and learnt estimate (MaxMinPolicy.flow_state_locked)
 
 
 class Snapshot(NamedTuple):
