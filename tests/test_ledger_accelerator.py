@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import random
 import threading
 import time
 
@@ -21,7 +20,7 @@ from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec, ve
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger import ledger as ledger_module
 from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.ledger.seatseconds import HIGH_R
+from tests.ledger_streams import Counted, drive
 
 CAP = Capacity(levels=4, queues=256, slots=96, workers=4, flow_schemas=4, detail_bytes=24,
                stats_entries=16)
@@ -36,25 +35,6 @@ def test_the_accelerator_is_built_and_used() -> None:
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
     assert led.accelerated
     assert not Ledger.create(bytearray(Ledger.size(CAP)), CAP, accelerate=False).accelerated
-
-
-class _Counted:
-    """Counts the operations the C paths handed to Python (wraps the ``_*_locked`` methods)."""
-
-    def __init__(self, led: Ledger) -> None:
-        self.admits = self.finishes = 0
-        admit, finish = led._admit_locked, led._finish_locked
-
-        def a(*args):
-            self.admits += 1
-            return admit(*args)
-
-        def f(*args):
-            self.finishes += 1
-            return finish(*args)
-
-        led._admit_locked = a
-        led._finish_locked = f
 
 
 def _pair(learn_service: bool = False):
@@ -77,81 +57,11 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
 @pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
 def test_c_and_python_paths_leave_identical_ledgers(seed: int, fairness: str) -> None:
-    """``fairness``: the queuing levels' dispatch policy; ``mixed``: level a kubernetes, b
-    switching between the two at reconfigurations."""
-    rnd = random.Random(seed)
+    """``fairness``: the queuing levels' dispatch policy (``mixed``: see ``drive``)."""
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, slow = _pair(learn)
-    counted = _Counted(fast)
-    light = seed % 2  # light load: most requests run at once (the C paths' own cases)
-    c = rnd.randint(30, 60) if light else rnd.randint(2, 12)
-    fa = "kubernetes" if fairness == "mixed" else fairness
-    fb = "maxmin" if fairness == "mixed" else fairness
-    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c, fa),
-             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1, fb),
-             LevelSpec("x", -1, 0, 0, 0),
-             LevelSpec("r", 0, 0, 0, 3)]
-    now = rnd.randint(0, 10**12)
-    ids = [led.configure(specs, ["fs0", "fs1", "fs2"], now) for led in (fast, slow)]
-    assert ids[0] == ids[1]
-    levels = list(ids[0][0].values())
-    if seed % 3 == 0:  # R just below the epoch advance: the C paths must hand it over
-        r = HIGH_R - rnd.randint(0, 5_000_000_000)
-        for led in (fast, slow):
-            led._u[led._lb(levels[0]) + L.L_R] = r
-    live: list = []  # (slot, gen)
-    hashes = [rnd.getrandbits(64) for _ in range(rnd.randint(1, 9))]
-    admits = finishes = 0
-    for step in range(700):
-        now += rnd.choice([0, 1, 999, 3_000_000, 250_000_000, 999_999_999, 1_000_000_001,
-                           3 * 10**9, 10**15])
-        op = rnd.random()
-        if light:
-            op *= 0.9  # admits and finishes only
-        if op < 0.5 or not live:
-            initial = rnd.choice([1, 1, 1, 1, 2, 3, 20])
-            final = rnd.choice([0, 0, 0, 0, 1, 2, 40])
-            al = rnd.choice([0, 0, 0, 5_000_000]) if final else 0
-            args = (rnd.choice(levels), rnd.choice(hashes), initial, final, al,
-                    rnd.randint(0, 3), now, rnd.randint(0, 3), rnd.randbytes(rnd.randint(0, 40)),
-                    rnd.random() < 0.1)
-            got = [led.admit(*args) for led in (fast, slow)]
-            admits += 1
-            assert got[0] == got[1]
-            assert type(got[0]) is type(got[1])
-            if got[0].outcome in (EXECUTE, QUEUED):
-                live.append((got[0].slot, got[0].gen))
-            for s, g, _owner in got[0].granted:
-                assert (s, g) in live
-        elif op < 0.85:
-            slot, gen = live.pop(rnd.randrange(len(live)))
-            got = [led.finish(slot, gen, now) for led in (fast, slow)]
-            finishes += 1
-            assert got[0] == got[1]
-            if got[0][1]:
-                got = [led.release(slot, gen, got[0][1]) for led in (fast, slow)]
-                assert got[0] == got[1]
-            # a finish of a still-waiting slot is a stale no-op on both; cancel it instead
-            got = [led.cancel(slot, gen, now, "time-out") for led in (fast, slow)]
-            assert got[0] == got[1]
-        elif op < 0.9:
-            slot, gen = rnd.choice(live)
-            got = [led.finish(slot, gen + 1, now) for led in (fast, slow)]  # stale gen
-            assert got[0] == got[1]
-        elif op < 0.95 and step % 7 == 0:  # reconfigure: queue counts change by attrition
-            specs[1] = specs[1]._replace(desired_queues=rnd.choice([4, 8, 16]),
-                                         concurrency_limit=rnd.randint(1, 8))
-            if fairness == "mixed":
-                specs[1] = specs[1]._replace(fairness=rnd.choice(["kubernetes", "maxmin"]))
-            got = [led.configure(specs, ["fs0", "fs1", "fs2"], now) for led in (fast, slow)]
-            assert got[0] == got[1]
-        else:
-            lim = rnd.randint(1, 12)
-            got = [led.set_limits({levels[0]: lim}, now) for led in (fast, slow)]
-            assert got[0] == got[1]
-        _same(fast, slow, f"step {step}")
-    for led in (fast, slow):
-        assert verify(led) == []
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
+    levels, admits, finishes = drive(seed, (fast, slow), _same, fairness=fairness)
     learnt = {fast.level_service_estimate_ns(lv) for lv in levels[:2]}
     assert (learnt != {fast.service_estimate_ns}) == learn, learnt
     # both sides of the hand-over ran: the C paths completed a share of the operations
@@ -164,7 +74,7 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int, fairness: str) ->
 @pytest.mark.parametrize("fairness", ["kubernetes", "maxmin"])
 def test_the_fast_cases_never_reach_python(fairness: str) -> None:
     fast, slow = _pair()
-    counted = _Counted(fast)
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     for led in (fast, slow):
         levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4, fairness)], ["fs"], 0)
     a = levels["a"]
@@ -243,7 +153,7 @@ def test_the_c_entries_hand_over_and_take_keywords() -> None:
     the Python paths with the same results as a pure-Python ledger."""
     fast, slow = _pair()
     assert type(fast.admit) is not type(slow.admit)  # the C entry vs the bound method
-    counted = _Counted(fast)
+    counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     for led in (fast, slow):
         levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 1)], ["fs"], 0)
     a = levels["a"]

@@ -75,7 +75,7 @@ def test_find_dispatch_queue(name, c, in_use, queues, attempts) -> None:
         if set_in_use is not None:
             w[lb + L.L_SEATS_IN_USE] = set_in_use
         granted: list = []
-        picked = led._queueset.dispatch_one_locked(lb, 0, granted)
+        picked = led._queueset.dispatch_one_locked(led, lb, 0, granted)
         assert picked == (want_queue is not None)
         if want_queue is None:
             assert granted == []

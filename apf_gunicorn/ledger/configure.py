@@ -41,13 +41,9 @@ from apf_gunicorn.ledger.layout import (
     Q_TAIL,
     QUEUE_WORDS,
 )
-from apf_gunicorn.ledger.mintree import _next_pow2
-from apf_gunicorn.ledger.records import (
-    LevelSpec,
-)
-from apf_gunicorn.ledger.seatseconds import (
-    U64,
-)
+from apf_gunicorn.ledger.mintree import next_pow2
+from apf_gunicorn.ledger.records import LevelSpec
+from apf_gunicorn.ledger.seatseconds import U64
 
 
 class Configuration:
@@ -215,7 +211,7 @@ class Configuration:
             level = (lb - self._lvb) // LEVEL_WORDS
             self._maxmin.purge_level_locked(level)
             w[lb + L.L_FAIRNESS] = fairness
-            self._policy_locked(lb).repair_locked(lb)
+            self._policy_locked(lb).repair_locked(self, lb)
 
     def _relayout_locked(self, needs: dict[int, int]) -> None:
         """Re-pack every level's queue region (capacity ``needs[level]``) and tree."""
@@ -240,7 +236,7 @@ class Configuration:
             qcap = needs[i]
             w[lb + L_QBASE] = pos
             w[lb + L.L_QCAP] = qcap
-            p = _next_pow2(max(qcap, 1))
+            p = next_pow2(max(qcap, 1))
             w[lb + L_TBASE] = tpos
             w[lb + L_TP] = p
             tpos += 2 * p

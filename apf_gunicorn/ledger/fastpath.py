@@ -173,7 +173,6 @@ def _load_accelerator():
 _ACCEL = _load_accelerator()
 
 
-
 class FastPaths:
     """The admit and finish entries under the lock, with their fast paths (a mixin)."""
 
@@ -378,7 +377,7 @@ class FastPaths:
                             if ex == 0:  # (its waiting count is 0: nothing waits in the level)
                                 active -= 1
                             if w[lb + L.L_FAIRNESS]:  # maxmin: correct and learn the flow's
-                                self._maxmin.main_phase_ended_locked(lb, q, qa, sa, now)
+                                self._maxmin.main_phase_ended_locked(self, lb, q, qa, sa, now)
                             else:
                                 # nextDispatchR -= initial*(G - S): usually negative, so the
                                 # uint64 wraparound adds

@@ -33,6 +33,8 @@ named ``..._locked`` expects the lock held. See docs/ARCHITECTURE.md for the mod
 
 from __future__ import annotations
 
+import functools
+
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.configure import Configuration
 from apf_gunicorn.ledger.counters import RequestCounters
@@ -81,9 +83,7 @@ from apf_gunicorn.ledger.service import (
     learn_service,
 )
 from apf_gunicorn.ledger.snapshot import Reading
-from apf_gunicorn.ledger.stats import (
-    OVERFLOW,
-)
+from apf_gunicorn.ledger.stats import OVERFLOW
 from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
@@ -264,7 +264,8 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return RepairView(self._w, self._u, self._lay, self._qa, self._count_lost_wait_locked,
                           self._log_locked, self._commit_locked, self._demand_locked,
                           self._repair_level_locked, self._dispatch_all_locked,
-                          self._leaf_value_locked, self._maxmin.verify_locked)
+                          self._leaf_value_locked,
+                          functools.partial(self._maxmin.verify_locked, self))
 
     # -- the lock funnel -------------------------------------------------------------------------
     # Every operation runs as: take the lock, _begin_locked, the operation's ..._locked body,
@@ -352,38 +353,39 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:
         """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._policy_locked(lb).enqueue_locked(lb, level, req, eb, ms, watch, granted)
+        return self._policy_locked(lb).enqueue_locked(self, lb, level, req, eb, ms, watch,
+                                                      granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""
-        self._policy_locked(lb).dispatch_all_locked(lb, now, granted)
+        self._policy_locked(lb).dispatch_all_locked(self, lb, now, granted)
 
     def _touch_locked(self, lb: int, q: int) -> None:
         """Queue ``q`` of the level changed: let the policy re-rank it."""
-        self._policy_locked(lb).touch_locked(lb, q)
+        self._policy_locked(lb).touch_locked(self, lb, q)
 
     def _waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
         """The waiting request in slot ``sa`` left queue ``q`` without running (its slot is
         still allocated)."""
-        self._policy_locked(lb).waiting_removed_locked(lb, q, sa)
+        self._policy_locked(lb).waiting_removed_locked(self, lb, q, sa)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
-        self._policy_locked(lb).advance_epoch_locked(lb)
+        self._policy_locked(lb).advance_epoch_locked(self, lb)
 
     def _queues_moved_locked(self, lb: int) -> None:
         """The level's queues were renumbered or re-packed."""
-        self._policy_locked(lb).queues_moved_locked(lb)
+        self._policy_locked(lb).queues_moved_locked(self, lb)
 
     def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
                                  learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase
         (``learn``: it finished; False: its worker died)."""
-        self._policy_locked(lb).main_phase_ended_locked(lb, q, qa, sa, now, learn)
+        self._policy_locked(lb).main_phase_ended_locked(self, lb, q, qa, sa, now, learn)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""
-        self._policy_locked(lb).repair_locked(lb)
+        self._policy_locked(lb).repair_locked(self, lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds

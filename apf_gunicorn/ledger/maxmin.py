@@ -136,7 +136,7 @@ class MaxMinPolicy:
 
     def __init__(self, led) -> None:
         lay = led._lay
-        self._led = led
+        self._nlevels = lay.cap.levels
         self._w = led._w
         self._u = led._u
         self._qb = led._qb
@@ -182,7 +182,7 @@ class MaxMinPolicy:
             w[xa + X_FLOW] = NIL
             w[xa + X_FPREV] = NIL
             w[xa + X_FNEXT] = NIL
-        for level in range(self._led._lay.cap.levels):
+        for level in range(self._nlevels):
             self.reset_level_locked(self._lvb + level * LEVEL_WORDS)
 
     def reset_level_locked(self, lb: int) -> None:
@@ -491,7 +491,7 @@ class MaxMinPolicy:
             self._w[mm + M_RESERVE] = NIL
 
     # -- arrival ------------------------------------------------------------------------------
-    def enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
+    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                        granted: list) -> AdmitResult:
         """``StartRequest`` of a maxmin level that the fast admit did not take: choose the queue
         as Kubernetes does, reject ``queue-full`` as Kubernetes does, else wait in the queue and
@@ -499,7 +499,6 @@ class MaxMinPolicy:
 
         Args and Returns: as :meth:`KubernetesQueueSet.enqueue_locked`.
         """
-        led = self._led
         w, u = self._w, self._u
         flow_hash, initial, final, al, owner, now, fs_index, detail = req
         desired = w[lb + L_DESIRED]
@@ -560,7 +559,7 @@ class MaxMinPolicy:
             w[fa + F_SEQ] = seq
             self._heap_insert(mm, f)
         led._demand_locked(lb, now)
-        self.dispatch_all_locked(lb, now, granted)
+        self.dispatch_all_locked(led, lb, now, granted)
         if w[sa + S_STATE] == EXECUTING:
             mine = (s, gen, owner)
             granted[:] = [g for g in granted if g != mine]
@@ -617,27 +616,27 @@ class MaxMinPolicy:
         ms = w[self._sb + w[fa + F_HEAD] * SLOT_WORDS + S_MAX_SEATS]
         return (seats + ms) * w[mm + M_NFLOWS] > w[lb + L_C]
 
-    def dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
+    def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:
         """Dispatch while something waits and seats are free, in the policy's order;
         appends ``(slot, gen, owner)`` to ``granted``."""
         w = self._w
         while (w[lb + L_WAITING] != 0 and w[lb + L_SEATS_IN_USE] < w[lb + L_C]
-               and self._dispatch_one(lb, now, granted)):
+               and self._dispatch_one(led, lb, now, granted)):
             pass
 
     def _head_ms(self, f: int) -> int:
         return self._w[self._sb + self._w[self._fa(f) + F_HEAD] * SLOT_WORDS + S_MAX_SEATS]
 
-    def _dispatch_one(self, lb: int, now: int, granted: list) -> bool:
+    def _dispatch_one(self, led, lb: int, now: int, granted: list) -> bool:
         w = self._w
         mm = self._mm(lb)
         f = w[mm + M_RESERVE]
         if f != NIL:
             if self._fits(lb, self._head_ms(f)):
                 w[mm + M_RESERVE] = NIL
-                self._dispatch(lb, mm, f, now, granted)
+                self._dispatch(led, lb, mm, f, now, granted)
                 return True
-            return self._backfill(lb, mm, f, now, granted)
+            return self._backfill(led, lb, mm, f, now, granted)
         f = w[mm + M_ROOT]
         while f != NIL and self._capped(lb, mm, f):
             self._heap_remove(mm, f)
@@ -647,20 +646,19 @@ class MaxMinPolicy:
             p = w[mm + M_PARK_HEAD]
             while p != NIL:
                 if self._fits(lb, self._head_ms(p)):
-                    self._dispatch(lb, mm, p, now, granted)
+                    self._dispatch(led, lb, mm, p, now, granted)
                     return True
                 p = w[self._fa(p) + F_NEXT]
             return False
         if self._fits(lb, self._head_ms(f)):
-            self._dispatch(lb, mm, f, now, granted)
+            self._dispatch(led, lb, mm, f, now, granted)
             return True
         w[mm + M_RESERVE] = f
         w[mm + M_RESERVES] += 1
-        return self._backfill(lb, mm, f, now, granted)
+        return self._backfill(led, lb, mm, f, now, granted)
 
-    def _dispatch(self, lb: int, mm: int, f: int, now: int, granted: list) -> None:
+    def _dispatch(self, led, lb: int, mm: int, f: int, now: int, granted: list) -> None:
         """Flow ``f``'s oldest waiting request starts executing."""
-        led = self._led
         w, u = self._w, self._u
         fa = self._fa(f)
         s = w[fa + F_HEAD]
@@ -729,12 +727,11 @@ class MaxMinPolicy:
             self._heap_insert(mm, f)
         granted.append((s, w[sa + S_GEN], w[sa + S_OWNER]))
 
-    def _backfill(self, lb: int, mm: int, r: int, now: int, granted: list) -> bool:
+    def _backfill(self, led, lb: int, mm: int, r: int, now: int, granted: list) -> bool:
         """The reserved flow ``r``'s head does not fit: dispatch one other head that fits now
         and, by the estimates, leaves the reserved head's start where it is. The one case that
         scans: the level's executing and lingering slots (when seats free), and its waiting
         flows."""
-        led = self._led
         w = self._w
         c = w[lb + L_C]
         free = c - w[lb + L_SEATS_IN_USE]
@@ -789,11 +786,11 @@ class MaxMinPolicy:
                 best = f
         if best == NIL:
             return False
-        self._dispatch(lb, mm, best, now, granted)
+        self._dispatch(led, lb, mm, best, now, granted)
         return True
 
     # -- completion and removal ---------------------------------------------------------------
-    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
         worker died): correct its flow's tag by the time it held its seats, learn the flow's
@@ -831,7 +828,7 @@ class MaxMinPolicy:
         if w[fa + F_WAITING] == 0 and w[fa + F_EXEC] == 0:
             self._idle(mm, f, fa)
 
-    def waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+    def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
         """A waiting request left (time-out, cancel, dead worker) before its slot is freed:
         out of its flow's FIFO."""
         w = self._w
@@ -861,19 +858,19 @@ class MaxMinPolicy:
             if w[fa + F_EXEC] == 0:
                 self._idle(mm, f, fa)
 
-    def touch_locked(self, lb: int, q: int) -> None:
+    def touch_locked(self, led, lb: int, q: int) -> None:
         """Queues do not rank anything under maxmin."""
 
-    def queues_moved_locked(self, lb: int) -> None:
+    def queues_moved_locked(self, led, lb: int) -> None:
         """Nothing here is indexed by queue number."""
 
-    def advance_epoch_locked(self, lb: int) -> None:
+    def advance_epoch_locked(self, led, lb: int) -> None:
         """R (Kubernetes' virtual time, still kept for the seat-demand rate) reached highR:
         wind it back as Kubernetes does; the maxmin tags wrap by themselves."""
-        self._led._queueset.advance_epoch_locked(lb)
+        led._queueset.advance_epoch_locked(led, lb)
 
     # -- repair and policy switches -----------------------------------------------------------
-    def repair_locked(self, lb: int) -> None:
+    def repair_locked(self, led, lb: int) -> None:
         """Rebuild the level's flow state from the slot table (after a repair rebuilt the
         queues, or when the level switches to maxmin). Tags, estimates and backlog sequence
         numbers of entries that survive are kept; nothing is parked or reserved afterwards;
@@ -899,7 +896,7 @@ class MaxMinPolicy:
         w[mm + M_PARK_TAIL] = NIL
         w[mm + M_RESERVE] = NIL
         w[mm + M_NFLOWS] = 0
-        states, levels, seqs = self._led._slot_columns_locked(S_STATE, S_LEVEL, S_SEQ)
+        states, levels, seqs = led._slot_columns_locked(S_STATE, S_LEVEL, S_SEQ)
         mine = sorted((seqs[s], s) for s in range(self._nslots)
                       if states[s] in (WAITING, EXECUTING) and levels[s] == level)
         flows = []
@@ -959,13 +956,13 @@ class MaxMinPolicy:
                 i = (i + 1) & mask
             w[ib + i] = f + 1
 
-    def verify_locked(self, lb: int) -> list[str]:
+    def verify_locked(self, led, lb: int) -> list[str]:
         """Every violated invariant of the level's flow state, as text (``repair.verify``)."""
         w, u = self._w, self._u
         level = (lb - self._lvb) // LEVEL_WORDS
         mm = self._mm(lb)
         out: list[str] = []
-        states, levels, seqs, helds = self._led._slot_columns_locked(
+        states, levels, seqs, helds = led._slot_columns_locked(
             S_STATE, S_LEVEL, S_SEQ, S_HELD)
         want: dict[int, list] = {}
         for s in sorted(range(self._nslots), key=lambda s: seqs[s]):

@@ -23,17 +23,15 @@ from apf_gunicorn.ledger.layout import (
     Q_WAITING,
     S_TOTAL_WORK,
 )
-from apf_gunicorn.ledger.seatseconds import (
-    U64,
-)
+from apf_gunicorn.ledger.seatseconds import U64
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """The tree's leaf count for ``n`` queues: the least power of two at or above ``n``."""
     p = 1
     while p < n:
         p <<= 1
     return p
-
 
 
 class MinTree:

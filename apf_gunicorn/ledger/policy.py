@@ -11,10 +11,11 @@ How the ledger reaches a policy: only through the routers in ``ledger.py``
 (``Ledger._enqueue_locked``, ``_dispatch_all_locked``, ``_touch_locked``,
 ``_waiting_removed_locked``, ``_main_phase_ended_locked``, ``_advance_epoch_locked``,
 ``_queues_moved_locked``, ``_repair_level_locked``), which pick ``Ledger._queueset`` or
-``Ledger._maxmin`` by the level's ``L_FAIRNESS`` (``Ledger._policy_locked``), nowhere else. A policy object is
-built once per ``Ledger`` with the ledger itself (``Policy(led)``) and may keep the ledger's
-buffer views; it may use the ledger's ``..._locked`` helpers (alloc, link/unlink, log/commit,
-counters, the min-tree).
+``Ledger._maxmin`` by the level's ``L_FAIRNESS`` (``Ledger._policy_locked``), nowhere else. A
+policy object is built once per ``Ledger`` (``Policy(led)``) and may keep the ledger's buffer
+views, but not the ledger: each call is handed the ledger as ``led`` (so there is no reference
+cycle, and a dropped ledger frees its buffer at once), and may use its ``..._locked`` helpers
+(alloc, link/unlink, log/commit, counters, the min-tree).
 
 Two things a new policy must also settle, outside this interface:
 
@@ -46,7 +47,7 @@ class DispatchPolicy(Protocol):
 
     name: str  # as selected in configuration, e.g. "kubernetes"
 
-    def enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
+    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                        granted: list) -> AdmitResult:
         """A request of a queuing level that cannot run at once (the arrival is counted, a slot
         is free, R is synced): pick its queue, reject it (``queue-full``, counting the
@@ -56,22 +57,22 @@ class DispatchPolicy(Protocol):
         this request (EXECUTE if the dispatch picked it)."""
         ...
 
-    def dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
+    def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:
         """Seats were freed or the limit rose: dispatch waiting requests while they fit."""
         ...
 
-    def touch_locked(self, lb: int, q: int) -> None:
+    def touch_locked(self, led, lb: int, q: int) -> None:
         """Queue ``q`` changed outside a dispatch (a waiting request left it: cancel, time-out,
         a dead worker's wait): update what ranks the queues."""
         ...
 
-    def waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+    def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
         """The waiting request in slot ``sa`` left queue ``q`` without running (cancel,
         time-out, a dead worker's wait); it is unlinked from the queue but its slot is not
         freed yet (Kubernetes: :meth:`touch_locked`)."""
         ...
 
-    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` finished its main phase (``learn``), or
         its worker died (not ``learn``: its time teaches nothing); the executing counts are
@@ -79,17 +80,17 @@ class DispatchPolicy(Protocol):
         S_START_NS``)."""
         ...
 
-    def advance_epoch_locked(self, lb: int) -> None:
+    def advance_epoch_locked(self, led, lb: int) -> None:
         """R reached ``HIGH_R`` (``vclock.r_after``): move the level's R and every virtual
         time the policy keeps down by ``R_DECREMENT``."""
         ...
 
-    def queues_moved_locked(self, lb: int) -> None:
+    def queues_moved_locked(self, led, lb: int) -> None:
         """The level's queues were renumbered (attrition removed one) or re-packed (a
         configuration needed more queues): rebuild whatever is indexed by queue."""
         ...
 
-    def repair_locked(self, lb: int) -> None:
+    def repair_locked(self, led, lb: int) -> None:
         """A repair rebuilt the level's FIFOs and aggregates from the slot table: restore the
         policy's invariants (Kubernetes: the anti-windup floor and the tree)."""
         ...

@@ -81,9 +81,7 @@ from apf_gunicorn.ledger.seatseconds import (
     duration_per_seat,
     seats_ns_times,
 )
-from apf_gunicorn.ledger.stats import (
-    R_QUEUE_FULL,
-)
+from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 
 class KubernetesQueueSet:
@@ -92,13 +90,14 @@ class KubernetesQueueSet:
     name = "kubernetes"
 
     def __init__(self, led) -> None:
-        self._led = led
+        # the ledger's views only: each hook is handed the ledger itself (no reference cycle,
+        # so a dropped ledger and its buffer are freed at once)
         self._w = led._w
         self._u = led._u
         self._qb = led._qb
         self._sb = led._sb
 
-    def enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
+    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                        granted: list) -> AdmitResult:
         """``StartRequest`` of a queuing level for a request that does not run at once (the
         fast path declined): the arrival is counted, a slot is free, R is synced.
@@ -112,7 +111,6 @@ class KubernetesQueueSet:
             REJECTED ``queue-full`` (nothing else written but the counts), QUEUED, or EXECUTE
             when the dispatch that follows the enqueue picked this request.
         """
-        led = self._led
         w, u = self._w, self._u
         flow_hash, initial, final, al, owner, now, fs_index, detail = req
         desired = w[lb + L_DESIRED]
@@ -153,26 +151,25 @@ class KubernetesQueueSet:
         w[lb + L_WAITING] += 1
         w[lb + L_SEATS_WAITING] += ms
         led._demand_locked(lb, now)
-        self.touch_locked(lb, q)
-        self.dispatch_all_locked(lb, now, granted)
+        self.touch_locked(led, lb, q)
+        self.dispatch_all_locked(led, lb, now, granted)
         if w[sa + S_STATE] == EXECUTING:
             mine = (s, gen, owner)
             granted[:] = [g for g in granted if g != mine]
             return AdmitResult(EXECUTE, s, gen, "", granted)
         return AdmitResult(QUEUED, s, gen, "", granted)
 
-    def dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
+    def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:
         """Dispatch while something waits, seats are free and the chosen head fits
         (``dispatchAsMuchAsPossibleLocked``); appends ``(slot, gen, owner)`` to ``granted``."""
         w = self._w
         while (w[lb + L_WAITING] != 0 and w[lb + L_SEATS_IN_USE] < w[lb + L_C]
-               and self.dispatch_one_locked(lb, now, granted)):
+               and self.dispatch_one_locked(led, lb, now, granted)):
             pass
 
-    def dispatch_one_locked(self, lb: int, now: int, granted: list) -> bool:
+    def dispatch_one_locked(self, led, lb: int, now: int, granted: list) -> bool:
         """``findDispatchQueueToBoundLocked`` + ``dispatchLocked``: False when nothing was
         dispatched (no waiting head, or the chosen head does not fit: head-of-line blocking)."""
-        led = self._led
         w, u = self._w, self._u
         nq = w[lb + L_NQ]
         if nq == 0:
@@ -222,14 +219,13 @@ class KubernetesQueueSet:
         w[lb + L_QSEATS] += held
         led._demand_locked(lb, now)
         u[qa + Q_NDR] = (u[qa + Q_NDR] + u[sa + S_TOTAL_WORK]) & U64
-        self.touch_locked(lb, q)
+        self.touch_locked(led, lb, q)
         granted.append((s, w[sa + S_GEN], w[sa + S_OWNER]))
         return True
 
-    def touch_locked(self, lb: int, q: int) -> None:
+    def touch_locked(self, led, lb: int, q: int) -> None:
         """Queue ``q`` changed (a request joined or left it, or its ``nextDispatchR`` moved):
         ``boundNextDispatchLocked`` (the anti-windup floor) plus the queue's tree leaf."""
-        led = self._led
         w, u = self._w, self._u
         qa = led._qa(lb, q)
         if w[qa + Q_WAITING]:
@@ -242,11 +238,11 @@ class KubernetesQueueSet:
         else:
             led._set_leaf_locked(lb, q, U64)
 
-    def waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+    def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
         """A waiting request left queue ``q`` without running: re-rank the queue."""
-        self.touch_locked(lb, q)
+        self.touch_locked(led, lb, q)
 
-    def main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` ended its main phase (finished, or its
         worker died) and the counts are updated: correct the queue's ``nextDispatchR`` by the
@@ -256,17 +252,16 @@ class KubernetesQueueSet:
         corr = seats_ns_times(w[sa + S_INITIAL], w[sa + S_SERVICE_NS] - (now - w[sa + S_START_NS]))
         u[qa + Q_NDR] = (u[qa + Q_NDR] - corr) & U64
         if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
-            self.touch_locked(lb, q)
+            self.touch_locked(led, lb, q)
 
-    def queues_moved_locked(self, lb: int) -> None:
+    def queues_moved_locked(self, led, lb: int) -> None:
         """The level's queues were renumbered or re-packed (a queue removed, a relayout):
         rebuild what is indexed by queue (the tree)."""
-        self._led._rebuild_tree_locked(lb)
+        led._rebuild_tree_locked(lb)
 
-    def repair_locked(self, lb: int) -> None:
+    def repair_locked(self, led, lb: int) -> None:
         """After a repair rebuilt the level's FIFOs from the slot table: the anti-windup floor
         on every queue with a head, then the tree."""
-        led = self._led
         w, u = self._w, self._u
         for q in range(w[lb + L_NQ]):
             qa = led._qa(lb, q)
@@ -276,11 +271,10 @@ class KubernetesQueueSet:
                     u[qa + Q_NDR] = head_r
         led._rebuild_tree_locked(lb)
 
-    def advance_epoch_locked(self, lb: int) -> None:
+    def advance_epoch_locked(self, led, lb: int) -> None:
         """``advanceEpoch`` once R reached ``highR``: R, every busy queue's ``nextDispatchR``
         and its waiting requests' arrival R go down by ``rDecrement``; idle queues restart at 0.
         Counts the advance in ``L_EPOCH_OK`` (or ``L_EPOCH_FAIL`` if anything wrapped)."""
-        led = self._led
         w, u = self._w, self._u
         u[lb + L_R] = (u[lb + L_R] - R_DECREMENT) & U64
         ok = True
