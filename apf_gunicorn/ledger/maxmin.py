@@ -896,9 +896,12 @@ class MaxMinPolicy:
         w[mm + M_PARK_TAIL] = NIL
         w[mm + M_RESERVE] = NIL
         w[mm + M_NFLOWS] = 0
-        states, levels, seqs = led._slot_columns_locked(S_STATE, S_LEVEL, S_SEQ)
+        states, levels, seqs, queues = led._slot_columns_locked(S_STATE, S_LEVEL, S_SEQ,
+                                                                S_QUEUE)
+        # requests admitted into a queue (not those of an exempt or reject-type configuration)
         mine = sorted((seqs[s], s) for s in range(self._nslots)
-                      if states[s] in (WAITING, EXECUTING) and levels[s] == level)
+                      if states[s] in (WAITING, EXECUTING) and levels[s] == level
+                      and queues[s] != NIL)
         flows = []
         for _seq, s in mine:
             sa = self._sb + s * SLOT_WORDS
@@ -930,8 +933,9 @@ class MaxMinPolicy:
         for f in flows:
             if w[self._fa(f) + F_WAITING]:
                 self._heap_insert(mm, f)
-        for s in range(self._nslots):  # lingering and free slots belong to no flow
-            if states[s] not in (WAITING, EXECUTING) and levels[s] == level:
+        for s in range(self._nslots):  # lingering, free and queueless slots: no flow
+            if levels[s] == level and (states[s] not in (WAITING, EXECUTING)
+                                       or queues[s] == NIL):
                 w[self._xa(s) + X_FLOW] = NIL
         for f in range(self._nslots):
             fa = self._fa(f)
@@ -962,12 +966,12 @@ class MaxMinPolicy:
         level = (lb - self._lvb) // LEVEL_WORDS
         mm = self._mm(lb)
         out: list[str] = []
-        states, levels, seqs, helds = led._slot_columns_locked(
-            S_STATE, S_LEVEL, S_SEQ, S_HELD)
+        states, levels, seqs, helds, queues = led._slot_columns_locked(
+            S_STATE, S_LEVEL, S_SEQ, S_HELD, S_QUEUE)
         want: dict[int, list] = {}
         for s in sorted(range(self._nslots), key=lambda s: seqs[s]):
-            if levels[s] != level or states[s] not in (WAITING, EXECUTING):
-                continue
+            if levels[s] != level or states[s] not in (WAITING, EXECUTING) or queues[s] == NIL:
+                continue  # (a queueless request: exempt or reject-type, no flow)
             f = w[self._xa(s) + X_FLOW]
             if f == NIL or w[self._fa(f) + F_LEVEL] != level:
                 out.append(f"level {level} slot {s}: no flow entry")
