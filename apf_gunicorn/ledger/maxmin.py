@@ -26,6 +26,8 @@ difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.ledger.layout import (
     EXECUTING,
@@ -119,9 +121,11 @@ from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 HALF = 1 << 63
 
 
+@lru_cache(maxsize=65536)
 def flow_mix(level: int, flow_hash: int) -> int:
     """Where a flow's search starts in the index: a 64-bit mix of (level, hash) (the
-    splitmix64 finaliser), so that flows of one level spread over the whole index."""
+    splitmix64 finaliser), so that flows of one level spread over the whole index. Cached:
+    flows repeat, and the mix is pure (``mm_mix`` in ``_fastpath.c`` computes the same)."""
     x = (flow_hash ^ (level * 0x9E3779B97F4A7C15)) & U64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & U64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & U64
