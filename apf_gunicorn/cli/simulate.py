@@ -37,9 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--max-clients", type=int, default=50, metavar="N",
                         help="list at most N clients in the table output (default 50)")
-    parser.add_argument("--fairness", choices=("kubernetes", "maxmin"), default=None,
-                        help="dispatch policy of a queueSet scenario, overriding its "
-                             "queueSet.fairness (docs/fairness.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     try:
-        result = simulate(scenario, fairness=args.fairness)
-    except ValueError as exc:  # the configuration form's objects (ScenarioError), or
-        # --fairness with the configuration form
+        result = simulate(scenario)
+    except ScenarioError as exc:  # the configuration form's objects, checked when run
         print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - started

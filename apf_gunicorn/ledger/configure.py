@@ -102,7 +102,7 @@ class Configuration:
         w = self._w
         cap = self._lay.cap
         for sp in specs:
-            if sp.fairness not in L.FAIRNESS_CODES:
+            if sp.fairness is not None and sp.fairness not in L.FAIRNESS_CODES:
                 raise ValueError(f"level {sp.name!r}: fairness must be one of "
                                  f"{', '.join(sorted(L.FAIRNESS_CODES))}, not {sp.fairness!r}")
         existing = self._level_names_locked()
@@ -204,7 +204,7 @@ class Configuration:
             w[lb + L_HAND] = sp.hand_size
         w[lb + L_DESIRED] = desired
         w[lb + L_C] = sp.concurrency_limit
-        fairness = L.FAIRNESS_CODES[sp.fairness]
+        fairness = L.FAIRNESS_CODES[sp.fairness or "kubernetes"]  # None: an exempt level
         if fairness != w[lb + L.L_FAIRNESS]:
             # a switch: the new policy rebuilds its state from the slot table (the queues,
             # their FIFOs and counts are the same under both); what it leaves is dropped

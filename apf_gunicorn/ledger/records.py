@@ -24,14 +24,15 @@ class LevelSpec(NamedTuple):
     """One priority level's queue set configuration. ``desired_queues``: > 0 queuing, 0 reject
     (no queues, ``concurrency-limit``), < 0 exempt. ``fairness``: the dispatch policy of a
     queuing level, ``"kubernetes"`` (Kubernetes' queue set, exactly) or ``"maxmin"``
-    (docs/fairness.md)."""
+    (docs/fairness.md); None (what a level without one, such as an exempt level, may pass)
+    is ``"kubernetes"``."""
 
     name: str
     desired_queues: int
     hand_size: int
     queue_length_limit: int
     concurrency_limit: int
-    fairness: str = "kubernetes"
+    fairness: str | None = "kubernetes"
 
 
 class AdmitResult(NamedTuple):

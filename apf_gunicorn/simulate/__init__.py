@@ -13,14 +13,12 @@ ledger behind the harness), :mod:`.report` (JSON and table output).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 from .backends import ledger_backend
 from .harness import Backend, RunResult, UniformHarness
 from .report import format_table, to_json
 from .scenario import (
-    FAIRNESS,
     ClientSpec,
     QueueSetSpec,
     Scenario,
@@ -38,26 +36,18 @@ BackendFactory = Callable[[QueueSetSpec, Sequence[ClientSpec]], Backend]
 
 
 def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
-             levels_factory: Callable | None = None, fairness: str | None = None) -> RunResult:
+             levels_factory: Callable | None = None) -> RunResult:
     """Run ``scenario`` to the end (every event drained) and return the result.
 
     ``backend_factory`` builds the fair-queuing backend for a ``queueSet`` scenario; the
     default is the production ledger; ``levels_factory(level_specs, clients)`` does the same for
-    the configuration form (see :func:`.configured.run_configured`). ``fairness``
-    (``kubernetes`` or ``maxmin``) overrides a ``queueSet`` scenario's dispatch policy; the
-    configuration form does not take it yet (ValueError).
+    the configuration form (see :func:`.configured.run_configured`).
     """
     if scenario.queue_set is None:
-        if fairness is not None:
-            raise ValueError("--fairness applies to queueSet scenarios only (for now)")
         from .configured import run_configured  # the configuration form
 
         return run_configured(scenario, levels_factory)
     qs = scenario.queue_set
-    if fairness is not None:
-        if fairness not in FAIRNESS:
-            raise ValueError(f"fairness must be one of {', '.join(FAIRNESS)}, not {fairness!r}")
-        qs = dataclasses.replace(qs, fairness=fairness)
     backend = (backend_factory or ledger_backend)(qs, scenario.clients)
     harness = UniformHarness(
         scenario.clients, scenario.evaluate, backend,

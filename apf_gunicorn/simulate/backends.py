@@ -42,9 +42,9 @@ class LedgerBackend:
         self.levels = levels
 
     @classmethod
-    def create(cls, specs: Sequence[tuple], slots: int, now: int = 0) -> LedgerBackend:
-        """``specs``: (name, desired_queues, hand_size, queue_length_limit, concurrency_limit)
-        and optionally the fairness policy (``LevelSpec``'s fields)."""
+    def create(cls, specs: Sequence[tuple[str, int, int, int, int]], slots: int,
+               now: int = 0) -> LedgerBackend:
+        """``specs``: (name, desired_queues, hand_size, queue_length_limit, concurrency_limit)."""
         queues = max([1, *(s[1] for s in specs)])
         default = Capacity()
         capacity = Capacity(levels=max(len(specs), default.levels),
@@ -88,6 +88,5 @@ class LedgerBackend:
 def ledger_backend(qs: QueueSetSpec, clients: Sequence[ClientSpec]) -> LedgerBackend:
     """One level named ``queueSet`` configured as the scenario's queue set."""
     return LedgerBackend.create(
-        [("queueSet", qs.queues, qs.hand_size, qs.queue_length_limit, qs.concurrency_limit,
-          qs.fairness)],
+        [("queueSet", qs.queues, qs.hand_size, qs.queue_length_limit, qs.concurrency_limit)],
         slots=concurrent_requests_bound(clients))

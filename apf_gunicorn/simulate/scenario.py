@@ -82,15 +82,12 @@ class _Errors:
 
 @dataclass(frozen=True, slots=True)
 class QueueSetSpec:
-    """One queue set: ``queues`` > 0 queues, 0 no queuing (reject at the limit), -1 exempt.
-    ``fairness``: the dispatch policy, ``kubernetes`` (the default: these are Kubernetes'
-    harness scenarios) or ``maxmin`` (docs/fairness.md)."""
+    """One queue set: ``queues`` > 0 queues, 0 no queuing (reject at the limit), -1 exempt."""
 
     concurrency_limit: int
     queues: int
     hand_size: int
     queue_length_limit: int
-    fairness: str = "kubernetes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +131,7 @@ class Scenario:
     extra: dict = field(default_factory=dict, compare=False)
 
 
-_QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit", "fairness"}
-FAIRNESS = ("kubernetes", "maxmin")
+_QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit"}
 _CLIENT_KEYS = {
     "name", "hash", "threads", "calls", "exec", "think", "seats", "finalSeats",
     "additionalLatency", "split", "count", "start", "stagger",
@@ -197,12 +193,8 @@ def _parse_queue_set(raw: Any) -> QueueSetSpec:
     else:  # Kubernetes ignores the queuing parameters of exempt and reject-type sets
         hand = errs.get(_int, raw, "handSize", "queueSet", default=0, minimum=0)
         qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
-    fairness = raw.get("fairness", "kubernetes")
-    if fairness not in FAIRNESS:
-        errs.errors.append(ScenarioError("queueSet.fairness",
-                                         f"must be one of {', '.join(FAIRNESS)}, got {fairness!r}"))
     errs.check()
-    return QueueSetSpec(limit, queues, hand, qll, fairness)
+    return QueueSetSpec(limit, queues, hand, qll)
 
 
 def _parse_config(data: dict, base_dir: str) -> ConfigSpec:

@@ -1,9 +1,8 @@
 """The ``maxmin`` dispatch policy against issue 12's "Done means" fairness numbers.
 
 Each scenario runs through the simulator's uniform harness twice: on the production ledger
-with ``fairness: maxmin`` (what ``apf-gunicorn simulate --fairness maxmin`` runs) and on the
-reference model (``maxmin_model.py``; ``test_ledger_maxmin.py`` checks that both take the same
-decisions). Per window and client the average executing seats are compared with the
+with its level configured ``LevelSpec(..., fairness="maxmin")`` and on the reference model
+(``maxmin_model.py``; ``test_ledger_maxmin.py`` checks that both take the same decisions). Per window and client the average executing seats are compared with the
 max-min fair share: the harness's ``fairAlloc`` for the Kubernetes scenarios, and the shares
 written below for our own scenarios (where clients come and go, so the share depends on who is
 active in the window). The model checks after every operation that no waiting request fits
@@ -25,8 +24,9 @@ from maxmin_model import (
     verify,
 )
 
+from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec, NullLock
 from apf_gunicorn.simulate import load_scenario, simulate
-from apf_gunicorn.simulate.backends import concurrent_requests_bound
+from apf_gunicorn.simulate.backends import LedgerBackend, concurrent_requests_bound
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 K8S = os.path.join(HERE, "scenarios", "kubernetes")
@@ -61,11 +61,22 @@ OWN = {
 }
 
 
+def maxmin_ledger(qs, clients) -> LedgerBackend:
+    """A ``backend_factory``: the production ledger, its one level under ``maxmin``."""
+    slots = concurrent_requests_bound(clients)
+    cap = Capacity(queues=max(qs.queues, Capacity().queues), slots=max(slots, Capacity().slots))
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
+    levels, _ = led.configure([LevelSpec("queueSet", qs.queues, qs.hand_size,
+                                         qs.queue_length_limit, qs.concurrency_limit,
+                                         fairness="maxmin")], ["simulated"], 0)
+    return LedgerBackend(led, dict(levels))
+
+
 def run(path: str, backend: str):
     """(scenario, result, model or None) on ``backend`` "ledger" or "model"."""
     if backend == "ledger":
         sc = load_scenario(path)
-        return sc, simulate(sc, fairness="maxmin"), None
+        return sc, simulate(sc, maxmin_ledger), None
     return run_model(path)
 
 
@@ -219,20 +230,3 @@ def test_model_random_operations_keep_invariants():
         seen["backfills"] += m.backfills
         seen["evictions"] += m.evictions
     assert all(seen.values()), seen  # every mechanism was exercised
-
-
-def test_windup_picture_shows_what_the_windows_measure():
-    """benchmarks/plot_fairness.py's data (docs/fairness.md's picture): per-second seats whose
-    second-half averages are the windows' (matplotlib is needed only to draw)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "plot_fairness", os.path.join(HERE, "..", "benchmarks", "plot_fairness.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for fairness, want in (("kubernetes", (1.25, 1.75)), ("maxmin", (1.5, 1.5))):
-        data = mod.seats_per_second(fairness)
-        got = tuple(round(sum(data[c][20:40]) / 20, 6) for c in ("client0", "client1"))
-        assert got == want, fairness
-        assert [round(x, 6) for x in data["client0"][:20]] == [2.0] * 20
-
