@@ -43,23 +43,12 @@ enum {
     L_I_X = 22, L_I_XX = 23, L_I_MIN = 24, L_I_MAX = 25, L_I_CUR = 26, L_I_LAST = 27,
     L_ROBIN = 28, L_ENQUEUES = 29, L_DISPATCHED = 30, L_SERVICE_NS = 37,
     L_SERVICE_N = 38,
-    L_FAIRNESS = 39, /* 0: Kubernetes' queueset; 1: maxmin (the maxmin section below) */
     Q_NDR = 0, Q_EXECUTING = 7, Q_SEATS = 8,
     S_STATE = 0, S_GEN = 1, S_OWNER = 2, S_LEVEL = 3, S_QUEUE = 4, S_PREV = 5, S_NEXT = 6,
     S_INITIAL = 7, S_FINAL = 8, S_AL = 9, S_MAX_SEATS = 10, S_HELD = 11, S_INIT_WORK = 12,
     S_FINAL_WORK = 13, S_TOTAL_WORK = 14, S_ARRIVAL_R = 15, S_ARRIVAL_NS = 16, S_START_NS = 17,
     S_HASH = 18, S_FS = 19, S_SEQ = 20, S_DETAIL_LEN = 21, S_STATS = 22, S_SERVICE_NS = 23,
     ST_FREE = 0, ST_EXECUTING = 2, NIL = -1,
-};
-
-/* the maxmin policy's words (layout.py), checked against LAYOUT_MAXMIN at import */
-enum {
-    MM_WORDS = 8, M_V = 0, M_SEQ = 1, M_NFLOWS = 6,
-    FH_FREE = 0, FH_IDLE_HEAD = 1, FH_IDLE_TAIL = 2, FH_EVICTIONS = 3,
-    FLOW_WORDS = 16, F_LEVEL = 0, F_HASH = 1, F_TAG = 2, F_SEQ = 3, F_WAITING = 4, F_EXEC = 5,
-    F_SEATS = 6, F_HEAD = 7, F_TAIL = 8, F_EST = 9, F_N = 10, F_WHERE = 11, F_CHILD = 12,
-    F_NEXT = 13, F_PREV = 14, FW_NOWHERE = 0, FW_IDLE = 3,
-    XSLOT_WORDS = 4, X_FLOW = 0,
 };
 
 /* stores to the ledger stay in program order (the undo log before what it covers) */
@@ -267,6 +256,19 @@ deal_card(uint64_t h, int64_t deck, int64_t k)
 
 /* -- maxmin: the flow words of the fast paths (maxmin.py at_once_locked and
  * main_phase_ended_locked for a level with nothing waiting), word for word ------------------- */
+
+#ifndef APF_LEDGER_LAYOUT_H /* (a generated layout header, where there is one, has these) */
+/* layout.py's maxmin words, checked against LAYOUT_MAXMIN at import (fastpath.py) */
+enum {
+    L_FAIRNESS = 39, /* 0: Kubernetes' queueset; 1: maxmin */
+    MM_WORDS = 8, M_V = 0, M_SEQ = 1, M_NFLOWS = 6,
+    FH_FREE = 0, FH_IDLE_HEAD = 1, FH_IDLE_TAIL = 2, FH_EVICTIONS = 3,
+    FLOW_WORDS = 16, F_LEVEL = 0, F_HASH = 1, F_TAG = 2, F_SEQ = 3, F_WAITING = 4, F_EXEC = 5,
+    F_SEATS = 6, F_HEAD = 7, F_TAIL = 8, F_EST = 9, F_N = 10, F_WHERE = 11, F_CHILD = 12,
+    F_NEXT = 13, F_PREV = 14, FW_NOWHERE = 0, FW_IDLE = 3,
+    XSLOT_WORDS = 4, X_FLOW = 0,
+};
+#endif
 
 static inline uint64_t
 mm_mix(int64_t level, uint64_t h) /* maxmin.flow_mix */
@@ -1098,8 +1100,18 @@ PyInit__fastpath(void)
         Py_DECREF(m);
         return NULL;
     }
+    PyObject *mm_layout = Py_BuildValue(
+        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
+        FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS,
+        FLOW_WORDS, F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL,
+        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW);
+    if (mm_layout == NULL || PyModule_AddObject(m, "LAYOUT_MAXMIN", mm_layout) < 0) {
+        Py_XDECREF(mm_layout);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyObject *layout = Py_BuildValue(
-        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii)ii)",
+        "(iiiiiiii(iiiiiiiiiiiiiiiiiiiiiiiiii)(iii)(iiiiiiiiiiiiiiiiiiiiiii)iii(iiii)i)",
         H_FREE_HEAD, H_FREE_COUNT, H_HOLDER_PID, H_DIRTY, H_MUTEX, LEVEL_WORDS, QUEUE_WORDS,
         SLOT_WORDS,
         L_USED, L_QUIESCING, L_DESIRED, L_HAND, L_C, L_QBASE, L_NQ, L_SERIAL, L_WAITING,
@@ -1111,19 +1123,9 @@ PyInit__fastpath(void)
         S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
         S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS,
         ST_FREE, ST_EXECUTING, NIL, H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N,
-        S_SERVICE_NS, H_UNDO_N, L_FAIRNESS);
+        S_SERVICE_NS, H_UNDO_N);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
-        Py_DECREF(m);
-        return NULL;
-    }
-    PyObject *mm_layout = Py_BuildValue(
-        "(iiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii))", MM_WORDS, M_V, M_SEQ, M_NFLOWS,
-        FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS,
-        FLOW_WORDS, F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL,
-        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW);
-    if (mm_layout == NULL || PyModule_AddObject(m, "LAYOUT_MAXMIN", mm_layout) < 0) {
-        Py_XDECREF(mm_layout);
         Py_DECREF(m);
         return NULL;
     }

@@ -156,21 +156,23 @@ def _load_accelerator():
                  S_AL, S_MAX_SEATS, S_HELD, S_INIT_WORK, S_FINAL_WORK, S_TOTAL_WORK, S_ARRIVAL_R,
                  S_ARRIVAL_NS, S_START_NS, S_HASH, S_FS, S_SEQ, S_DETAIL_LEN, S_STATS),
                 FREE, EXECUTING, NIL, (H_SERVICE_ADAPT, L_SERVICE_NS, L_SERVICE_N, S_SERVICE_NS),
-                H_UNDO_N, L.L_FAIRNESS)
+                H_UNDO_N)
     if _fastpath.LAYOUT != expected:
-        return None
-    expected_mm = (L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
-                   (L.FH_FREE, L.FH_IDLE_HEAD, L.FH_IDLE_TAIL, L.FH_EVICTIONS),
-                   (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
-                    L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
-                    L.F_NEXT, L.F_PREV),
-                   (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
-    if getattr(_fastpath, "LAYOUT_MAXMIN", None) != expected_mm:
         return None
     return _fastpath
 
 
 _ACCEL = _load_accelerator()
+# the maxmin words the C fast paths read, as compiled: an extension whose LAYOUT_MAXMIN differs
+# (or lacks it) is not used at all, since it would read L_FAIRNESS from the wrong word
+_MAXMIN_LAYOUT = (L.L_FAIRNESS, L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
+                  (L.FH_FREE, L.FH_IDLE_HEAD, L.FH_IDLE_TAIL, L.FH_EVICTIONS),
+                  (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
+                   L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
+                   L.F_NEXT, L.F_PREV),
+                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
+if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYOUT:
+    _ACCEL = None
 
 
 class FastPaths:
@@ -198,7 +200,7 @@ class FastPaths:
              E_EXEC_R, EXEC_STRIDE, ND, self._ub),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
         self._fp.set_resume(self._admit_resume, self._finish_resume)
-        lay = self._lay
+        lay = self._lay  # the maxmin areas (until set, C declines maxmin levels)
         self._fp.set_maxmin(lay.maxmin_base, lay.flow_header, lay.flow_base, lay.flow_index,
                             lay.flow_index_words - 1, lay.xslot_base)
         self.admit = self._fp.admit_call
