@@ -1,6 +1,7 @@
 """Benchmark the seat ledger: µs per admit+finish cycle, and how it grows with the queue count.
 
     .venv/bin/python benchmarks/bench_ledger.py [--cycles N] [--baseline DIR]
+                                                [--fairness kubernetes|maxmin]
 
 For a bytearray with ``NullLock`` and for real POSIX shared memory with ``ProcessLock``, at 8,
 128 and 1024 queues per level, with 0 waiting requests (the fast path: free seats, nothing
@@ -31,6 +32,7 @@ import posix_ipc
 from apf_gunicorn.ledger import QUEUED, Capacity, Ledger, LevelSpec, NullLock, ProcessLock
 
 CAP = Capacity()
+FAIRNESS = ["kubernetes"]  # the benchmarked level's dispatch policy (--fairness)
 
 
 def _hashes(n: int) -> list[int]:
@@ -52,7 +54,10 @@ def _setup(led: Ledger, queues: int, waiting: int):
     µs per admit+finish cycle."""
     hand = min(6, queues)
     c = 4 if waiting else 1000
-    levels, _ = led.configure([LevelSpec("bench", queues, hand, 100_000, c)], ["fs"], 0)
+    spec = LevelSpec("bench", queues, hand, 100_000, c)
+    if FAIRNESS[0] != "kubernetes":  # (a baseline checkout may predate the field)
+        spec = spec._replace(fairness=FAIRNESS[0])
+    levels, _ = led.configure([spec], ["fs"], 0)
     lv = levels["bench"]
     hashes = _hashes(4096)
     now = 1
@@ -198,8 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=4000)
     ap.add_argument("--baseline", help="directory holding the apf_gunicorn to compare with")
     ap.add_argument("--reps", type=int, default=15, help="--baseline: repetitions, best of")
+    ap.add_argument("--fairness", choices=("kubernetes", "maxmin"), default="kubernetes",
+                    help="the benchmarked level's dispatch policy (docs/fairness.md); "
+                         "not with --baseline")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.fairness != "kubernetes" and args.baseline:
+        ap.error("--fairness is not supported with --baseline")
+    FAIRNESS[0] = args.fairness
     if args.serve:
         return _serve()
     if args.baseline:

@@ -51,16 +51,20 @@ class Counted:
 
 def drive(seed: int, pair: tuple[Ledger, Ledger], same: Callable[[Ledger, Ledger, str], None],
           seats: tuple[list[int], list[int]] = NARROW, steps: int = 700,
-          ) -> tuple[list[int], int, int]:
+          fairness: str = "kubernetes") -> tuple[list[int], int, int]:
     """Run the stream of ``seed`` on both ledgers of ``pair`` (freshly created, same capacity),
     asserting equal results after every operation and calling ``same(a, b, what)``; then
-    :func:`verify` both. Returns (the level indices, admits, finishes)."""
+    :func:`verify` both. ``fairness``: the queuing levels' dispatch policy, or ``"mixed"``:
+    level a ``kubernetes``, level b switching between the two at reconfigurations. Returns
+    (the level indices, admits, finishes)."""
     rnd = random.Random(seed)
     a, b = pair
     light = seed % 2
     c = rnd.randint(30, 60) if light else rnd.randint(2, 12)
-    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c),
-             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1),
+    fa = "kubernetes" if fairness == "mixed" else fairness
+    fb = "maxmin" if fairness == "mixed" else fairness
+    specs = [LevelSpec("a", rnd.choice([1, 4, 16]), 1, 6, c, fa),
+             LevelSpec("b", 8, rnd.randint(1, 4), 4, c // 2 + 1, fb),
              LevelSpec("x", -1, 0, 0, 0),
              LevelSpec("r", 0, 0, 0, 3)]
     now = rnd.randint(0, 10**12)
@@ -113,6 +117,8 @@ def drive(seed: int, pair: tuple[Ledger, Ledger], same: Callable[[Ledger, Ledger
         elif op < 0.95 and step % 7 == 0:  # reconfigure: queue counts change by attrition
             specs[1] = specs[1]._replace(desired_queues=rnd.choice([4, 8, 16]),
                                          concurrency_limit=rnd.randint(1, 8))
+            if fairness == "mixed":
+                specs[1] = specs[1]._replace(fairness=rnd.choice(["kubernetes", "maxmin"]))
             got = [led.configure(specs, ["fs0", "fs1", "fs2"], now) for led in pair]
             assert got[0] == got[1]
         else:

@@ -56,12 +56,14 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
                              f"{[(wa[i], wb[i]) for i in diff]}")
 
 
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
-def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
+def test_c_and_python_paths_leave_identical_ledgers(seed: int, fairness: str) -> None:
+    """``fairness``: the queuing levels' dispatch policy (``mixed``: see ``drive``)."""
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, slow = _pair(learn)
     counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
-    levels, admits, finishes = drive(seed, (fast, slow), _same)
+    levels, admits, finishes = drive(seed, (fast, slow), _same, fairness=fairness)
     learnt = {fast.level_service_estimate_ns(lv) for lv in levels[:2]}
     assert (learnt != {fast.service_estimate_ns}) == learn, learnt
     # both sides of the hand-over ran: the C paths completed a share of the operations
@@ -71,11 +73,12 @@ def test_c_and_python_paths_leave_identical_ledgers(seed: int) -> None:
     assert 0 < counted.admits < admits and 0 < counted.finishes < finishes
 
 
-def test_the_fast_cases_never_reach_python() -> None:
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin"])
+def test_the_fast_cases_never_reach_python(fairness: str) -> None:
     fast, slow = _pair()
     counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs
     for led in (fast, slow):
-        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4)], ["fs"], 0)
+        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4, fairness)], ["fs"], 0)
     a = levels["a"]
     # the first admit creates the stats entry (Python); after that every admit and finish
     # of a request that runs at once stays in C

@@ -67,13 +67,15 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
     assert a._w[L.H_UNDO_N] == b._w[L.H_UNDO_N] == 0
 
 
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
-def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int) -> None:
+def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int, fairness: str) -> None:
+    """``fairness``: the queuing levels' dispatch policy (``mixed``: see ``drive``)."""
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, general = _pair(learn)
     assert not fast.accelerated and not general.accelerated
     calls = Counted(fast, "_admit_slow_locked", "_finish_slow_locked")  # the general path
-    _levels, admits, finishes = drive(seed, (fast, general), _same, WIDE)
+    _levels, admits, finishes = drive(seed, (fast, general), _same, WIDE, fairness=fairness)
     # both paths ran in the fast ledger: its fast paths completed a share of the operations
     assert 0 < calls.admits < admits and 0 < calls.finishes < finishes, (
         calls.admits, admits, calls.finishes, finishes)

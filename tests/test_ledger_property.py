@@ -9,6 +9,7 @@ at the end, after finishing and releasing everything, every count is zero.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -76,9 +77,10 @@ def _check_seats(led: Ledger, lowered: set[int]) -> None:
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(op, min_size=10, max_size=80))
-def test_random_operations_keep_invariants_and_drain(ops) -> None:
+@pytest.mark.parametrize("fairness", ["kubernetes", "maxmin"])
+def test_random_operations_keep_invariants_and_drain(fairness, ops) -> None:
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP)
-    specs = {"a": LevelSpec("a", 5, 2, 3, 2), "b": LevelSpec("b", 1, 1, 2, 1),
+    specs = {"a": LevelSpec("a", 5, 2, 3, 2, fairness), "b": LevelSpec("b", 1, 1, 2, 1, fairness),
              "c": LevelSpec("c", 0, 0, 0, 3)}
     levels, _ = led.configure(specs.values(), ["fs"], 0)
     names = list(specs)
@@ -121,7 +123,7 @@ def test_random_operations_keep_invariants_and_drain(ops) -> None:
             old = specs[names[lv]]
             hand = min(old.hand_size, queues) if queues > 0 else 0
             specs[names[lv]] = LevelSpec(old.name, queues, max(hand, 1) if queues > 0 else 0,
-                                         qll, old.concurrency_limit)
+                                         qll, old.concurrency_limit, old.fairness)
             levels, _ = led.configure(specs.values(), ["fs"], now)
             lowered.update(levels.values())  # configure sets C too
         elif kind == "reap":

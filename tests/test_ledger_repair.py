@@ -280,10 +280,10 @@ def _dying_worker(led: Ledger, lv: dict) -> None:
     led.finish(exempt.slot, exempt.gen, t + 15)
 
 
-def _kill_at(line: int) -> bool:
+def _kill_at(line: int, fairness: str = "kubernetes") -> bool:
     """Run the dying worker until its ``line``-th line of ledger code under the lock, then
     repair as the next locker does when the lock reports its dead holder, and reap it as
-    child_exit does. Returns whether it died."""
+    child_exit does (level ``q`` under the ``fairness`` policy). Returns whether it died."""
     import sys
 
     from apf_gunicorn.ledger import ledger as ledger_module
@@ -291,7 +291,7 @@ def _kill_at(line: int) -> bool:
 
     lock = DeadHolderLock()
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=lock)
-    lv, _ = led.configure([LevelSpec("q", 2, 1, 1, 2), LevelSpec("r", 0, 0, 0, 1),
+    lv, _ = led.configure([LevelSpec("q", 2, 1, 1, 2, fairness), LevelSpec("r", 0, 0, 0, 1),
                            LevelSpec("x", -1, 0, 0, 0)], ["fs"], 0)
     led.register_worker(0, SURVIVOR, 0)
     led.register_worker(1, DYING, 0)
@@ -347,6 +347,15 @@ def test_a_worker_killed_anywhere_in_an_operation_leaves_whole_events() -> None:
     while _kill_at(line):
         line += 1
     assert line > 500  # every line of every event was a death point
+
+
+def test_a_worker_killed_anywhere_in_a_maxmin_operation_leaves_whole_events() -> None:
+    """The same under the maxmin policy, whose requests all take the general path and whose
+    flow table a repair rebuilds from the slot table (verify checks it)."""
+    line = 1
+    while _kill_at(line, "maxmin"):
+        line += 1
+    assert line > 500
 
 
 def test_the_c_fast_admit_logs_every_word_it_counts() -> None:

@@ -70,6 +70,10 @@ typedef struct {
     int64_t work_at[102];    /* bucket word for 0..100 seats; [101] for more */
     int64_t dur[MAX_DUR];
     int ndur;
+    /* the maxmin areas (set_maxmin); have_mm 0: maxmin levels are declined */
+    int have_mm;
+    int64_t mmb, fhb, fb, ib, xb;
+    uint64_t imask;
 } FastPath;
 
 /* -- locking ---------------------------------------------------------------------------- */
@@ -236,6 +240,192 @@ deal_card(uint64_t h, int64_t deck, int64_t k)
     return card;
 }
 
+/* -- maxmin: the flow words of the fast paths (maxmin.py at_once_locked and
+ * main_phase_ended_locked for a level with nothing waiting), word for word ------------------- */
+
+#ifndef APF_LEDGER_LAYOUT_H /* (a generated layout header, where there is one, has these) */
+/* layout.py's maxmin words, checked against LAYOUT_MAXMIN at import (fastpath.py) */
+enum {
+    L_FAIRNESS = 39, /* 0: Kubernetes' queueset; 1: maxmin */
+    MM_WORDS = 8, M_V = 0, M_SEQ = 1, M_NFLOWS = 6,
+    FH_FREE = 0, FH_IDLE_HEAD = 1, FH_IDLE_TAIL = 2, FH_EVICTIONS = 3,
+    FLOW_WORDS = 16, F_LEVEL = 0, F_HASH = 1, F_TAG = 2, F_SEQ = 3, F_WAITING = 4, F_EXEC = 5,
+    F_SEATS = 6, F_HEAD = 7, F_TAIL = 8, F_EST = 9, F_N = 10, F_WHERE = 11, F_CHILD = 12,
+    F_NEXT = 13, F_PREV = 14, FW_NOWHERE = 0, FW_IDLE = 3,
+    XSLOT_WORDS = 4, X_FLOW = 0,
+};
+#endif
+
+static inline uint64_t
+mm_mix(int64_t level, uint64_t h) /* maxmin.flow_mix */
+{
+    uint64_t x = h ^ ((uint64_t)level * 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static int64_t
+mm_find(FastPath *self, int64_t level, uint64_t h)
+{
+    int64_t *w = self->w;
+    uint64_t i = mm_mix(level, h) & self->imask;
+    for (;;) {
+        int64_t e = w[self->ib + (int64_t)i];
+        if (e == 0)
+            return NIL;
+        int64_t fa = self->fb + (e - 1) * FLOW_WORDS;
+        if (self->u[fa + F_HASH] == h && w[fa + F_LEVEL] == level)
+            return e - 1;
+        i = (i + 1) & self->imask;
+    }
+}
+
+static void
+mm_index_delete(FastPath *self, int64_t f, int64_t fa)
+{
+    int64_t *w = self->w;
+    uint64_t mask = self->imask;
+    uint64_t i = mm_mix(w[fa + F_LEVEL], self->u[fa + F_HASH]) & mask;
+    while (w[self->ib + (int64_t)i] != f + 1)
+        i = (i + 1) & mask;
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        int64_t e = w[self->ib + (int64_t)j];
+        if (e == 0)
+            break;
+        int64_t ea = self->fb + (e - 1) * FLOW_WORDS;
+        uint64_t home = mm_mix(w[ea + F_LEVEL], self->u[ea + F_HASH]) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            w[self->ib + (int64_t)i] = e;
+            i = j;
+        }
+    }
+    w[self->ib + (int64_t)i] = 0;
+}
+
+static void
+mm_idle_remove(FastPath *self, int64_t fa)
+{
+    int64_t *w = self->w;
+    int64_t p = w[fa + F_PREV], n = w[fa + F_NEXT];
+    if (p == NIL)
+        w[self->fhb + FH_IDLE_HEAD] = n;
+    else
+        w[self->fb + p * FLOW_WORDS + F_NEXT] = n;
+    if (n == NIL)
+        w[self->fhb + FH_IDLE_TAIL] = p;
+    else
+        w[self->fb + n * FLOW_WORDS + F_PREV] = p;
+    w[fa + F_NEXT] = NIL;
+    w[fa + F_PREV] = NIL;
+    w[fa + F_WHERE] = FW_NOWHERE;
+}
+
+/* the flow's entry, active (maxmin._get); the caller checked that one can be had */
+static int64_t
+mm_get(FastPath *self, int64_t mm, int64_t level, uint64_t h)
+{
+    int64_t *w = self->w;
+    uint64_t *u = self->u;
+    int64_t f = mm_find(self, level, h), fa;
+    if (f != NIL) {
+        fa = self->fb + f * FLOW_WORDS;
+        if (w[fa + F_WHERE] == FW_IDLE) {
+            mm_idle_remove(self, fa);
+            w[mm + M_NFLOWS] += 1;
+        }
+        return f;
+    }
+    f = w[self->fhb + FH_FREE];
+    if (f != NIL) {
+        fa = self->fb + f * FLOW_WORDS;
+        w[self->fhb + FH_FREE] = w[fa + F_NEXT];
+    }
+    else {
+        f = w[self->fhb + FH_IDLE_HEAD];
+        fa = self->fb + f * FLOW_WORDS;
+        mm_idle_remove(self, fa);
+        mm_index_delete(self, f, fa);
+        w[self->fhb + FH_EVICTIONS] += 1;
+    }
+    w[fa + F_LEVEL] = level;
+    u[fa + F_HASH] = h;
+    u[fa + F_TAG] = u[mm + M_V];
+    w[fa + F_SEQ] = w[fa + F_WAITING] = w[fa + F_EXEC] = w[fa + F_SEATS] = 0;
+    w[fa + F_EST] = w[fa + F_N] = 0;
+    w[fa + F_HEAD] = w[fa + F_TAIL] = w[fa + F_CHILD] = w[fa + F_NEXT] = w[fa + F_PREV] = NIL;
+    w[fa + F_WHERE] = FW_NOWHERE;
+    uint64_t i = mm_mix(level, h) & self->imask;
+    while (w[self->ib + (int64_t)i])
+        i = (i + 1) & self->imask;
+    w[self->ib + (int64_t)i] = f + 1;
+    w[mm + M_NFLOWS] += 1;
+    return f;
+}
+
+/* maxmin.at_once_locked: returns the estimate charged */
+static int64_t
+mm_at_once(FastPath *self, int64_t lb, int64_t level, uint64_t h, int64_t slot, int64_t held,
+           int64_t al)
+{
+    int64_t *w = self->w;
+    uint64_t *u = self->u;
+    int64_t mm = self->mmb + level * MM_WORDS;
+    int64_t f = mm_get(self, mm, level, h);
+    int64_t fa = self->fb + f * FLOW_WORDS;
+    uint64_t v = u[mm + M_V], tag = u[fa + F_TAG];
+    if ((int64_t)(tag - v) < 0)
+        tag = v;
+    int64_t seq = w[mm + M_SEQ] + 1;
+    w[mm + M_SEQ] = seq;
+    w[fa + F_SEQ] = seq;
+    if ((int64_t)(v - tag) < 0)
+        u[mm + M_V] = tag;
+    int64_t est = w[fa + F_N] ? w[fa + F_EST] : w[lb + L_SERVICE_NS];
+    u[fa + F_TAG] = tag + (uint64_t)held * (uint64_t)(est + al);
+    w[fa + F_EXEC] += 1;
+    w[fa + F_SEATS] += held;
+    w[self->xb + slot * XSLOT_WORDS + X_FLOW] = f;
+    return est;
+}
+
+/* maxmin.main_phase_ended_locked for a flow with nothing waiting and no lingering */
+static void
+mm_finish(FastPath *self, int64_t level, int64_t slot, int64_t f, int64_t held, int64_t ran,
+          int64_t est)
+{
+    int64_t *w = self->w;
+    uint64_t *u = self->u;
+    int64_t fa = self->fb + f * FLOW_WORDS, mm = self->mmb + level * MM_WORDS;
+    w[self->xb + slot * XSLOT_WORDS + X_FLOW] = NIL;
+    u[fa + F_TAG] = u[fa + F_TAG] + (uint64_t)held * (uint64_t)(ran - est);
+    int64_t n = w[fa + F_N];
+    if (n < SERVICE_WINDOW)
+        w[fa + F_N] = ++n;
+    int64_t g = n > 1 ? w[fa + F_EST] : 0, r = ran;
+    if (r < 0)
+        r = 0;
+    else if (r > MAX_SERVICE_NS)
+        r = MAX_SERVICE_NS;
+    w[fa + F_EST] = r >= g ? g + (r - g) / n : g - (g - r) / n;
+    w[fa + F_EXEC] -= 1;
+    w[fa + F_SEATS] -= held;
+    if (w[fa + F_WAITING] == 0 && w[fa + F_EXEC] == 0) { /* idle: onto the LRU list */
+        int64_t tail = w[self->fhb + FH_IDLE_TAIL];
+        w[fa + F_WHERE] = FW_IDLE;
+        w[fa + F_NEXT] = NIL;
+        w[fa + F_PREV] = tail;
+        if (tail == NIL)
+            w[self->fhb + FH_IDLE_HEAD] = f;
+        else
+            w[self->fb + tail * FLOW_WORDS + F_NEXT] = f;
+        w[self->fhb + FH_IDLE_TAIL] = f;
+        w[mm + M_NFLOWS] -= 1;
+    }
+}
+
 static int
 as_i64(PyObject *o, int64_t *out)
 {
@@ -309,7 +499,11 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     if (dead >= 0 || w[H_DIRTY] || level < 0 || level >= self->nlevels)
         return declined(self, dead);
     int64_t lb = self->lvb + level * LEVEL_WORDS;
-    if (w[lb + L_WAITING])
+    int64_t fair = w[lb + L_FAIRNESS];
+    if (w[lb + L_WAITING] || (fair && !self->have_mm))
+        return declined(self, -1);
+    /* maxmin: a flow entry to be had (found, free or idle; the last two always, in fact) */
+    if (fair && w[self->fhb + FH_FREE] == NIL && w[self->fhb + FH_IDLE_HEAD] == NIL)
         return declined(self, -1);
     int64_t ms = initial >= final ? initial : final;
     int64_t used = w[lb + L_USED], desired = w[lb + L_DESIRED], hs = w[lb + L_HAND];
@@ -418,7 +612,10 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         active += 1;
     w[qa + Q_EXECUTING] = ex + 1;
     w[qa + Q_SEATS] += held;
-    u[qa + Q_NDR] = ndr + tw;
+    if (fair) /* maxmin: the flow's words instead of the queue's */
+        g = mm_at_once(self, lb, level, h, head, held, al);
+    else
+        u[qa + Q_NDR] = ndr + tw;
     int64_t dlen = 0;
     Py_ssize_t blen = PyBytes_GET_SIZE(args[8]);
     if (blen > 0) {
@@ -463,7 +660,8 @@ fp_admit(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     f[lb + L_I_MAX] = imx;
     f[lb + L_I_CUR] = cur;
     w[lb + L_I_LAST] = ilast;
-    w[lb + L_ROBIN] = q;
+    if (!fair)
+        w[lb + L_ROBIN] = q;
     w[lb + L_ENQUEUES] = enq + 1;
     w[lb + L_DISPATCHED] = dispatched + 1;
     COMPILER_BARRIER();
@@ -508,8 +706,17 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     double it = f[lb + L_I_T], ix = f[lb + L_I_X], ixx = f[lb + L_I_XX];
     double imn = f[lb + L_I_MIN], imx = f[lb + L_I_MAX], cur = f[lb + L_I_CUR];
     int64_t ilast = w[lb + L_I_LAST];
+    int64_t fair = w[lb + L_FAIRNESS], flow = NIL;
     if (waiting || quiescing || (q != NIL && nq > desired))
         return declined(self, -1);
+    if (fair) { /* maxmin: the flow has nothing waiting (none does in the level) */
+        if (!self->have_mm || q == NIL)
+            return declined(self, -1);
+        flow = w[self->xb + slot * XSLOT_WORDS + X_FLOW];
+        if (flow < 0 || flow >= self->nslots
+            || w[self->fb + flow * FLOW_WORDS + F_WHERE] != FW_NOWHERE)
+            return declined(self, -1);
+    }
     if (now > last) {
         if (active && !advance_r(qseats, c, active, now - last, &r))
             return declined(self, -1);
@@ -521,7 +728,7 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     while (b < self->ndur && self->dur[b] < ran) /* bisect_left */
         b++;
     uint64_t corr = 0;
-    if (q != NIL && !exact_seats_ns(initial, g - ran, &corr))
+    if (q != NIL && !fair && !exact_seats_ns(initial, g - ran, &corr))
         return declined(self, -1);
     PyObject *granted = PyList_New(0);
     PyObject *res = granted ? PyTuple_New(2) : NULL;
@@ -542,7 +749,10 @@ fp_finish(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         w[qa + Q_EXECUTING] = ex;
         if (ex == 0)
             active -= 1;
-        u[qa + Q_NDR] = u[qa + Q_NDR] - corr;
+        if (fair)
+            mm_finish(self, level, slot, flow, held, ran, g);
+        else
+            u[qa + Q_NDR] = u[qa + Q_NDR] - corr;
         w[qa + Q_SEATS] -= held;
         qseats -= held;
         if (w[H_SERVICE_ADAPT])
@@ -649,6 +859,26 @@ fp_set_resume(FastPath *self, PyObject *args)
         return NULL;
     Py_XSETREF(self->admit_resume, Py_NewRef(a));
     Py_XSETREF(self->finish_resume, Py_NewRef(f));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fp_set_maxmin(FastPath *self, PyObject *args)
+{
+    long long mmb, fhb, fb, ib, imask, xb;
+    if (!PyArg_ParseTuple(args, "LLLLLL", &mmb, &fhb, &fb, &ib, &imask, &xb))
+        return NULL;
+    if (imask < 0 || (imask & (imask + 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "set_maxmin: the index mask is not 2**k - 1");
+        return NULL;
+    }
+    self->mmb = mmb;
+    self->fhb = fhb;
+    self->fb = fb;
+    self->ib = ib;
+    self->imask = (uint64_t)imask;
+    self->xb = xb;
+    self->have_mm = 1;
     Py_RETURN_NONE;
 }
 
@@ -785,6 +1015,8 @@ static PyMethodDef fp_methods[] = {
      "finish, handing a decline to the finish resume function"},
     {"set_resume", (PyCFunction)fp_set_resume, METH_VARARGS,
      "set_resume(admit_resume, finish_resume)"},
+    {"set_maxmin", (PyCFunction)fp_set_maxmin, METH_VARARGS,
+     "set_maxmin(maxmin_base, flow_header, flow_base, flow_index, index_mask, xslot_base)"},
     {"close", (PyCFunction)fp_close, METH_NOARGS, "Release the buffer."},
     {NULL, NULL, 0, NULL},
 };
@@ -851,6 +1083,16 @@ PyInit__fastpath(void)
     Py_INCREF(&FastPathType);
     if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
         Py_DECREF(&FastPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *mm_layout = Py_BuildValue(
+        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
+        FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS,
+        FLOW_WORDS, F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL,
+        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW);
+    if (mm_layout == NULL || PyModule_AddObject(m, "LAYOUT_MAXMIN", mm_layout) < 0) {
+        Py_XDECREF(mm_layout);
         Py_DECREF(m);
         return NULL;
     }

@@ -101,6 +101,10 @@ class Configuration:
     def _configure_locked(self, granted, specs, fs_list, now):
         w = self._w
         cap = self._lay.cap
+        for sp in specs:
+            if sp.fairness is not None and sp.fairness not in L.FAIRNESS_CODES:
+                raise ValueError(f"level {sp.name!r}: fairness must be one of "
+                                 f"{', '.join(sorted(L.FAIRNESS_CODES))}, not {sp.fairness!r}")
         existing = self._level_names_locked()
         new_specs = [sp for sp in specs if sp.name not in existing]
         free_levels = [i for i in range(cap.levels)
@@ -175,6 +179,7 @@ class Configuration:
         w[lb + L_SERVICE_NS] = w[H_SERVICE_NS]
         w[L.H_LEVEL_SERIAL] += 1
         w[lb + L.L_SERIAL] = w[L.H_LEVEL_SERIAL]
+        self._maxmin.purge_level_locked(i)  # flow entries an earlier level left at this index
         w[lb + L_USED] = 1
         # float zeros are all-zero bits already; region assigned by _relayout
         w[lb + L.L_QCAP] = 0
@@ -199,6 +204,14 @@ class Configuration:
             w[lb + L_HAND] = sp.hand_size
         w[lb + L_DESIRED] = desired
         w[lb + L_C] = sp.concurrency_limit
+        fairness = L.FAIRNESS_CODES[sp.fairness or "kubernetes"]  # None: an exempt level
+        if fairness != w[lb + L.L_FAIRNESS]:
+            # a switch: the new policy rebuilds its state from the slot table (the queues,
+            # their FIFOs and counts are the same under both); what it leaves is dropped
+            level = (lb - self._lvb) // LEVEL_WORDS
+            self._maxmin.purge_level_locked(level)
+            w[lb + L.L_FAIRNESS] = fairness
+            self._policy_locked(lb).repair_locked(self, lb)
 
     def _relayout_locked(self, needs: dict[int, int]) -> None:
         """Re-pack every level's queue region (capacity ``needs[level]``) and tree."""

@@ -166,6 +166,16 @@ def _load_accelerator():
 
 
 _ACCEL = _load_accelerator()
+# the maxmin words the C fast paths read, as compiled: an extension whose LAYOUT_MAXMIN differs
+# (or lacks it) is not used at all, since it would read L_FAIRNESS from the wrong word
+_MAXMIN_LAYOUT = (L.L_FAIRNESS, L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
+                  (L.FH_FREE, L.FH_IDLE_HEAD, L.FH_IDLE_TAIL, L.FH_EVICTIONS),
+                  (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
+                   L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
+                   L.F_NEXT, L.F_PREV),
+                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
+if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYOUT:
+    _ACCEL = None
 
 
 class FastPaths:
@@ -193,6 +203,9 @@ class FastPaths:
              E_EXEC_R, EXEC_STRIDE, ND, self._ub),
             (*_WORK_AT, _WORK_INF), tuple(_DUR))
         self._fp.set_resume(self._admit_resume, self._finish_resume)
+        lay = self._lay  # the maxmin areas (until set, C declines maxmin levels)
+        self._fp.set_maxmin(lay.maxmin_base, lay.flow_header, lay.flow_base, lay.flow_index,
+                            lay.flow_index_words - 1, lay.xslot_base)
         self.admit = self._fp.admit_call
         self.finish = self._fp.finish_call
         if old is not None:
@@ -293,7 +306,12 @@ class FastPaths:
                     active += 1
                 w[qa + Q_EXECUTING] = ex + 1
                 w[qa + Q_SEATS] += held
-                u[qa + Q_NDR] = (ndr + tw) & U64
+                if w[lb + L.L_FAIRNESS]:  # maxmin: the flow's words instead of the queue's
+                    g = self._maxmin.at_once_locked(lb, level, h, head, held, al)
+                    q_robin = _robin
+                else:
+                    u[qa + Q_NDR] = (ndr + tw) & U64
+                    q_robin = q
                 if detail:
                     d = detail[: self._detail_bytes]
                     off = self._details + head * self._detail_stride
@@ -306,7 +324,7 @@ class FastPaths:
                                 fs_index, enq, dlen, 2 * eb + (1 if watch else 0), g)
                 _HOT_ADMIT.pack_into(mv, (lb + L_R) * 8, r, last, executing + 1,
                                      in_use + held, active, qseats + held, it, ix, ixx, imn,
-                                     imx, cur, ilast, q, enq + 1, dispatched + 1)
+                                     imx, cur, ilast, q_robin, enq + 1, dispatched + 1)
                 res = _new_tuple(AdmitResult, (EXECUTE, head, gen, "", granted))
                 break
             if res is None:
@@ -363,9 +381,13 @@ class FastPaths:
                             w[qa + Q_EXECUTING] = ex
                             if ex == 0:  # (its waiting count is 0: nothing waits in the level)
                                 active -= 1
-                            # nextDispatchR -= initial*(G - S): usually negative, so the
-                            # uint64 wraparound adds
-                            u[qa + Q_NDR] = (u[qa + Q_NDR] - seats_ns_times(initial, g - ran)) & U64
+                            if w[lb + L.L_FAIRNESS]:  # maxmin: correct and learn the flow's
+                                self._maxmin.main_phase_ended_locked(self, lb, q, qa, sa, now)
+                            else:
+                                # nextDispatchR -= initial*(G - S): usually negative, so the
+                                # uint64 wraparound adds
+                                u[qa + Q_NDR] = (u[qa + Q_NDR]
+                                                 - seats_ns_times(initial, g - ran)) & U64
                             if w[H_SERVICE_ADAPT]:
                                 self._learn_locked(lb, ran)
                             w[qa + Q_SEATS] -= held

@@ -58,13 +58,38 @@ COUNTER_WORDS = 8
     L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR, L_I_LAST,
     L_ROBIN, L_ENQUEUES, L_DISPATCHED,
     L_REJECTED, L_TIMEDOUT, L_CANCELLED, L_EPOCH_OK, L_EPOCH_FAIL, L_REJECTED_SHADOW,
-    L_SERVICE_NS, L_SERVICE_N,
-) = range(39)
+    L_SERVICE_NS, L_SERVICE_N, L_FAIRNESS,
+) = range(40)
 LEVEL_WORDS = 40
 # float64 fields (read through the "d" view); L_R is uint64 (the "Q" view); the rest int64
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
 
 MODE_EXEMPT, MODE_REJECT, MODE_QUEUE = "exempt", "reject", "queue"
+# L_FAIRNESS: the level's dispatch policy (configuration: LevelSpec.fairness)
+FAIRNESS_KUBERNETES, FAIRNESS_MAXMIN = 0, 1
+FAIRNESS_NAMES = {FAIRNESS_KUBERNETES: "kubernetes", FAIRNESS_MAXMIN: "maxmin"}
+FAIRNESS_CODES = {name: code for code, name in FAIRNESS_NAMES.items()}
+
+# -- the maxmin policy (maxmin.py, docs/fairness.md) ----------------------------------------------
+# per level (Layout.maxmin_base + level * MM_WORDS): the virtual time V (uint64 seat-ns), the
+# backlog sequence, the pairing heap's root flow, the parked flows' list, the reserved flow
+(M_V, M_SEQ, M_ROOT, M_PARK_HEAD, M_PARK_TAIL, M_RESERVE, M_NFLOWS, M_RESERVES) = range(8)
+MM_WORDS = 8
+# the flow table's header (Layout.flow_header): free entries, idle entries (LRU), evictions
+(FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS) = range(4)
+FLOW_HEADER_WORDS = 8
+# a flow entry (Layout.flow_base + entry * FLOW_WORDS); F_HASH and F_TAG are uint64
+(
+    F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N,
+    F_WHERE, F_CHILD, F_NEXT, F_PREV,
+) = range(15)
+FLOW_WORDS = 16
+# F_WHERE: nowhere (executing only), in the level's heap, parked, on the idle list
+FW_NOWHERE, FW_HEAP, FW_PARKED, FW_IDLE = range(4)
+# per slot (Layout.xslot_base + slot * XSLOT_WORDS): its flow entry, the flow FIFO's links, and
+# when a lingering slot's seats free
+X_FLOW, X_FPREV, X_FNEXT, X_END = range(4)
+XSLOT_WORDS = 4
 
 # -- queue record -----------------------------------------------------------------------------
 (
@@ -132,7 +157,8 @@ class Layout:
 
     __slots__ = (
         "cap", "undo_base", "counters_base", "level_base", "queue_base", "tree_base", "tree_words", "slot_base",
-        "worker_base", "stats_base", "level_names", "fs_names", "details", "detail_stride",
+        "worker_base", "stats_base", "maxmin_base", "flow_header", "flow_base", "flow_index",
+        "flow_index_words", "xslot_base", "level_names", "fs_names", "details", "detail_stride",
         "stats_names", "size",
     )
 
@@ -159,6 +185,23 @@ class Layout:
         # per-request stats: stats_entries entries plus one catch-all (see stats.py)
         self.stats_base = pos
         pos += (cap.stats_entries + 1) * ENTRY_WORDS
+        # the maxmin policy: per-level words, the flow table (as many entries as slots: an
+        # active flow holds a slot), its open-addressing index (entry + 1, 0 empty; a power of
+        # two at least twice the entries), per-slot words
+        self.maxmin_base = pos
+        pos += cap.levels * MM_WORDS
+        self.flow_header = pos
+        pos += FLOW_HEADER_WORDS
+        self.flow_base = pos
+        pos += cap.slots * FLOW_WORDS
+        n = 1
+        while n < 2 * cap.slots:
+            n *= 2
+        self.flow_index = pos
+        self.flow_index_words = n
+        pos += n
+        self.xslot_base = pos
+        pos += cap.slots * XSLOT_WORDS
         byte = pos * WORD
         self.level_names = byte
         byte += cap.levels * NAME_BYTES

@@ -33,6 +33,8 @@ named ``..._locked`` expects the lock held. See docs/ARCHITECTURE.md for the mod
 
 from __future__ import annotations
 
+import functools
+
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.configure import Configuration
 from apf_gunicorn.ledger.counters import RequestCounters
@@ -54,6 +56,7 @@ from apf_gunicorn.ledger.layout import (
     Layout,
 )
 from apf_gunicorn.ledger.lock import NullLock
+from apf_gunicorn.ledger.maxmin import MaxMinPolicy
 from apf_gunicorn.ledger.mintree import MinTree
 from apf_gunicorn.ledger.queueset import KubernetesQueueSet
 from apf_gunicorn.ledger.records import (
@@ -120,7 +123,8 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
         self._fp = None  # the C fast paths, once bound (_accelerate)
-        self._queueset = KubernetesQueueSet(self)  # the dispatch policy (policy.py)
+        self._queueset = KubernetesQueueSet(self)  # the dispatch policies (policy.py)
+        self._maxmin = MaxMinPolicy(self)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -181,6 +185,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
             w[sb + s * SLOT_WORDS + S_QUEUE] = NIL
         w[H_FREE_HEAD] = 0
         w[H_FREE_COUNT] = cap.slots
+        led._maxmin.format_locked()
         led._name_stats_entry_locked(cap.stats_entries, OVERFLOW, -1, -1)  # the catch-all
         led._lock.bind(led._mv, w, True)
         if accelerate:
@@ -259,7 +264,8 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         return RepairView(self._w, self._u, self._lay, self._qa, self._count_lost_wait_locked,
                           self._log_locked, self._commit_locked, self._demand_locked,
                           self._repair_level_locked, self._dispatch_all_locked,
-                          self._leaf_value_locked)
+                          self._leaf_value_locked,
+                          functools.partial(self._maxmin.verify_locked, self))
 
     # -- the lock funnel -------------------------------------------------------------------------
     # Every operation runs as: take the lock, _begin_locked, the operation's ..._locked body,
@@ -337,37 +343,49 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
 
     # -- the dispatch policy ---------------------------------------------------------------------
     # The general path asks the level's dispatch policy (policy.py) what to do with its queues
-    # through these routers only: they are the one place that picks the policy. Today every
-    # level runs Kubernetes' queueset (self._queueset); a second policy is chosen here per level.
+    # through these routers only: they are the one place that picks the policy, by the level's
+    # L_FAIRNESS: Kubernetes' queueset (self._queueset) or maxmin (self._maxmin).
+
+    def _policy_locked(self, lb: int) -> KubernetesQueueSet | MaxMinPolicy:
+        """The dispatch policy of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
+        return self._maxmin if self._w[lb + L.L_FAIRNESS] else self._queueset
 
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:
         """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._queueset.enqueue_locked(self, lb, level, req, eb, ms, watch, granted)
+        return self._policy_locked(lb).enqueue_locked(self, lb, level, req, eb, ms, watch,
+                                                      granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""
-        self._queueset.dispatch_all_locked(self, lb, now, granted)
+        self._policy_locked(lb).dispatch_all_locked(self, lb, now, granted)
 
     def _touch_locked(self, lb: int, q: int) -> None:
         """Queue ``q`` of the level changed: let the policy re-rank it."""
-        self._queueset.touch_locked(self, lb, q)
+        self._policy_locked(lb).touch_locked(self, lb, q)
+
+    def _waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
+        """The waiting request in slot ``sa`` left queue ``q`` without running (its slot is
+        still allocated)."""
+        self._policy_locked(lb).waiting_removed_locked(self, lb, q, sa)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
-        self._queueset.advance_epoch_locked(self, lb)
+        self._policy_locked(lb).advance_epoch_locked(self, lb)
 
     def _queues_moved_locked(self, lb: int) -> None:
         """The level's queues were renumbered or re-packed."""
-        self._queueset.queues_moved_locked(self, lb)
+        self._policy_locked(lb).queues_moved_locked(self, lb)
 
-    def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int) -> None:
-        """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase."""
-        self._queueset.main_phase_ended_locked(self, lb, q, qa, sa, now)
+    def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
+                                 learn: bool = True) -> None:
+        """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase
+        (``learn``: it finished; False: its worker died)."""
+        self._policy_locked(lb).main_phase_ended_locked(self, lb, q, qa, sa, now, learn)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""
-        self._queueset.repair_locked(self, lb)
+        self._policy_locked(lb).repair_locked(self, lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds

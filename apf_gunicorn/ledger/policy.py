@@ -4,24 +4,27 @@ The ledger (``requestpath.py``) owns the mechanism: slots, seats, the lock, the 
 lingering seats, queue attrition, and R with the seat-demand integrator (``vclock.py``). A
 *dispatch policy* owns the fairness: which queue an arriving request waits in, which waiting
 request runs next, and how a queue is charged for what it ran. Kubernetes' queueset
-(``queueset.KubernetesQueueSet``) is one; another goes beside it with the same methods.
+(``queueset.KubernetesQueueSet``) is one; ``maxmin.MaxMinPolicy`` (docs/fairness.md) is the
+other, selected per level by its ``L_FAIRNESS`` word (``LevelSpec.fairness``).
 
 How the ledger reaches a policy: only through the routers in ``ledger.py``
 (``Ledger._enqueue_locked``, ``_dispatch_all_locked``, ``_touch_locked``,
-``_main_phase_ended_locked``, ``_advance_epoch_locked``, ``_queues_moved_locked``,
-``_repair_level_locked``). Today every level runs the one ``Ledger._queueset``; a second policy
-is selected per level in those routers (from a level word), nowhere else. A policy object is
-built once per ``Ledger`` (``Policy(led)``) and may keep the ledger's buffer views, but not the
-ledger: each call is handed the ledger as ``led`` (so there is no reference cycle, and a dropped
-ledger frees its buffer at once), and may use its ``..._locked`` helpers (alloc, link/unlink,
-log/commit, counters, the min-tree).
+``_waiting_removed_locked``, ``_main_phase_ended_locked``, ``_advance_epoch_locked``,
+``_queues_moved_locked``, ``_repair_level_locked``), which pick ``Ledger._queueset`` or
+``Ledger._maxmin`` by the level's ``L_FAIRNESS`` (``Ledger._policy_locked``), nowhere else. A
+policy object is built once per ``Ledger`` (``Policy(led)``) and may keep the ledger's buffer
+views, but not the ledger: each call is handed the ledger as ``led`` (so there is no reference
+cycle, and a dropped ledger frees its buffer at once), and may use its ``..._locked`` helpers
+(alloc, link/unlink, log/commit, counters, the min-tree).
 
 Two things a new policy must also settle, outside this interface:
 
 * the fast paths: ``fastpath.py``'s admit-at-once and fast finish (and ``fp_admit`` /
   ``fp_finish`` in ``_fastpath.c``) embody Kubernetes' at-once case (first card of the hand,
   ``nextDispatchR`` floored at R and charged the request's work). For another policy's levels
-  they must decline (or do that policy's at-once case, identically in C and Python);
+  they must decline (or do that policy's at-once case, identically in C and Python); for
+  maxmin levels they do maxmin's (``MaxMinPolicy.at_once_locked`` and ``mm_at_once``, and at
+  the finish ``main_phase_ended_locked`` and ``mm_finish``);
 * repair (``repair.py``) rebuilds the FIFOs and aggregates from the slot table, then calls
   :meth:`DispatchPolicy.repair_locked`; any per-policy state that is not derivable from the
   slot table must be kept whole by the undo log or be recomputable there.
@@ -63,10 +66,18 @@ class DispatchPolicy(Protocol):
         a dead worker's wait): update what ranks the queues."""
         ...
 
-    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int) -> None:
-        """The request in slot ``sa`` of queue ``q`` finished its main phase (or its worker
-        died); the executing counts are already updated: correct its charge by the time it
-        really ran (``now - S_START_NS``)."""
+    def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
+        """The waiting request in slot ``sa`` left queue ``q`` without running (cancel,
+        time-out, a dead worker's wait); it is unlinked from the queue but its slot is not
+        freed yet (Kubernetes: :meth:`touch_locked`)."""
+        ...
+
+    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
+                                learn: bool = True) -> None:
+        """The request in slot ``sa`` of queue ``q`` finished its main phase (``learn``), or
+        its worker died (not ``learn``: its time teaches nothing); the executing counts are
+        already updated: correct its charge by the time it really ran (``now -
+        S_START_NS``)."""
         ...
 
     def advance_epoch_locked(self, led, lb: int) -> None:

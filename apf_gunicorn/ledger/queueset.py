@@ -238,7 +238,12 @@ class KubernetesQueueSet:
         else:
             led._set_leaf_locked(lb, q, U64)
 
-    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int) -> None:
+    def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
+        """A waiting request left queue ``q`` without running: re-rank the queue."""
+        self.touch_locked(led, lb, q)
+
+    def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
+                                learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` ended its main phase (finished, or its
         worker died) and the counts are updated: correct the queue's ``nextDispatchR`` by the
         time it really ran (``finishRequestLocked``: ``-= initial*(G - S)``)."""

@@ -22,13 +22,17 @@ EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 class LevelSpec(NamedTuple):
     """One priority level's queue set configuration. ``desired_queues``: > 0 queuing, 0 reject
-    (no queues, ``concurrency-limit``), < 0 exempt."""
+    (no queues, ``concurrency-limit``), < 0 exempt. ``fairness``: the dispatch policy of a
+    queuing level, ``"kubernetes"`` (Kubernetes' queue set, exactly) or ``"maxmin"``
+    (docs/fairness.md); None (what a level without one, such as an exempt level, may pass)
+    is ``"kubernetes"``."""
 
     name: str
     desired_queues: int
     hand_size: int
     queue_length_limit: int
     concurrency_limit: int
+    fairness: str | None = "kubernetes"
 
 
 class AdmitResult(NamedTuple):
@@ -111,6 +115,9 @@ class LevelSnapshot(NamedTuple):
     epoch_advances: int = 0
     epoch_advance_failures: int = 0
     service_estimate_ns: int = 0  # G, the service time charged at dispatch
+    fairness: str = "kubernetes"  # the dispatch policy (LevelSpec.fairness)
+    maxmin: dict | None = None  # under maxmin: V, the reserved flow, every active flow's
+    #   tag, counts and learnt estimate (MaxMinPolicy.flow_state_locked)
 
 
 class Snapshot(NamedTuple):

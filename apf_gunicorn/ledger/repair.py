@@ -48,6 +48,7 @@ class RepairView(NamedTuple):
     repair_level_locked: Callable[[int], None]  # the dispatch policy's invariants (policy.py)
     dispatch_all_locked: Callable[[int, int, list], None]  # dispatch what fits in a level
     leaf_value_locked: Callable[[int, int], int]  # what a queue's min-tree leaf should hold
+    verify_maxmin_locked: Callable[[int], list]  # a maxmin level's flow-table invariants
 
 _LEVEL_AGGREGATES = (L.L_WAITING, L.L_EXECUTING, L.L_SEATS_IN_USE, L.L_SEATS_WAITING,
                      L.L_ACTIVE_QUEUES, L.L_QSEATS)
@@ -270,7 +271,7 @@ def verify(led) -> list[str]:
         if chain != order.get((level, q), []):
             problems.append(f"level {level} queue {q}: FIFO {chain} != arrival order "
                             f"{order.get((level, q), [])}")
-        if chain:
+        if chain and not w[lay.level(level) + L.L_FAIRNESS]:
             head_r = u[lay.slot(chain[0]) + L.S_ARRIVAL_R]
             if u[qa + L.Q_NDR] < head_r:
                 problems.append(f"level {level} queue {q}: nextDispatchR below head arrival R")
@@ -289,7 +290,10 @@ def verify(led) -> list[str]:
     if seen != set(free):
         problems.append("free list does not hold exactly the FREE slots")
     for level in levels:
-        problems.extend(_verify_tree(v, lay.level(level)))
+        if w[lay.level(level) + L.L_FAIRNESS]:  # maxmin: no tree, its flow table instead
+            problems.extend(v.verify_maxmin_locked(lay.level(level)))
+        else:
+            problems.extend(_verify_tree(v, lay.level(level)))
     return problems
 
 

@@ -247,7 +247,7 @@ class RequestPath:
             self._maybe_drop_locked(lb)
         return linger
 
-    def _end_main_phase_locked(self, lb: int, sa: int, now: int) -> None:
+    def _end_main_phase_locked(self, lb: int, sa: int, now: int, learn: bool = True) -> None:
         """``finishRequestLocked``'s bookkeeping for a request whose main phase ended (finished,
         or its worker died): one fewer executing, then the policy corrects its queue's charge
         by the time it really ran."""
@@ -261,7 +261,7 @@ class RequestPath:
         w[qa + Q_EXECUTING] = ex
         if ex == 0 and w[qa + Q_WAITING] == 0:
             w[lb + L_ACTIVE_QUEUES] -= 1
-        self._main_phase_ended_locked(lb, q, qa, sa, now)
+        self._main_phase_ended_locked(lb, q, qa, sa, now, learn)
 
     def _release_seats_locked(self, lb: int, level: int, s: int, sa: int, now: int) -> None:
         """``releaseSeatsLocked`` + ``removeQueueIfEmptyLocked``; frees the slot."""
@@ -371,5 +371,5 @@ class RequestPath:
         w[lb + L_WAITING] -= 1
         w[lb + L_SEATS_WAITING] -= w[sa + S_MAX_SEATS]
         self._demand_locked(lb, now)
-        self._touch_locked(lb, q)
+        self._waiting_removed_locked(lb, q, sa)
         self._free_locked(s, sa)

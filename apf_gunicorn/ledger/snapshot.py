@@ -150,7 +150,8 @@ class Reading:
                 w[lb + L_EXECUTING], u[lb + L_R], w[lb + L_DISPATCHED], w[lb + L_REJECTED],
                 w[lb + L_TIMEDOUT], w[lb + L_CANCELLED], queues, requests,
                 w[lb + L_HAND], w[lb + L_QLL], w[lb + L.L_EPOCH_OK], w[lb + L.L_EPOCH_FAIL],
-                w[lb + L_SERVICE_NS]))
+                w[lb + L_SERVICE_NS], L.FAIRNESS_NAMES[w[lb + L.L_FAIRNESS]],
+                self._maxmin.flow_state_locked(lb) if w[lb + L.L_FAIRNESS] else None))
         return Snapshot(now, levels, self._fs_names_locked(),
                         w[self._lay.counters_base + L.C_HEAD_TIMEOUTS])
 

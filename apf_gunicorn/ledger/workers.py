@@ -134,7 +134,7 @@ class WorkerTable:
                 self._commit_locked()
                 continue
             if state == EXECUTING:
-                self._end_main_phase_locked(lb, sa, now)
+                self._end_main_phase_locked(lb, sa, now, learn=False)
             self._release_seats_locked(lb, level, s, sa, now)
 
     def _dispatch_every_level_locked(self, now: int, granted: list) -> None:
