@@ -136,8 +136,8 @@ def test_custom_config_file(tmp_path, capsys):
 
 
 def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
-    """The level's annotation wins over APF_FAIRNESS; explain names the policy and its source,
-    and says when this build cannot run it (issue 12: maxmin, until it lands)."""
+    """The level's annotation wins over APF_FAIRNESS; explain names the policy and its
+    source."""
     argv = ("--user", "bob", "--verb", "create", "--resource", "orders", "--api-group", "shop",
             "--namespace", "acme")
     path = tmp_path / "apf.yaml"
@@ -146,10 +146,7 @@ def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypat
     assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "default", [])
     monkeypatch.setenv("APF_FAIRNESS", "maxmin")
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"]) == ("maxmin", "APF_FAIRNESS")
-    assert out["notes"] == ['priority level "tenants" (APF_FAIRNESS): maxmin is not available '
-                            "in this build (available: kubernetes): the server refuses to start "
-                            "(or reload) with it"]
+    assert (out["policy"], out["policySource"], out["notes"]) == ("maxmin", "APF_FAIRNESS", [])
     path.write_text(CUSTOM.replace("metadata: {name: tenants}\nspec:\n  type: Limited",
                                    "metadata:\n  name: tenants\n  annotations: "
                                    "{apf-gunicorn.io/fairness: kubernetes}\nspec:\n"

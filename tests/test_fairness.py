@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from apf_gunicorn.flowcontrol import fairness
-from apf_gunicorn.flowcontrol.fairness import FairnessUnavailable, level_policy, require_available
+from apf_gunicorn.flowcontrol.fairness import level_policy
 from apf_gunicorn.flowcontrol.objects import PriorityLevel, QueuingConfig
 from apf_gunicorn.ledger import Capacity, Ledger, NullLock
 from apf_gunicorn.server.generation import (
@@ -54,16 +53,6 @@ def test_precedence_annotation_then_default():
     assert level_policy(exempt, "maxmin", "APF_FAIRNESS") == (None, "exempt")
 
 
-def test_only_available_policies_pass():
-    assert fairness.AVAILABLE == ("kubernetes",)  # issue 12: widen when maxmin lands
-    require_available("kubernetes", "x")
-    require_available(None, "exempt level")
-    with pytest.raises(FairnessUnavailable) as ei:
-        require_available("maxmin", 'priority level "tenants" (APF_FAIRNESS)')
-    assert str(ei.value) == ('priority level "tenants" (APF_FAIRNESS): maxmin is not available '
-                             "in this build (available: kubernetes)")
-
-
 def _generation(tmp_path, policy: str, env: dict | None = None):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(ANNOTATED.format(policy=policy))
@@ -86,20 +75,18 @@ def test_annotation_beats_apf_fairness(tmp_path):
                                                                              "APF_FAIRNESS")
 
 
-@pytest.mark.parametrize("policy, env, where", [
-    ("maxmin", {}, 'priority level "tenants" (annotation apf-gunicorn.io/fairness)'),
-    ("kubernetes", {"APF_FAIRNESS": "maxmin"}, 'priority level "catch-all" (APF_FAIRNESS)'),
+@pytest.mark.parametrize("policy, env, expected", [
+    ("maxmin", {}, {"tenants": "maxmin", "plain": "kubernetes", "catch-all": "kubernetes"}),
+    ("kubernetes", {"APF_FAIRNESS": "maxmin"},
+     {"tenants": "kubernetes", "plain": "maxmin", "catch-all": "maxmin"}),
 ])
-def test_maxmin_is_refused_before_the_ledger_changes(tmp_path, policy, env, where):
-    """Start and reload both go through level_specs before ledger.configure, so a refused
-    policy leaves the running configuration in force (hooks.on_reload logs it as rejected)."""
+def test_each_level_runs_its_policy_in_the_ledger(tmp_path, policy, env, expected):
+    """Start and reload both go through level_specs: the ledger's levels run the policy the
+    annotation or APF_FAIRNESS chose, and a reload switches a level's policy in place."""
     led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
-    good = _generation(tmp_path, "kubernetes")
-    configure_ledger(led, good, 0)
-    before = [lv.name for lv in led.snapshot(0).levels]
-    bad = _generation(tmp_path, policy, env)
-    with pytest.raises(FairnessUnavailable) as ei:
-        configure_ledger(led, bad, 1)
-    assert str(ei.value).startswith(f"{where}: maxmin is not available in this build")
-    assert [lv.name for lv in led.snapshot(1).levels] == before
-    assert bad.level_index == {}
+    configure_ledger(led, _generation(tmp_path, "kubernetes"), 0)
+    assert {lv.name: lv.fairness for lv in led.snapshot(0).levels if lv.name != "exempt"} == {
+        "tenants": "kubernetes", "plain": "kubernetes", "catch-all": "kubernetes"}
+    configure_ledger(led, _generation(tmp_path, policy, env), 1)
+    assert {lv.name: lv.fairness for lv in led.snapshot(1).levels
+            if lv.name != "exempt"} == expected

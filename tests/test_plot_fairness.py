@@ -1,8 +1,6 @@
 """benchmarks/plot_fairness.py, the fairness picture's script: its data part on Kubernetes'
-TestWindup (the simulator's per-flow seats timeline under each policy), and its refusal of a
-policy this build lacks. Written to keep working unchanged when maxmin lands: each policy's
-branch follows ``fairness.AVAILABLE``. The picture is drawn only when matplotlib (the optional
-``plot`` extra) is installed."""
+TestWindup (the simulator's per-flow seats timeline under each policy) and its command line.
+The picture is drawn only when matplotlib (the optional ``plot`` extra) is installed."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from apf_gunicorn.flowcontrol import fairness
-from apf_gunicorn.flowcontrol.fairness import FairnessUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,31 +56,18 @@ def test_windup_data_under_kubernetes(plotter):
 
 
 def test_windup_data_under_maxmin(plotter):
-    if "maxmin" not in fairness.AVAILABLE:
-        with pytest.raises(FairnessUnavailable, match="maxmin is not available in this build"):
-            plotter.data("maxmin")
-        return
     d = plotter.data("maxmin")
     _check_series(d)
     for f in d["windows"][1]["flows"].values():  # issue 12: within 3 % of the fair share
         assert abs(f["deviation"]) <= 0.03
 
 
-def test_main_names_an_unavailable_policy_or_draws_both(plotter, tmp_path, capsys):
+def test_main_draws_both_policies_or_names_what_is_missing(plotter, tmp_path, capsys):
     out, numbers = tmp_path / "fairness.png", tmp_path / "fairness.json"
     has_plot = importlib.util.find_spec("matplotlib") is not None
     code = plotter.main(["--out", str(out), "--json", str(numbers)])
     err = capsys.readouterr().err
-    if set(fairness.POLICIES) - set(fairness.AVAILABLE):
-        assert code == 2
-        assert err == ('plot_fairness: level "queueSet": maxmin is not available in this build '
-                       "(available: kubernetes); --only kubernetes draws the available policy "
-                       "alone\n")
-        assert not out.exists() and not numbers.exists()
-        code = plotter.main(["--only", "kubernetes", "--out", str(out), "--json", str(numbers)])
-        assert sorted(json.loads(numbers.read_text())) == ["kubernetes"]
-    else:
-        assert sorted(json.loads(numbers.read_text())) == sorted(fairness.POLICIES)
+    assert sorted(json.loads(numbers.read_text())) == sorted(fairness.POLICIES)
     assert code == (0 if has_plot else 2)
     if has_plot:
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

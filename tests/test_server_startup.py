@@ -50,21 +50,19 @@ def test_invalid_configuration_lists_every_error(server_factory, tmp_path):
         assert "matchingPrecedence" in log
 
 
-def test_unavailable_fairness_stops_the_start(server_factory):
-    """Until the ledger implements maxmin, asking for it stops the server with a clear error
-    instead of silently running kubernetes (issue 12: change this when maxmin lands)."""
-    with server_factory(env={"APF_FAIRNESS": "maxmin"}, expect_fail=True) as srv:
-        assert srv.proc.returncode == 1
-        log = srv.log()
-        assert 'apf: priority level "' in log
-        assert "(APF_FAIRNESS): maxmin is not available in this build (available: kubernetes)" \
-            in log
+def test_apf_fairness_maxmin_serves_and_is_named(server_factory):
+    """APF_FAIRNESS=maxmin: the ready line names the policy and where it came from, and the
+    server serves."""
+    with server_factory(workers=1, threads=4, env={"APF_FAIRNESS": "maxmin"}) as srv:
+        assert srv.wait_for(lambda: "fairness maxmin (APF_FAIRNESS)" in srv.log(),
+                            timeout=15), srv.log()
+        status, _, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
+        assert status == 200
 
 
-def test_reload_asking_for_unavailable_fairness_is_rejected(server_factory, tmp_path):
-    """A HUP whose configuration annotates a level maxmin (not in this build) is rejected
-    with the reason, and the running configuration keeps serving (issue 12: change this
-    when maxmin lands)."""
+def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
+    """A HUP whose configuration annotates a level maxmin is applied in place, and the level
+    keeps serving under its new policy."""
     import os
     import shutil
     import signal
@@ -80,11 +78,12 @@ def test_reload_asking_for_unavailable_fairness_is_rejected(server_factory, tmp_
         cfg.write_text(text.replace(marked, "metadata: {name: work, uid: uid-pl-work, "
                                             "annotations: {apf-gunicorn.io/fairness: maxmin}}"))
         os.kill(srv.pid, signal.SIGHUP)
-        assert srv.wait_for(lambda: "reload rejected" in srv.log(), timeout=15), srv.log()
-        assert ('apf:   priority level "work" (annotation apf-gunicorn.io/fairness): maxmin is '
-                "not available in this build (available: kubernetes)") in srv.log()
-        status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
-        assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
+        assert srv.wait_for(lambda: "configuration generation 2 applied" in srv.log(),
+                            timeout=15), srv.log()
+        assert "reload rejected" not in srv.log()
+        for _ in range(3):
+            status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
+            assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
 
 
 def test_path_form_config_serves_with_apf(server_factory):

@@ -13,7 +13,6 @@ import sys
 import pytest
 from oracle_queueset import OracleBackend, OracleLevels
 
-from apf_gunicorn.flowcontrol.fairness import FairnessUnavailable
 from apf_gunicorn.simulate import (
     ScenarioError,
     format_table,
@@ -373,14 +372,12 @@ def test_fairness_errors_name_the_field(doc, field) -> None:
     assert info.value.field == field
 
 
-def test_maxmin_is_refused_not_run_as_kubernetes() -> None:
-    """Until the ledger implements maxmin (issue 12), asking for it, by the scenario or by
-    the override, fails clearly; change this test when maxmin lands."""
+def test_the_scenario_or_the_override_chooses_the_policy() -> None:
+    """maxmin runs when the scenario or the override asks for it (and is reported), and the
+    override wins over the scenario."""
     for scenario, override in ((parse_scenario(with_("queueSet.fairness", "maxmin")), None),
                                (parse_scenario(BASE), "maxmin")):
-        with pytest.raises(FairnessUnavailable, match="maxmin is not available in this build"):
-            simulate(scenario, fairness=override)
-    # the override wins over the scenario
+        assert simulate(scenario, fairness=override).fairness == {"queueSet": "maxmin"}
     result = simulate(parse_scenario(with_("queueSet.fairness", "maxmin")), fairness="kubernetes")
     assert result.fairness == {"queueSet": "kubernetes"}
     assert to_json(result)["fairness"] == {"queueSet": "kubernetes"}
@@ -428,23 +425,21 @@ def test_configuration_form_fairness_and_annotations() -> None:
         parse_scenario(_configured("fifo"))
     assert info.value.field == "fairness"
     # the annotation names the level's policy; it beats the scenario's (and --fairness)
-    with pytest.raises(FairnessUnavailable) as info:
-        simulate(parse_scenario(_configured(annotation="maxmin")), fairness="kubernetes")
-    assert str(info.value).startswith('level "tenants": maxmin is not available in this build')
+    result = simulate(parse_scenario(_configured(annotation="maxmin")), fairness="kubernetes")
+    assert result.fairness == {"tenants": "maxmin", "exempt": None, "catch-all": "kubernetes"}
     result = simulate(parse_scenario(_configured("kubernetes", annotation="kubernetes")))
     assert result.fairness["tenants"] == "kubernetes"
-    with pytest.raises(FairnessUnavailable, match='level "catch-all": maxmin is not available'):
-        simulate(parse_scenario(_configured(annotation="kubernetes")), fairness="maxmin")
+    result = simulate(parse_scenario(_configured(annotation="kubernetes")), fairness="maxmin")
+    assert result.fairness == {"tenants": "kubernetes", "exempt": None, "catch-all": "maxmin"}
 
 
 def test_cli_fairness_override_and_timeline(tmp_path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps(BASE))
-    proc = _cli(str(path), "--fairness", "maxmin")
-    assert proc.returncode == 2
-    assert proc.stderr == (f"apf-gunicorn simulate: {path}: level \"queueSet\": maxmin is not "
-                           "available in this build (available: kubernetes) (asked by "
-                           "--fairness)\n")
+    proc = _cli(str(path), "--fairness", "maxmin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fairness"] == {"queueSet": "maxmin"}
+    assert _cli(str(path), "--fairness", "fifo").returncode == 2
     proc = _cli(str(path), "--fairness", "kubernetes", "--timeline", "5", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return cfg
     limit, source = server_limit(args)
     limits = compute_limits(cfg.priority_levels.values(), limit)
-    for warning in [*cfg.warnings(), *fairness_warnings(cfg)]:
+    for warning in cfg.warnings():
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         doc = report(cfg, limits, limit)
@@ -130,19 +130,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(cfg, limits, limit, source))
     return 0
-
-
-def fairness_warnings(cfg: Configuration) -> list[str]:
-    """A warning per level whose ``apf-gunicorn.io/fairness`` annotation names a policy this
-    build cannot run: the configuration is valid, but the server refuses to start with it."""
-    out = []
-    for name, pl in cfg.priority_levels.items():
-        try:
-            fairness.require_available(pl.fairness, f'{pl.source}: PriorityLevelConfiguration '
-                                                    f'"{name}": {fairness.ANNOTATION}')
-        except fairness.FairnessUnavailable as e:
-            out.append(f"{e}: the server refuses to start (or reload) with it")
-    return out
 
 
 def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int) -> dict:

@@ -342,10 +342,6 @@ def _policy(level: Any, settings: Any, notes: list[str]) -> tuple[str | None, st
     run gets a note (the server refuses to start with it)."""
     source = "APF_FAIRNESS" if os.environ.get("APF_FAIRNESS", "").strip() else "default"
     policy, source = fairness.level_policy(level, settings.dispatch_policy, source)
-    try:
-        fairness.require_available(policy, f'priority level "{level.name}" ({source})')
-    except fairness.FairnessUnavailable as e:
-        notes.append(f"{e}: the server refuses to start (or reload) with it")
     return policy, source
 
 

@@ -84,11 +84,6 @@ def run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:  # the configuration form's objects, checked when run
         print(f"apf-gunicorn simulate: {args.scenario}: {exc}", file=sys.stderr)
         return 1
-    except fairness.FairnessUnavailable as exc:
-        how = "--fairness" if args.fairness else "the scenario"
-        print(f"apf-gunicorn simulate: {args.scenario}: {exc} (asked by {how})",
-              file=sys.stderr)
-        return 2
     elapsed = time.perf_counter() - started
     if args.json:
         doc = to_json(result, {"wallSeconds": round(elapsed, 3)})

@@ -4,7 +4,8 @@ A queuing priority level picks the next request to dispatch by one of two polici
 
 * ``kubernetes``: Kubernetes' queueset (fair queuing by virtual finish time over
   shuffle-sharded queues), exactly as kube-apiserver;
-* ``maxmin``: max-min fair dispatch between flows (issue 12; not available in this build yet).
+* ``maxmin``: max-min fair dispatch between flows, work-conserving behind wide requests
+  (docs/fairness.md).
 
 The choice, per level, most specific first:
 
@@ -17,7 +18,6 @@ Exempt levels never queue and have no policy (:func:`level_policy` returns None)
 refuses the annotation on them.
 
     policy, source = level_policy(pl, settings.dispatch_policy, "APF_FAIRNESS")
-    require_available(policy, f'priority level "{pl.name}" ({source})')   # until maxmin lands
 """
 
 from __future__ import annotations
@@ -33,19 +33,11 @@ MAXMIN = "maxmin"
 POLICIES = (KUBERNETES, MAXMIN)
 #: What runs when nothing asks for another policy.
 DEFAULT = KUBERNETES
-#: The policies the ledger of this build implements. When the ledger's ``LevelSpec`` takes a
-#: policy and implements ``maxmin``, this becomes ``POLICIES`` (issue 12).
-AVAILABLE = (KUBERNETES,)
 #: The PriorityLevelConfiguration annotation that chooses the level's policy.
 ANNOTATION = "apf-gunicorn.io/fairness"
 #: Annotation keys of our own prefix that the loader knows (any other one is a typo).
 ANNOTATION_PREFIX = "apf-gunicorn.io/"
 KNOWN_ANNOTATIONS = (ANNOTATION,)
-
-
-class FairnessUnavailable(ValueError):
-    """A level asks for a policy this build's ledger does not implement; ``str()`` says which
-    level, which policy and where the choice came from."""
 
 
 def level_policy(level: PriorityLevel, default: str = DEFAULT,
@@ -68,19 +60,3 @@ def level_policy(level: PriorityLevel, default: str = DEFAULT,
     if level.fairness is not None:
         return level.fairness, f"annotation {ANNOTATION}"
     return default, default_source
-
-
-def require_available(policy: str | None, where: str) -> None:
-    """Refuse a policy this build cannot run, instead of silently running another.
-
-    Args:
-        policy: a name from :data:`POLICIES`, or None (an exempt level: nothing to run).
-        where: who asked, for the message (``'priority level "users" (APF_FAIRNESS)'``).
-
-    Raises:
-        FairnessUnavailable: ``policy`` is not in :data:`AVAILABLE`.
-    """
-    if policy is not None and policy not in AVAILABLE:
-        raise FairnessUnavailable(
-            f"{where}: {policy} is not available in this build (available: "
-            f"{', '.join(AVAILABLE)})")

@@ -243,18 +243,7 @@ deal_card(uint64_t h, int64_t deck, int64_t k)
 /* -- maxmin: the flow words of the fast paths (maxmin.py at_once_locked and
  * main_phase_ended_locked for a level with nothing waiting), word for word ------------------- */
 
-#ifndef APF_LEDGER_LAYOUT_H /* (a generated layout header, where there is one, has these) */
-/* layout.py's maxmin words, checked against LAYOUT_MAXMIN at import (fastpath.py) */
-enum {
-    L_FAIRNESS = 39, /* 0: Kubernetes' queueset; 1: maxmin */
-    MM_WORDS = 8, M_V = 0, M_SEQ = 1, M_NFLOWS = 6,
-    FH_FREE = 0, FH_IDLE_HEAD = 1, FH_IDLE_TAIL = 2, FH_EVICTIONS = 3,
-    FLOW_WORDS = 16, F_LEVEL = 0, F_HASH = 1, F_TAG = 2, F_SEQ = 3, F_WAITING = 4, F_EXEC = 5,
-    F_SEATS = 6, F_HEAD = 7, F_TAIL = 8, F_EST = 9, F_N = 10, F_WHERE = 11, F_CHILD = 12,
-    F_NEXT = 13, F_PREV = 14, FW_NOWHERE = 0, FW_IDLE = 3,
-    XSLOT_WORDS = 4, X_FLOW = 0,
-};
-#endif
+/* layout.py's maxmin words come from _layout.h too; LAYOUT_MAXMIN lists those read here */
 
 static inline uint64_t
 mm_mix(int64_t level, uint64_t h) /* maxmin.flow_mix */

@@ -2,7 +2,7 @@
 ledger, at start and on every HUP.
 
     gen = load_generation(settings)            # raises the loader's errors
-    level_specs(gen)                           # raises FairnessUnavailable (maxmin, for now)
+    level_specs(gen)
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
     warning = thread_budget(gen, settings, workers, threads)
 
@@ -55,21 +55,15 @@ def level_policies(gen: Generation) -> dict[str, tuple[str | None, str]]:
 def level_specs(gen: Generation) -> list[LevelSpec]:
     """The ledger's view of each priority level (queues, hand, queue length, nominal seats,
     and the dispatch policy).
-
-    Raises:
-        FairnessUnavailable: a level asks for a policy this build's ledger lacks (``maxmin``).
     """
     policies = level_policies(gen)
     specs = []
     for name, pl in sorted(gen.configuration.priority_levels.items()):
         q = pl.queuing
         policy, source = policies[name]
-        # FAIRNESS BOUNDARY (issue 12): LevelSpec takes no policy yet, so the name stops
-        # here. When it does: pass fairness=policy (None for an exempt level) to LevelSpec
-        # below, and add maxmin to flowcontrol.fairness.AVAILABLE, which this check reads.
-        fairness.require_available(policy, f'priority level "{name}" ({source})')
         specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
-                               q.queue_length_limit if q else 0, int(gen.limits[name].nominal)))
+                               q.queue_length_limit if q else 0, int(gen.limits[name].nominal),
+                               fairness=policy))
     return specs
 
 

@@ -29,7 +29,6 @@ import time
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from apf_gunicorn.flowcontrol.fairness import FairnessUnavailable
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
@@ -39,7 +38,6 @@ from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
     config_error_lines,
     configure_ledger,
-    level_specs,
     load_generation,
     thread_budget,
 )
@@ -94,10 +92,6 @@ def on_starting(server) -> None:
     except Exception as e:  # the loader's ConfigErrors, or any reading problem
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_path or '<built-in>'}):", *config_error_lines(e)])
-    try:
-        level_specs(gen)  # a policy this build lacks stops the start here, before any shm
-    except FairnessUnavailable as e:
-        _fail(server, [str(e)])
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)

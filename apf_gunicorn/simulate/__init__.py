@@ -59,7 +59,6 @@ def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
     Raises:
         ScenarioError: the configuration form's objects are invalid, or ``fairness`` is not
             a policy name.
-        FairnessUnavailable: the scenario asks for a policy this build cannot run.
     """
     if fairness is not None:
         scenario = with_fairness(scenario, fairness)

@@ -52,9 +52,6 @@ class LedgerBackend:
                 (``kubernetes`` when left out, None for an exempt level).
             slots: request slots to provide (:func:`concurrent_requests_bound`).
             now: virtual ns of the configuration.
-
-        Raises:
-            FairnessUnavailable: a level asks for a policy this build's ledger lacks.
         """
         queues = max([1, *(s[1] for s in specs)])
         default = Capacity()
@@ -64,11 +61,7 @@ class LedgerBackend:
         ledger_specs = []
         for name, desired, hand, qll, limit, *rest in specs:
             policy = rest[0] if rest else fairness.DEFAULT
-            # FAIRNESS BOUNDARY (issue 12): LevelSpec takes no policy yet, so the name stops
-            # here. When it does: pass fairness=policy (None for an exempt level) to LevelSpec
-            # below, and add maxmin to flowcontrol.fairness.AVAILABLE, which this check reads.
-            fairness.require_available(policy, f'level "{name}"')
-            ledger_specs.append(LevelSpec(name, desired, hand, qll, limit))
+            ledger_specs.append(LevelSpec(name, desired, hand, qll, limit, fairness=policy))
         ledger = Ledger.create(bytearray(Ledger.size(capacity)), capacity, lock=NullLock())
         levels, _ = ledger.configure(ledger_specs, ["simulated"], now)
         return cls(ledger, dict(levels))

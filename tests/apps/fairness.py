@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-FAIRNESS = ["kubernetes"]  # APF_FAIRNESS values under test
+FAIRNESS = ["kubernetes", "maxmin"]  # APF_FAIRNESS values under test
 MAXMIN = {"maxmin"}  # the policies that claim max-min fairness between flows
 
 
