@@ -69,6 +69,7 @@ def test_main_draws_both_policies_or_names_what_is_missing(plotter, tmp_path, ca
     err = capsys.readouterr().err
     assert sorted(json.loads(numbers.read_text())) == sorted(fairness.POLICIES)
     assert code == (0 if has_plot else 2)
+    assert ("matplotlib is missing" in err) != has_plot
     if has_plot:
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert out.stat().st_size < 200_000
