@@ -87,6 +87,25 @@ def test_endpoints(served) -> None:
     status, text = get(admin, "/debug/api_priority_and_fairness/dump_queues")
     assert status == 200 and len(text.splitlines()) == 1 + 8
 
+    # the policy columns only when asked (any non-empty value, as includeRequestDetails)
+    plain = get(admin, "/debug/api_priority_and_fairness/dump_priority_levels")[1]
+    assert get(admin, "/debug/api_priority_and_fairness/dump_priority_levels"
+                      "?includeFairness=")[1] == plain
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_priority_levels"
+                              "?includeFairness=1")
+    rows = [r.replace(" ", "").split(",") for r in text.splitlines()]
+    assert status == 200 and rows[0][10:] == ["Fairness", "VirtualTime", "ActiveFlows",
+                                              "ReservedFlow", "Reservations"]
+    # no policy on the exempt and the Reject-type (no queues) levels
+    assert {r[0]: r[10] for r in rows[1:]} == {"catch-all": "", "exempt": "",
+                                               "workload-low": "kubernetes"}
+    assert [r[:10] for r in rows] == [r.replace(" ", "").split(",") for r in plain.splitlines()]
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_queues?includeFairness=1")
+    assert status == 200 and text.splitlines()[0].endswith("Fairness,   VirtualTime")
+    status, text = get(admin, "/debug/api_priority_and_fairness/dump_flows")
+    assert status == 200 and text.startswith("PriorityLevelName, FlowHash,")
+    assert len(text.splitlines()) == 1  # no maxmin level: no flows
+
     status, text = get(admin, "/debug/api_priority_and_fairness/dump_requests")
     lines = text.splitlines()
     assert status == 200 and len(lines) == 3 and "UserName" not in lines[0]
@@ -164,6 +183,12 @@ def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PriorityLevelName,") and "workload-low" in out
+    assert "Fairness" in out.splitlines()[0]  # the policy columns by default
+    assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels", "--kubernetes"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("CancelledRequests")  # Kubernetes' exact layout
+    assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "flows"]) == 0
+    assert capsys.readouterr().out.startswith("PriorityLevelName, FlowHash,")
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "requests", "--details"]) == 0
     assert "UserName" in capsys.readouterr().out
     with socket.socket() as s:  # a port nobody listens on

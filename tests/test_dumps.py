@@ -8,14 +8,21 @@ import msgpack
 
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.server.dumps import (
+    FLOW_HEADERS,
+    LEVEL_HEADERS,
+    QUEUE_HEADERS,
     decode_detail,
+    dump_flows,
     dump_priority_levels,
     dump_queues,
     dump_requests,
     encode_detail,
     encode_detail_fields,
     format_seat_seconds,
+    format_signed_seat_seconds,
+    reserved_head_seats,
     tabwrite,
+    tag_minus_v_ns,
 )
 
 SEC = 1_000_000_000
@@ -175,3 +182,109 @@ def test_distinguisher_filled_on_every_level():
     c = classifier.classify(probe)
     assert c.priority_level.is_exempt and c.flow_schema.distinguisher is None
     assert decode_detail(encode_detail(probe, c))["d"] == ""  # no method: one flow
+
+
+# -- the dispatch policies' columns and dump_flows (not Kubernetes') ---------------------------
+
+def _policy_ledger():
+    """A real ledger with a maxmin level (C=4) holding a reservation for a 4-seat head, a
+    kubernetes level with requests waiting, and an exempt level."""
+    from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec
+    from apf_gunicorn.ledger.lock import NullLock
+
+    cap = Capacity(slots=32, levels=4, queues=64)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
+    names, _ = led.configure([LevelSpec("mm", 8, 2, 8, 4, "maxmin"),
+                              LevelSpec("k8s", 8, 2, 8, 4),
+                              LevelSpec("exempt", -1, 0, 0, 0, None)], ["fs", "other"], 0)
+    mm, k8s = names["mm"], names["k8s"]
+    alice = [led.admit(mm, 1, 1, 0, 0, 0, 10, detail=encode_detail_fields(d="alice"))
+             for _ in range(3)]
+    assert led.admit(mm, 2, 4, 0, 0, 0, 20, detail=encode_detail_fields(d="bob")).outcome == \
+        "queued"  # 4 seats, 1 free: reserved
+    assert led.admit(mm, 3, 1, 0, 0, 0, 30, fs_index=1,
+                     detail=encode_detail_fields(d="carol")).outcome == "queued"
+    led.finish(alice[0].slot, alice[0].gen, SEC)  # alice learns 1 s; carol may not backfill
+    for _ in range(6):
+        led.admit(k8s, 5, 1, 0, 0, 0, 40)
+    return led
+
+
+def test_default_dumps_keep_kubernetes_columns_on_every_policy() -> None:
+    snap = _policy_ledger().snapshot(2 * SEC)
+    levels = [[c.strip() for c in line.split(",")]
+              for line in dump_priority_levels(snap).splitlines()]
+    assert levels[0] == list(LEVEL_HEADERS) and all(len(r) == 10 for r in levels)
+    assert [r[0] for r in levels[1:]] == ["exempt", "k8s", "mm"]
+    queues = [[c.strip() for c in line.split(",")] for line in dump_queues(snap).splitlines()]
+    assert queues[0] == list(QUEUE_HEADERS) and all(len(r) == 9 for r in queues)
+    # maxmin keeps no per-queue virtual time: its NextDispatchR is left empty, not stale
+    assert {r[5] for r in queues[1:] if r[0] == "mm"} == {""}
+    k8s = [r[5] for r in queues[1:] if r[0] == "k8s"]
+    assert len(k8s) == 8 and all(c.endswith("ss") for c in k8s) and "0.00000000ss" in k8s
+    assert max(k8s) > "0.00000000ss"
+
+
+def test_fairness_columns_name_the_policy_and_its_virtual_time() -> None:
+    snap = NS(now=0, flow_schema_names=[], levels=[
+        level("global-default", desired_queues=2, current_r=150_000_000, fairness="kubernetes",
+              queues=[queue(0, next_dispatch_r=300_000_000)]),
+        level("workload-low", desired_queues=1, fairness="maxmin", maxmin={
+            "v": 2_500_000_000, "reserved": 0xBEEF, "reservations": 3,
+            "flows": {0xBEEF: {}, 7: {}}}, queues=[queue(0, next_dispatch_r=999)]),
+        level("exempt", desired_queues=-1, fairness="kubernetes"),
+    ])
+    assert dump_priority_levels(snap, include_fairness=True).splitlines()[0].endswith(
+        "CancelledRequests, Fairness,   VirtualTime,  ActiveFlows, ReservedFlow,     "
+        "Reservations")
+    text = dump_priority_levels(snap, include_fairness=True)
+    at = text.index("Fairness")  # Kubernetes' columns come first, as without the flag
+    assert text.splitlines()[0][:at].rstrip(" ,") == dump_priority_levels(snap).splitlines()[0]
+    rows = [line[at:] for line in text.splitlines()]
+    assert rows == [
+        "Fairness,   VirtualTime,  ActiveFlows, ReservedFlow,     Reservations",
+        ",           ,             ,            ,                 ",
+        "kubernetes, 1.50000000ss, ,            ,                 ",
+        "maxmin,     2.50000000ss, 2,           000000000000beef, 3",
+    ]
+    assert dump_queues(snap, include_fairness=True) == (
+        "PriorityLevelName, Index,  PendingRequests, ExecutingRequests, SeatsInUse, NextDispatchR, InitialSeatsSum, MaxSeatsSum, TotalWorkSum, Fairness,   VirtualTime\n"
+        "global-default,    0,      0,               0,                 0,          3.00000000ss,  0,               0,           0.00000000ss, kubernetes, 1.50000000ss\n"
+        "workload-low,      0,      0,               0,                 0,          ,              0,               0,           0.00000000ss, maxmin,     2.50000000ss\n"
+    )
+
+
+def test_dump_flows_lists_each_maxmin_flow_against_v() -> None:
+    led = _policy_ledger()
+    snap = led.snapshot(2 * SEC)
+    rows = [[c.strip() for c in line.split(",")] for line in dump_flows(snap).splitlines()]
+    assert rows[0] == list(FLOW_HEADERS)
+    mm = next(lv for lv in snap.levels if lv.name == "mm").maxmin
+    v = mm["v"]
+    by_name = {r[3]: r for r in rows[1:]}
+    assert [r[0] for r in rows[1:]] == ["mm"] * 3  # kubernetes and exempt levels: no rows
+    assert by_name["bob"][1:3] == ["0000000000000002", "fs"]
+    assert by_name["carol"][2] == "other"
+    # bob and carol wait at V; alice runs ahead by her two charged requests
+    assert by_name["bob"][4] == by_name["carol"][4] == "0.00000000ss"
+    alice_tag = mm["flows"][1]["tag"]
+    assert by_name["alice"][4] == format_signed_seat_seconds(alice_tag - v)
+    assert by_name["alice"][4] != "0.00000000ss"
+    assert [r[3] for r in rows[1:]][-1] == "alice"  # ordered by start tag
+    assert by_name["alice"][5:9] == ["0", "2", "2", "999.99999ms"]  # learnt from the finish
+    assert by_name["bob"][5:9] == ["1", "0", "0", ""]  # nothing finished: no estimate yet
+    assert [r[10] for r in rows[1:]].count("true") == 1 and by_name["bob"][10] == "true"
+    levels = [[c.strip() for c in line.split(",")]
+              for line in dump_priority_levels(snap, include_fairness=True).splitlines()]
+    mm_row = next(r for r in levels if r[0] == "mm")
+    assert mm_row[10:] == ["maxmin", format_seat_seconds(v // 10), "3", "0000000000000002", "1"]
+    assert reserved_head_seats(next(lv for lv in snap.levels if lv.name == "mm")) == 4
+
+
+def test_signed_seat_seconds_and_tags_across_the_wrap() -> None:
+    assert format_signed_seat_seconds(-250_000_000) == "-0.25000000ss"
+    assert format_signed_seat_seconds(1_500_000_000) == "1.50000000ss"
+    assert format_signed_seat_seconds(-5) == "0.00000000ss"  # below 1e-8: no "-0"
+    top = (1 << 64) - 1_000_000_000  # V one seat-second before the uint64 wrap
+    assert tag_minus_v_ns(1_000_000_000, top) == 2_000_000_000
+    assert tag_minus_v_ns(top, 1_000_000_000) == -2_000_000_000

@@ -343,3 +343,74 @@ def test_epoch_advance_total_follows_the_ledger() -> None:
     assert got[key_fail] == 1
     snap_level = next(lv for lv in led.snapshot(0).levels if lv.name == "busy")
     assert (snap_level.epoch_advances, snap_level.epoch_advance_failures) == (1, 1)
+
+
+def test_dispatch_policy_and_virtual_time_per_level() -> None:
+    """Each queuing level names its policy (an info series) and exports the virtual time that
+    policy orders by: R under kubernetes, V under maxmin; maxmin levels also export their
+    active flows and the seats held for a reserved wide head. Exempt levels have none."""
+    from apf_gunicorn.ledger import QUEUED, Capacity, Ledger, LevelSpec
+
+    sec = 1_000_000_000
+    cap = Capacity(levels=4, queues=32, slots=16, workers=2, flow_schemas=2, detail_bytes=16)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, _ = led.configure([LevelSpec("mm", 8, 2, 8, 4, "maxmin"), LevelSpec("k8s", 8, 2, 8, 4),
+                               LevelSpec("exempt", -1, 0, 0, 0, None)], ["fs"], 0)
+    mm, k8s = levels["mm"], levels["k8s"]
+    col = LedgerCollector("apf", lambda: MasterView(ledger=led, workers=1, clock=lambda: 0))
+    got = _scrape(col)
+    assert got[_k("apf_dispatch_policy_info", priority_level="mm", fairness="maxmin")] == 1
+    assert got[_k("apf_dispatch_policy_info", priority_level="k8s", fairness="kubernetes")] == 1
+    assert not any('"exempt"' in k for k in got if "policy" in k or "virtual" in k)
+    assert got[_k("apf_active_flows", priority_level="mm")] == 0
+    assert got[_k("apf_reserved_seats", priority_level="mm")] == 0
+    assert not any("k8s" in k for k in got if "flows" in k or "reserv" in k)
+
+    first = [led.admit(mm, 1, 1, 0, 0, 0, 10) for _ in range(3)]
+    assert led.admit(mm, 2, 4, 0, 0, 0, 20).outcome == QUEUED  # 4 seats wide, 1 free
+    led.finish(first[0].slot, first[0].gen, sec)
+    for _ in range(6):
+        led.admit(k8s, 5, 1, 0, 0, 0, 40)
+    led.admit(k8s, 6, 1, 0, 0, 0, 2 * sec)  # R moves while k8s's queues are busy
+    snap = led.snapshot(3 * sec)
+    lv = {x.name: x for x in snap.levels}
+    got = _scrape(col)
+    assert got[_k("apf_virtual_time_seat_seconds", priority_level="mm", fairness="maxmin")] == \
+        lv["mm"].maxmin["v"] / 1e9 > 0
+    assert got[_k("apf_virtual_time_seat_seconds", priority_level="k8s",
+                  fairness="kubernetes")] == lv["k8s"].current_r / 1e8 > 0
+    assert got[_k("apf_active_flows", priority_level="mm")] == 2
+    assert got[_k("apf_reserved_seats", priority_level="mm")] == 4
+    assert got[_k("apf_reservations_total", priority_level="mm")] == 1
+
+
+def test_metrics_text_passes_promtool(tmp_path) -> None:
+    """The whole /metrics text (both policies, borrowing, request stats) passes
+    ``promtool check metrics``, Prometheus' own linter (apt-get install prometheus)."""
+    import shutil
+
+    import pytest
+    from prometheus_client import generate_latest
+
+    from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    cap = Capacity(levels=4, queues=32, slots=16, workers=2, flow_schemas=2, detail_bytes=16)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, _ = led.configure([LevelSpec("mm", 8, 2, 8, 4, "maxmin"), LevelSpec("k8s", 8, 2, 8, 4),
+                               LevelSpec("exempt", -1, 0, 0, 0, None)], ["fs"], 0)
+    for level in ("mm", "k8s"):
+        for h in range(6):
+            led.admit(levels[level], h % 3, 1 + h % 2, 0, 0, 0, 10 + h)
+    states = BorrowingStates()
+    states["mm"] = BorrowingState(current_limit=4, smoothed=3.5, avg=3.0, stddev=0.5,
+                                  high_watermark=4, target=4.0)
+    view = MasterView(ledger=led, level_limits={"mm": NS(nominal=4, lower=2, upper=8)},
+                      borrowing=states, workers=1, clock=lambda: 100)
+    text = generate_latest(build_registry("apf", lambda: view)).decode()
+    assert "apf_virtual_time_seat_seconds{" in text and "apf_reserved_seats{" in text
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -286,6 +286,103 @@ def test_dumps_layout_and_consistency_with_parked_requests(server_factory):
         assert all(c.statuses == [200] for c in clients)
 
 
+def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
+    """Under APF_FAIRNESS=maxmin, 22 one-seat requests hold 22 of the level's 24 seats and a
+    4-seat request waits: the level reserves for it. The admin endpoint shows that state the
+    same way in every view: the fairness columns of dump_priority_levels, dump_flows, /metrics
+    (also checked by promtool when installed) and `apf-gunicorn dump`; Kubernetes' default
+    text is unchanged."""
+    import contextlib
+    import io
+    import shutil
+    import subprocess
+
+    from apf_gunicorn.cli import main as cli_main
+
+    aport = free_port()
+    env = admin_env(aport, APF_CONCURRENCY_LIMIT="24", APF_FAIRNESS="maxmin",
+                    APP_FAIR_LOG=os.devnull)
+    with server_factory(workers=2, threads=32, env=env, config=str(APPS / "fair.yaml"),
+                        args=("tests.apps.fair_app:app",)) as srv:
+        # the wide flow finishes one request first: it has a learnt service time
+        assert srv.request("/w4?ms=1", headers={"X-Remote-User": "wide"})[0] == 200
+        stop = threading.Event()
+        narrow = [Client(srv.port, "/w1?ms=8000", user=f"n{i}", count=1, stop=stop)
+                  for i in range(22)]
+        wide = Client(srv.port, "/w4?ms=1", user="wide", count=1, stop=stop)
+        for c in narrow:
+            c.start()
+        try:
+            assert srv.wait_for(lambda: srv.level("fair").requests_executing == 22, timeout=15)
+            wide.start()
+            assert srv.wait_for(
+                lambda: gauge(scrape(aport), "apf_reserved_seats", "fair") == 4, timeout=5)
+            m = scrape(aport)
+            plain = admin_get(aport, DUMP + "dump_priority_levels")
+            levels = admin_get(aport, DUMP + "dump_priority_levels?includeFairness=1")
+            flows = admin_get(aport, DUMP + "dump_flows")
+            metrics_text = admin_get(aport, "/metrics")
+            cli = {}
+            for what in ("levels", "flows"):  # in-process: quick while the state holds
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    rc = cli_main(["dump", what, "--admin", f"127.0.0.1:{aport}"])
+                cli[what] = (rc, out.getvalue())
+            still_waiting = srv.level("fair").requests_waiting
+        finally:
+            stop.set()
+            for c in [*narrow, wide]:
+                c.join(30)
+        assert still_waiting == 1, "the wide request ran before the views were read"
+        assert all(c.statuses == [200] for c in [*narrow, wide])
+
+    # Kubernetes' text by default; the policy columns only when asked
+    assert plain.splitlines()[0] == LEVEL_HEADER
+    assert tabwriter(parse_dump(levels)) == levels
+    rows = parse_dump(levels)
+    col = {name: i for i, name in enumerate(rows[0])}
+    assert rows[0][:10] == LEVEL_HEADER.split(", ")
+    fair = next(r for r in rows if r[0] == "fair")
+    assert fair[col["Fairness"]] == "maxmin"
+    assert fair[col["ActiveFlows"]] == "23"
+    assert int(fair[col["Reservations"]]) >= 1
+    assert fair[col["VirtualTime"]].endswith("ss")
+    exempt = next(r for r in rows if r[0] == "exempt")
+    assert exempt[col["Fairness"]] == ""  # exempt levels have no dispatch policy
+
+    frows = parse_dump(flows)
+    fcol = {name: i for i, name in enumerate(frows[0])}
+    by_user = {r[fcol["FlowDistinguisher"]]: r for r in frows[1:] if r[0] == "fair"}
+    assert set(by_user) == {"wide"} | {f"n{i}" for i in range(22)}
+    w = by_user["wide"]
+    assert (w[fcol["WaitingRequests"]], w[fcol["ExecutingRequests"]], w[fcol["Reserved"]]) == \
+        ("1", "0", "true")
+    assert w[fcol["FlowHash"]] == fair[col["ReservedFlow"]]
+    assert w[fcol["ServiceEstimate"]] != ""  # learnt from its first request
+    assert w[fcol["FlowSchemaName"]] == "fair"
+    for i in range(22):
+        n = by_user[f"n{i}"]
+        assert (n[fcol["ExecutingRequests"]], n[fcol["SeatsInUse"]], n[fcol["Reserved"]]) == \
+            ("1", "1", "false")
+
+    assert m[("apf_dispatch_policy_info", (("fairness", "maxmin"),
+                                           ("priority_level", "fair")))] == 1
+    assert gauge(m, "apf_active_flows", "fair") == 23
+    assert m[("apf_virtual_time_seat_seconds", (("fairness", "maxmin"),
+                                                ("priority_level", "fair")))] >= 0
+    assert gauge(m, "apf_reservations_total", "fair") >= 1
+    promtool = shutil.which("promtool")
+    if promtool:
+        out = subprocess.run([promtool, "check", "metrics"], input=metrics_text,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    assert cli["levels"][0] == 0
+    cli_fair = next(r for r in parse_dump(cli["levels"][1]) if r[0] == "fair")
+    assert cli_fair[col["Fairness"]] == "maxmin"
+    assert cli["flows"][0] == 0 and "wide" in cli["flows"][1]
+
+
 # -- server-wide Retry-After ------------------------------------------------------------------
 
 def test_retry_after_grows_on_every_worker(server_factory):

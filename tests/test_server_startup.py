@@ -61,17 +61,36 @@ def test_apf_fairness_maxmin_serves_and_is_named(server_factory):
 
 
 def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
-    """A HUP whose configuration annotates a level maxmin is applied in place, and the level
-    keeps serving under its new policy."""
+    """A HUP whose configuration annotates a level maxmin is applied in place, the level keeps
+    serving under its new policy, and the admin endpoint says so: the dump's Fairness column
+    (also through `apf-gunicorn dump levels`) and the dispatch-policy series change from
+    kubernetes to maxmin for that level only."""
     import os
     import shutil
     import signal
+    import subprocess
+    import sys
 
-    from tests.conftest import APPS
+    from tests.conftest import APPS, free_port
+    from tests.test_server_observability import DUMP, admin_get, parse_dump, scrape
 
+    def policies() -> dict[str, str]:
+        rows = parse_dump(admin_get(aport, DUMP + "dump_priority_levels?includeFairness=1"))
+        col = rows[0].index("Fairness")
+        return {r[0]: r[col] for r in rows[1:]}
+
+    def info(level: str) -> set[str]:
+        return {dict(labels)["fairness"] for (name, labels), v in scrape(aport).items()
+                if name == "apf_dispatch_policy_info" and dict(labels)["priority_level"] == level
+                and v == 1}
+
+    aport = free_port()
     cfg = tmp_path / "apf.yaml"
     shutil.copy(APPS / "apf.yaml", cfg)
-    with server_factory(workers=1, threads=4, config=str(cfg)) as srv:
+    with server_factory(workers=1, threads=4, config=str(cfg),
+                        env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}"}) as srv:
+        before = policies()
+        assert before["work"] == "kubernetes" and info("work") == {"kubernetes"}
         text = cfg.read_text()
         marked = "metadata: {name: work, uid: uid-pl-work}"
         assert marked in text
@@ -84,6 +103,15 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
         for _ in range(3):
             status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
             assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
+        after = policies()
+        assert after["work"] == "maxmin" and info("work") == {"maxmin"}
+        assert {k: v for k, v in after.items() if k != "work"} == \
+            {k: v for k, v in before.items() if k != "work"}  # the other levels unchanged
+        cli = subprocess.run([sys.executable, "-m", "apf_gunicorn", "dump", "levels", "--admin",
+                              f"127.0.0.1:{aport}"], capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        rows = parse_dump(cli.stdout)
+        assert next(r for r in rows if r[0] == "work")[rows[0].index("Fairness")] == "maxmin"
 
 
 def test_path_form_config_serves_with_apf(server_factory):

@@ -1,7 +1,10 @@
-"""`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests [--details]`.
+"""`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests|flows [--details] [--kubernetes]`.
 
-Fetches one of the Kubernetes debug dumps from a running server's admin endpoint and prints it.
-The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in default.
+Fetches one of the debug dumps from a running server's admin endpoint and prints it. ``levels``
+and ``queues`` end with each level's dispatch policy and virtual time (``?includeFairness=1``)
+unless ``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
+``maxmin`` levels. The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in
+default.
 
     $ apf-gunicorn dump requests --details --admin 127.0.0.1:9180
 """
@@ -16,7 +19,8 @@ import urllib.request
 
 from apf_gunicorn.server.admin import DEFAULT_BIND, DUMP_PREFIX, parse_bind
 
-WHAT = {"levels": "dump_priority_levels", "queues": "dump_queues", "requests": "dump_requests"}
+WHAT = {"levels": "dump_priority_levels", "queues": "dump_queues", "requests": "dump_requests",
+        "flows": "dump_flows"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,16 +29,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"admin endpoint (default: $APF_ADMIN_BIND or {DEFAULT_BIND})")
     parser.add_argument("--details", action="store_true",
                         help="requests: add user, verb, path and resource columns")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="levels, queues: Kubernetes' exact columns, without the dispatch "
+                             "policy and virtual time appended")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
 
 
-def url_for(admin: str, what: str, details: bool) -> str:
+def url_for(admin: str, what: str, details: bool, kubernetes: bool = False) -> str:
+    """The dump's URL on the admin endpoint ``admin`` (``HOST:PORT``).
+
+    Args:
+        admin: the admin endpoint's address; what: a key of :data:`WHAT`;
+        details: requests: ask for the request details;
+        kubernetes: levels, queues: leave out the fairness columns.
+    Returns:
+        The URL.
+    Raises:
+        ValueError: ``admin`` is not ``HOST:PORT``.
+    """
     host, port = parse_bind(admin)
     if ":" in host:
         host = f"[{host}]"
     url = f"http://{host}:{port}{DUMP_PREFIX}{WHAT[what]}"
     if details and what == "requests":
         url += "?includeRequestDetails=1"
+    elif what in ("levels", "queues") and not kubernetes:
+        url += "?includeFairness=1"
     return url
 
 
@@ -45,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
               "pass --admin HOST:PORT", file=sys.stderr)
         return 2
     try:
-        url = url_for(admin, args.what, args.details)
+        url = url_for(admin, args.what, args.details, args.kubernetes)
     except ValueError as exc:
         print(f"apf-gunicorn dump: {exc}", file=sys.stderr)
         return 2

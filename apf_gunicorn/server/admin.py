@@ -14,7 +14,9 @@ metrics prefix). Paths:
   counters and histograms, exact gauges), plus the application's own multiprocess files when
   ``PROMETHEUS_MULTIPROC_DIR`` is set;
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
-  ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns);
+  ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
+  text; ``?includeFairness=1`` appends each level's dispatch policy and virtual time to the
+  first two; ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
   at least one worker has registered, else 503;
 * anything else: 404.
@@ -53,6 +55,7 @@ log = logging.getLogger("apf_gunicorn.admin")
 
 DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
+DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows")
 TEXT = "text/plain; charset=utf-8"
 # Connections open at once; more are answered BUSY at once, from the accept loop.
 MAX_CONNECTIONS = 256
@@ -67,6 +70,12 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             505: "HTTP Version Not Supported"}
 _DRAIN_S = 1.0  # after the response: how long unread request bytes are drained before close
 MAX_DRAINING = 1024  # answered connections draining at once (each at most _DRAIN_S)
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    """A dump's boolean query parameter: any non-empty value turns it on (Kubernetes'
+    ``includeRequestDetails`` rule)."""
+    return any(v for v in query.get(name, []))
 
 
 def parse_bind(bind: str | tuple[str, int]) -> tuple[str, int]:
@@ -395,18 +404,21 @@ class AdminServer:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry())
         if path.startswith(DUMP_PREFIX):
             name = path[len(DUMP_PREFIX):]
-            if name not in ("dump_priority_levels", "dump_queues", "dump_requests"):
+            if name not in DUMPS:
                 return 404, TEXT, b"404 page not found\n"
             view = self.state_provider()
             if view is None or view.ledger is None:
                 return 503, TEXT, b"not ready: ledger not configured\n"
             snap = view.ledger.snapshot(view.clock())
+            fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":
-                text = dumps.dump_priority_levels(snap)
+                text = dumps.dump_priority_levels(snap, include_fairness=fairness)
             elif name == "dump_queues":
-                text = dumps.dump_queues(snap)
+                text = dumps.dump_queues(snap, include_fairness=fairness)
+            elif name == "dump_flows":
+                text = dumps.dump_flows(snap)
             else:
-                details = any(v for v in query.get("includeRequestDetails", []))
-                text = dumps.dump_requests(snap, include_details=details)
+                text = dumps.dump_requests(snap, include_details=_flag(query,
+                                                                       "includeRequestDetails"))
             return 200, TEXT, text.encode()
         return 404, TEXT, b"404 page not found\n"

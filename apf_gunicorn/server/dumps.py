@@ -1,4 +1,4 @@
-"""The three Kubernetes APF debug dumps, rendered from a ledger snapshot.
+"""The Kubernetes APF debug dumps, and our dispatch policies' state, from a ledger snapshot.
 
 ``dump_priority_levels``, ``dump_queues`` and ``dump_requests`` produce exactly the text of
 kube-apiserver's ``/debug/api_priority_and_fairness/dump_*`` endpoints (``apf_controller_debug.go``):
@@ -6,6 +6,15 @@ comma-terminated cells aligned as Go's ``text/tabwriter`` (minwidth 8, padding 1
 
     snap = ledger.snapshot(time.monotonic_ns())
     print(dump_priority_levels(snap), end="")
+
+The dispatch policy of each level (``kubernetes`` or ``maxmin``, docs/fairness.md) and the
+virtual time it orders by are added the way Kubernetes adds request details: columns appended
+after Kubernetes' own, only when asked (``include_fairness=True``, the endpoint's
+``?includeFairness=1``), so the default text stays Kubernetes' byte for byte. Kubernetes' dumps
+have no flows; :func:`dump_flows` (``dump_flows``) lists every active flow of each ``maxmin``
+level: its start tag relative to the level's V, its requests and seats, its learnt service time.
+Under ``maxmin`` the queues only decide admission, and the per-queue ``NextDispatchR`` word is
+not maintained: ``dump_queues`` leaves that cell empty on ``maxmin`` levels.
 
 Request details (user, verb, path, ...) come from the opaque ``detail`` bytes the middleware
 stores with each slot. :func:`encode_detail` writes them and :func:`decode_detail` reads them
@@ -42,6 +51,9 @@ _ATTR_FIELDS = (  # RequestAttributes field for each detail key after the distin
     ("g", "api_group"), ("ver", "api_version"), ("r", "resource"), ("sr", "subresource"),
 )
 _SS_SCALE = 100_000_000  # SeatSeconds fixed point: 1e-8 seat-seconds
+_NS_PER_SS_UNIT = 10  # maxmin's tags and V are seat-ns: 10 seat-ns per SeatSeconds unit
+_U64 = (1 << 64) - 1
+MAXMIN = "maxmin"
 
 LEVEL_HEADERS = (
     "PriorityLevelName", "ActiveQueues", "IsIdle", "IsQuiescing", "WaitingRequests",
@@ -59,6 +71,13 @@ REQUEST_HEADERS = (
 )
 REQUEST_DETAIL_HEADERS = (
     "UserName", "Verb", "APIPath", "Namespace", "Name", "APIVersion", "Resource", "SubResource",
+)
+# appended with include_fairness (not Kubernetes' columns)
+LEVEL_FAIRNESS_HEADERS = ("Fairness", "VirtualTime", "ActiveFlows", "ReservedFlow", "Reservations")
+QUEUE_FAIRNESS_HEADERS = ("Fairness", "VirtualTime")
+FLOW_HEADERS = (
+    "PriorityLevelName", "FlowHash", "FlowSchemaName", "FlowDistinguisher", "StartTag",
+    "WaitingRequests", "ExecutingRequests", "SeatsInUse", "ServiceEstimate", "Parked", "Reserved",
 )
 
 
@@ -160,27 +179,174 @@ def _sorted_levels(snapshot: Any) -> list:
     return sorted(snapshot.levels, key=lambda lv: lv.name)
 
 
-def dump_priority_levels(snapshot: Any) -> str:
-    rows = [list(LEVEL_HEADERS)]
+# -- the dispatch policies' state --------------------------------------------------------------
+
+def level_fairness(lv: Any) -> str:
+    """The dispatch policy of a level's snapshot: ``"kubernetes"`` or ``"maxmin"``, or ``""``
+    for a level that never queues (exempt, or ``limitResponse.type: Reject``), which has no
+    policy to run."""
+    if getattr(lv, "desired_queues", 0) <= 0:
+        return ""
+    return getattr(lv, "fairness", None) or "kubernetes"
+
+
+def virtual_time(lv: Any) -> int | None:
+    """The virtual time a level's policy orders by, in SeatSeconds units (1e-8 seat-seconds):
+    Kubernetes' R under ``kubernetes`` (as of the level's last operation), V under ``maxmin``
+    (the start tag in service; seat-ns modulo 2^64, shown to 1e-8); None on a level without a
+    policy or without ``maxmin`` state in the snapshot."""
+    policy = level_fairness(lv)
+    if policy == MAXMIN:
+        mm = getattr(lv, "maxmin", None)
+        return None if mm is None else (mm["v"] & _U64) // _NS_PER_SS_UNIT
+    return lv.current_r if policy else None
+
+
+def tag_minus_v_ns(tag: int, v: int) -> int:
+    """A start tag relative to V, in seat-ns: the uint64 words' signed difference (the way the
+    ledger compares them, so it is right across a wrap)."""
+    d = (tag - v) & _U64
+    return d - (1 << 64) if d >> 63 else d
+
+
+def format_signed_seat_seconds(ns: int) -> str:
+    """Seat-ns as SeatSeconds text with a sign when negative: ``-0.25000000ss``."""
+    units = abs(ns) // _NS_PER_SS_UNIT
+    return ("-" if ns < 0 and units else "") + format_seat_seconds(units)
+
+
+def format_flow_hash(h: int) -> str:
+    """A flow's 64-bit hash as 16 hex digits (the ``FlowHash`` and ``ReservedFlow`` cells)."""
+    return f"{h & _U64:016x}"
+
+
+def reserved_head_seats(lv: Any) -> int:
+    """The seats the reserved flow's head (its oldest waiting request) needs on a ``maxmin``
+    level: the seats the level is holding free for it. 0 when nothing is reserved (or the
+    reserved flow has nothing waiting left, after a cancel)."""
+    mm = getattr(lv, "maxmin", None)
+    if level_fairness(lv) != MAXMIN or not mm or mm.get("reserved") is None:
+        return 0
+    flow = mm["reserved"]
+    waiting = [r for r in lv.requests if r.flow_hash == flow and _state(r) == "waiting"]
+    if not waiting:
+        return 0
+    head = min(waiting, key=lambda r: (r.arrive_ns, r.slot))
+    return max(head.initial_seats, head.final_seats)
+
+
+def _level_fairness_cells(lv: Any) -> list[str]:
+    policy = level_fairness(lv)
+    vt = virtual_time(lv)
+    cells = [policy, "" if vt is None else format_seat_seconds(vt)]
+    mm = getattr(lv, "maxmin", None)
+    if policy == MAXMIN and mm is not None:
+        reserved = mm.get("reserved")
+        cells += [str(len(mm["flows"])), "" if reserved is None else format_flow_hash(reserved),
+                  str(mm.get("reservations", 0))]
+    else:
+        cells += ["", "", ""]
+    return cells
+
+
+# -- the dumps --------------------------------------------------------------------------------
+
+def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
+    """Kubernetes' ``dump_priority_levels``: one row per level, by name.
+
+    Args:
+        snapshot: a :class:`~apf_gunicorn.ledger.records.Snapshot`.
+        include_fairness: append ``Fairness`` (the level's policy; empty on exempt and reject
+            levels), ``VirtualTime`` (R or V, :func:`virtual_time`), and under ``maxmin``
+            ``ActiveFlows``, ``ReservedFlow`` (hash of the flow seats are held for, empty when
+            none) and ``Reservations`` (reservations made so far).
+    Returns:
+        The text, Kubernetes' exact layout when ``include_fairness`` is false.
+    """
+    rows = [list(LEVEL_HEADERS) + (list(LEVEL_FAIRNESS_HEADERS) if include_fairness else [])]
     for lv in _sorted_levels(snapshot):
         active = sum(1 for q in lv.queues if q.waiting > 0)
         idle = lv.requests_waiting == 0 and lv.requests_executing == 0
-        rows.append([
+        row = [
             lv.name, str(active), _bool(idle), _bool(lv.quiescing), str(lv.requests_waiting),
             str(lv.requests_executing), str(lv.dispatched), str(lv.rejected), str(lv.timedout),
             str(lv.cancelled),
-        ])
+        ]
+        if include_fairness:
+            row += _level_fairness_cells(lv)
+        rows.append(row)
     return tabwrite(rows)
 
 
-def dump_queues(snapshot: Any) -> str:
-    rows = [list(QUEUE_HEADERS)]
+def dump_queues(snapshot: Any, include_fairness: bool = False) -> str:
+    """Kubernetes' ``dump_queues``: one row per queue of each queuing level.
+
+    ``NextDispatchR`` is empty on ``maxmin`` levels (that policy orders flows, not queues, and
+    does not keep the word; see :func:`dump_flows`).
+
+    Args:
+        snapshot: a :class:`~apf_gunicorn.ledger.records.Snapshot`.
+        include_fairness: append ``Fairness`` and ``VirtualTime`` (the level's R or V, to read
+            each queue's ``NextDispatchR`` against).
+    Returns:
+        The text, Kubernetes' exact layout when ``include_fairness`` is false.
+    """
+    rows = [list(QUEUE_HEADERS) + (list(QUEUE_FAIRNESS_HEADERS) if include_fairness else [])]
     for lv in _sorted_levels(snapshot):
+        maxmin = level_fairness(lv) == MAXMIN
+        extra = _level_fairness_cells(lv)[:2] if include_fairness else []
         for q in sorted(lv.queues, key=lambda q: q.index):
             rows.append([
                 lv.name, str(q.index), str(q.waiting), str(q.executing), str(q.seats_in_use),
-                format_seat_seconds(q.next_dispatch_r), str(q.initial_seats_sum),
-                str(q.max_seats_sum), format_seat_seconds(q.total_work_sum),
+                "" if maxmin else format_seat_seconds(q.next_dispatch_r),
+                str(q.initial_seats_sum), str(q.max_seats_sum),
+                format_seat_seconds(q.total_work_sum), *extra,
+            ])
+    return tabwrite(rows)
+
+
+def dump_flows(snapshot: Any) -> str:
+    """Every active flow (a request waiting or executing) of every ``maxmin`` level, by level
+    name then start tag (the dispatch order among backlogged flows); other levels have no rows.
+
+    Columns: ``FlowHash`` (16 hex digits, as ``ReservedFlow``), ``FlowSchemaName`` and
+    ``FlowDistinguisher`` (from one of the flow's requests), ``StartTag`` (tag − V, seat-seconds:
+    how far ahead of the level's virtual time the flow is), ``WaitingRequests``,
+    ``ExecutingRequests``, ``SeatsInUse``, ``ServiceEstimate`` (its learnt service time, empty
+    until its first request finishes), ``Parked`` (a new flow held at its equal share),
+    ``Reserved`` (seats are being held free for its head).
+
+    Args:
+        snapshot: a :class:`~apf_gunicorn.ledger.records.Snapshot`.
+    Returns:
+        The text, in the dumps' tabwriter layout.
+    """
+    fs_names = list(snapshot.flow_schema_names)
+    rows = [list(FLOW_HEADERS)]
+    for lv in _sorted_levels(snapshot):
+        mm = getattr(lv, "maxmin", None)
+        if level_fairness(lv) != MAXMIN or not mm:
+            continue
+        v = mm["v"]
+        sample: dict[int, Any] = {}
+        for req in lv.requests:
+            if req.flow_hash not in sample or _state(req) == "waiting":
+                sample[req.flow_hash] = req
+        flows = sorted(mm["flows"].items(),
+                       key=lambda kv: (tag_minus_v_ns(kv[1]["tag"], v), kv[0]))
+        for h, f in flows:
+            req = sample.get(h)
+            fs = detail = ""
+            if req is not None:
+                if 0 <= req.fs_index < len(fs_names):
+                    fs = fs_names[req.fs_index]
+                detail = decode_detail(req.detail)["d"]
+            est = f["estimate_ns"]
+            rows.append([
+                lv.name, format_flow_hash(h), fs, detail,
+                format_signed_seat_seconds(tag_minus_v_ns(f["tag"], v)), str(f["waiting"]),
+                str(f["executing"]), str(f["seats"]), "" if est is None else format_duration(est),
+                _bool(f["parked"]), _bool(h == mm.get("reserved")),
             ])
     return tabwrite(rows)
 
