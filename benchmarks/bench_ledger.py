@@ -284,7 +284,9 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
     results = {}
     try:
         hello = json.loads(ask("hello"))
-        print(f"baseline: {hello['package']} (policies {', '.join(base.policies)})")
+        print(base.describe())
+        if hello["package"] != base.package or hello["levelspec_field"] != base.levelspec_field:
+            raise RuntimeError(f"the benchmark's child imported {hello}, not {base}")
         notes = [n for n in (base.runs(p)[1] for p in policies) if n]
         for note in notes:
             print(f"note: {note}")

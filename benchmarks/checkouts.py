@@ -80,6 +80,12 @@ class Checkout(NamedTuple):
     levelspec_field: bool  # its LevelSpec has a ``fairness`` field
     selectable: bool  # it has flowcontrol/fairness.py, so its server reads APF_FAIRNESS
 
+    def describe(self) -> str:
+        """One line for a benchmark's output: where the package is, what it runs."""
+        return (f"baseline {self.package}: policies {', '.join(self.policies)}; LevelSpec "
+                f"{'has' if self.levelspec_field else 'has no'} fairness field; its server "
+                f"{'reads' if self.selectable else 'predates'} APF_FAIRNESS")
+
     def runs(self, policy: str) -> tuple[str, str]:
         """The policy this checkout runs when ``policy`` is asked for, and a note.
 
