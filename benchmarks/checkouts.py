@@ -128,7 +128,9 @@ def inspect_checkout(root: Path) -> Checkout:
 
 def build_extension(root: Path) -> None:
     """Compile a checkout's C fast path in place, when it is not built yet and gcc exists (pip
-    would reinstall the venv's own); without it that checkout runs the pure-Python paths.
+    would reinstall the venv's own); without it that checkout runs the pure-Python paths. The
+    flags are those a ``pip install`` gives this tree's extension (Python's own ``CFLAGS``,
+    then setup.py's), so a baseline and this commit are compiled alike.
 
     Args:
         root: the checkout's top directory.
@@ -139,6 +141,7 @@ def build_extension(root: Path) -> None:
     src = root / "apf_gunicorn" / "ledger" / "_fastpath.c"
     out = src.with_name("_fastpath" + sysconfig.get_config_var("EXT_SUFFIX"))
     if src.exists() and not out.exists() and shutil.which("gcc"):
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-ffp-contract=off",
+        python_flags = (sysconfig.get_config_var("CFLAGS") or "").split()
+        subprocess.run(["gcc", "-shared", "-fPIC", *python_flags, "-O2", "-ffp-contract=off",
                         "-fno-strict-aliasing", f"-I{sysconfig.get_paths()['include']}",
                         str(src), "-o", str(out)], check=True)

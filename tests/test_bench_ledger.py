@@ -1,7 +1,8 @@
 """benchmarks/bench_ledger.py, the ledger's cost benchmark, briefly under every policy this build
 has (``fairness.AVAILABLE``, so maxmin joins when it lands): each scenario reaches and keeps the
 steady state it claims (one dispatch per cycle; in ``flows x2`` every flow keeps 2 waiting), the
-policy reaches ``LevelSpec``, and ``--baseline`` runs its child protocol end to end (against
+policy reaches ``LevelSpec``, the requests admitted at once take the C fast path when it is
+built (as the server's do), and ``--baseline`` runs its child protocol end to end (against
 this checkout itself). No timing is asserted."""
 
 from __future__ import annotations
@@ -55,6 +56,34 @@ def test_each_scenario_keeps_its_steady_state(bench, policy, queues):
                 assert set(waiting.values()) == {2}
         finally:
             cleanup()
+
+
+@pytest.mark.parametrize("policy", fairness.AVAILABLE)
+def test_at_once_runs_what_the_server_runs(bench, policy):
+    """With the C extension bound, an admitted-at-once request never reaches a Python frame of
+    the ledger (the benchmark calls admit as the middleware does); without it, the Python
+    fast path runs."""
+    led, cleanup = bench._bytearray_ledger()
+    try:
+        run = bench._setup(led, 8, bench.AT_ONCE, policy)
+        run(5)  # the first admit creates the level's stats entry in Python
+        frames = []
+
+        def profile(frame, event, _arg):
+            if event == "call" and "apf_gunicorn" in frame.f_code.co_filename:
+                frames.append(frame.f_code.co_name)
+
+        sys.setprofile(profile)
+        try:
+            run(50)
+        finally:
+            sys.setprofile(None)
+        if led.accelerated:
+            assert frames == []
+        else:
+            assert frames
+    finally:
+        cleanup()
 
 
 @pytest.mark.parametrize("policy", fairness.AVAILABLE)
