@@ -3,12 +3,13 @@ grows with the queue count.
 
     .venv/bin/python benchmarks/bench_ledger.py [--fairness kubernetes|maxmin|both]
                                                 [--cycles N] [--queues 8,128,1024]
-                                                [--baseline DIR [--reps N]]
+                                                [--baseline DIR [--reps N]] [--instructions]
 
 Per dispatch policy (``--fairness``; the default is both when this build's ledger has
 ``maxmin``, else ``kubernetes``, and the first line says which), for a bytearray with
 ``NullLock`` and for real POSIX shared memory with ``ProcessLock``, at 8, 128 and 1024 queues
-per level, three scenarios, each a steady state measured over ``--cycles`` admit+finish cycles:
+per level, three scenarios, each a steady state measured over ``--cycles`` admit+finish cycles
+(10 times as many for ``at once``):
 
 * ``at once``: 1000 seats, nothing waiting; every request is admitted at once and finished (the
   fast path: in C when the extension is built, since ``admit`` is called with all ten
@@ -35,6 +36,13 @@ machine matters more than anything else. A baseline without a policy (one that p
 ``LevelSpec.fairness``) runs ``kubernetes`` in that policy's rows, and the output says so. The
 summary gives, per policy, the range and geometric mean of the ratios and the flatness on both
 sides.
+
+``--instructions`` counts instead of timing (needs valgrind): each configuration on a bytearray
+runs in a child under callgrind, ``PYTHONHASHSEED=0``, and the instructions of its measured
+cycles (2000 by default, between two dump points) are divided by their number; with
+``--baseline`` the baseline's too. The counts do not move with the machine's load, so they
+settle what the wall-clock ratios (±10% here) cannot; about 8 s per configuration and side
+(~2.5 min per policy against a baseline).
 """
 
 from __future__ import annotations
@@ -46,8 +54,11 @@ import json
 import math
 import mmap
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -62,6 +73,9 @@ BUFFERS = ("bytearray+NullLock", "posix shm+ProcessLock")
 AT_ONCE, WAITING, FLOWS = "at once", "1000 waiting", "flows x2"
 SCENARIOS = (AT_ONCE, WAITING, FLOWS)
 QUEUES = (8, 128, 1024)
+#: ``at once`` runs this many times ``--cycles``: in C a cycle is ~50x cheaper than a queued
+#: one, and a repetition of a few milliseconds is at the mercy of one burst of machine load
+AT_ONCE_FACTOR = 10
 KUBERNETES = "kubernetes"
 
 
@@ -86,6 +100,11 @@ def _spec(queues: int, seats: int, policy: str) -> LevelSpec:
     if policy != KUBERNETES:
         raise ValueError(f"this ledger's LevelSpec has no fairness field: cannot run {policy}")
     return LevelSpec(*args)
+
+
+def _cycles(scenario: str, cycles: int) -> int:
+    """Cycles per repetition of ``scenario`` for ``--cycles``."""
+    return cycles * AT_ONCE_FACTOR if scenario == AT_ONCE else cycles
 
 
 def _setup(led: Ledger, queues: int, scenario: str, policy: str = KUBERNETES):
@@ -216,7 +235,7 @@ def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = 
         buffer: one of :data:`BUFFERS`.
         scenario: one of :data:`SCENARIOS`.
         queues: queues of the level.
-        cycles: cycles per repetition.
+        cycles: cycles per repetition (``at once``: :data:`AT_ONCE_FACTOR` times as many).
         policy: the level's dispatch policy.
         reps: repetitions.
     Returns:
@@ -225,7 +244,7 @@ def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = 
     led, cleanup = FACTORIES[buffer]()
     try:
         run = _setup(led, queues, scenario, policy)
-        return min(run(cycles) for _rep in range(reps)), led.accelerated
+        return min(run(_cycles(scenario, cycles)) for _rep in range(reps)), led.accelerated
     finally:
         cleanup()
 
@@ -310,9 +329,10 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
                                 print(f"WARNING: C fast path bound here: {led.accelerated}, "
                                       f"in the baseline: {reply}")
                             now = old = float("inf")
+                            n = _cycles(scenario, cycles)
                             for _ in range(reps):
-                                now = min(now, run(cycles))
-                                old = min(old, float(ask(f"rep {cycles}")))
+                                now = min(now, run(n))
+                                old = min(old, float(ask(f"rep {n}")))
                             ask("done")
                         finally:
                             cleanup()
@@ -336,26 +356,136 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
     return results
 
 
+def _count(spec: str) -> int:
+    """Child side of --instructions: one configuration ("scenario|queues|policy|cycles") on a
+    bytearray, warmed up, its measured cycles between two ``os.getppid()`` calls, at which
+    callgrind (``--dump-before=getppid``) writes a dump."""
+    scenario, queues, policy, cycles = spec.split("|")
+    led, cleanup = _bytearray_ledger()
+    run = _setup(led, int(queues), scenario, policy)
+    run(200)
+    os.getppid()
+    run(int(cycles))
+    os.getppid()
+    cleanup()
+    return 0
+
+
+def instructions_per_cycle(scenario: str, queues: int, policy: str, cycles: int,
+                           root: Path | None = None) -> float:
+    """Instructions per admit+finish cycle on a bytearray with ``NullLock``, counted by
+    callgrind in a child process: the same count whatever the machine's load.
+
+    Args:
+        scenario: one of :data:`SCENARIOS`.
+        queues: queues of the level.
+        policy: the level's dispatch policy.
+        cycles: the cycles counted (after 200 to warm up).
+        root: a checkout whose apf_gunicorn to measure (``PYTHONPATH``), or None for this one.
+    Returns:
+        User-space instructions per cycle (the benchmark's loop included, the same on both
+        sides of a comparison).
+    Raises:
+        subprocess.CalledProcessError: the child failed (its stderr is in the exception).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg")
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        if root is not None:
+            env["PYTHONPATH"] = str(root)
+        subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getppid",
+                        f"--callgrind-out-file={out}", sys.executable,
+                        str(Path(__file__).resolve()), "--count",
+                        f"{scenario}|{queues}|{policy}|{cycles}"],
+                       env=env, check=True, capture_output=True, text=True)
+        text = Path(out + ".2").read_text()
+    return int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1)) / cycles
+
+
+def _instructions(policies: list[str], queues: tuple[int, ...], cycles: int,
+                  baseline: str | None) -> dict:
+    """--instructions: per policy, scenario and queue count, instructions per cycle here (and
+    in the baseline, which runs kubernetes for a policy it lacks). Returns
+    ``{(policy, scenario, queues): (now, base or None)}``."""
+    from benchmarks.checkouts import build_extension, inspect_checkout
+
+    base = None
+    if baseline:
+        root = Path(baseline).resolve()
+        build_extension(root)
+        base = inspect_checkout(root)
+        print(base.describe())
+        for note in [n for n in (base.runs(p)[1] for p in policies) if n]:
+            print(f"note: {note}")
+    print(f"instructions per admit+finish (callgrind, bytearray+NullLock, {cycles} cycles, "
+          f"at once {_cycles(AT_ONCE, cycles)}):")
+    print(f"{'policy':<11}{'scenario':<13}{'queues':>6}{'now':>10}"
+          + (f"{'base':>10}{'ratio':>7}" if base else ""))
+    results = {}
+    for policy in policies:
+        for scenario in SCENARIOS:
+            for q in queues:
+                n = _cycles(scenario, cycles)
+                now = instructions_per_cycle(scenario, q, policy, n)
+                old = None
+                if base:
+                    old = instructions_per_cycle(scenario, q, base.runs(policy)[0], n, base.root)
+                results[(policy, scenario, q)] = (now, old)
+                print(f"{policy:<11}{scenario:<13}{q:>6}{now:>10,.0f}"
+                      + (f"{old:>10,.0f}{now / old:>7.3f}" if base else ""), flush=True)
+    print(f"flatness ({queues[-1]} q / {queues[0]} q)" + (" and ratio to the baseline" if base
+                                                          else "") + ":")
+    for policy in policies:
+        parts = []
+        for scenario in SCENARIOS:
+            now_f = results[(policy, scenario, queues[-1])][0] / results[(policy, scenario,
+                                                                            queues[0])][0]
+            part = f"{scenario} {now_f:.3f}"
+            if base:
+                old_f = (results[(policy, scenario, queues[-1])][1]
+                         / results[(policy, scenario, queues[0])][1])
+                ratios = [results[(policy, scenario, q)][0] / results[(policy, scenario, q)][1]
+                          for q in queues]
+                part += f" (baseline {old_f:.3f}; ratio {min(ratios):.3f}-{max(ratios):.3f})"
+            parts.append(part)
+        print(f"  {policy:<11}" + ", ".join(parts))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fairness", choices=("kubernetes", "maxmin", "both"),
                     help="the dispatch policies to measure (default: both when this build "
                          "has maxmin, else kubernetes)")
-    ap.add_argument("--cycles", type=int, default=4000)
+    ap.add_argument("--cycles", type=int,
+                    help="cycles per repetition (default 4000; --instructions: 2000)")
     ap.add_argument("--queues", default=",".join(map(str, QUEUES)),
                     help="queue counts per level, comma-separated (flatness: last / first)")
     ap.add_argument("--baseline", help="directory holding the apf_gunicorn to compare with")
     ap.add_argument("--reps", type=int, default=15, help="--baseline: repetitions, best of")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions per cycle under callgrind instead of timing "
+                         "(bytearray only; needs valgrind; --cycles default 2000)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--count", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         return _serve()
+    if args.count:
+        return _count(args.count)
     sys.path.append(str(ROOT))
     from benchmarks.checkouts import choose_policies
 
     policies, note = choose_policies(args.fairness)
     queues = tuple(int(q) for q in args.queues.split(","))
     print(note)
+    if args.instructions:
+        if not shutil.which("valgrind"):
+            print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
+            return 2
+        _instructions(policies, queues, args.cycles or 2000, args.baseline)
+        return 0
+    args.cycles = args.cycles or 4000
     if args.baseline:
         _compare(args.baseline, policies, queues, args.cycles, args.reps)
         return 0

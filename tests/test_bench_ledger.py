@@ -8,6 +8,7 @@ this checkout itself). No timing is asserted."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -142,3 +143,14 @@ def test_policy_choice_and_a_baseline_without_the_field(monkeypatch):
     here = inspect_checkout(ROOT)
     assert here.policies == fairness.AVAILABLE and here.selectable
     assert here.levelspec_field == ("fairness" in LevelSpec._fields)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind (apt-get install -y "
+                                                         "valgrind)")
+def test_instructions_per_cycle_under_callgrind(bench):
+    """--instructions' data part: the at-once cycle under each policy, counted twice alike."""
+    for policy in fairness.AVAILABLE:
+        counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, policy, 100) for _ in range(2)]
+        assert 100 < counts[0] < 1_000_000
+        assert counts[0] == pytest.approx(counts[1], rel=0.01)
