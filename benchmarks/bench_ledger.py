@@ -30,8 +30,8 @@ structures).
 
 ``--baseline DIR`` measures every configuration with the ``apf_gunicorn`` found in DIR as well
 (e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout; its C extension is compiled in
-place when gcc is present), in a child process, one repetition each in turn, and prints the
-best of ``--reps`` for each and their ratio: both see the same machine load, which on a shared
+place when gcc is present), this checkout and that one each in a child process of its own, one
+repetition each in turn, and prints the best of ``--reps`` for each and their ratio: both see the same machine load, which on a shared
 machine matters more than anything else. A baseline without a policy (one that predates
 ``LevelSpec.fairness``) runs ``kubernetes`` in that policy's rows, and the output says so. The
 summary gives, per policy, the range and geometric mean of the ratios and the flatness on both
@@ -250,7 +250,7 @@ def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = 
 
 
 def _serve() -> int:
-    """Child side of --baseline, with the baseline's apf_gunicorn: "hello" (answered with what
+    """Child side of --baseline, one per checkout, with that checkout's apf_gunicorn: "hello" (answered with what
     it offers, one JSON line), then per configuration "setup buffer|scenario|queues|policy"
     (answered "ok 1" when the C fast path is bound, "ok 0" when not), "rep cycles" lines (µs
     per cycle) and "done"."""
@@ -286,31 +286,47 @@ def _flatness(costs: dict, policy: str, scenario: str, queues: tuple[int, ...]) 
                for b in BUFFERS)
 
 
+class _Child:
+    """A ``--serve`` child measuring with the apf_gunicorn found in ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"],
+                                     text=True, env=dict(os.environ, PYTHONPATH=str(root)),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def ask(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles: int,
              reps: int) -> dict:
-    """Current vs baseline, one repetition each in turn (so both see the same machine load),
-    best of ``reps`` for each. Returns ``{(policy, buffer, scenario, queues): (now, base)}``."""
-    sys.path.append(str(ROOT))  # after PYTHONPATH: the child still imports the baseline's
+    """Current vs baseline, each in a child process of its own (alike: neither carries the
+    parent's state), one repetition each in turn (so both see the same machine load), best of
+    ``reps`` for each. Returns ``{(policy, buffer, scenario, queues): (now, base)}``."""
+    sys.path.append(str(ROOT))
     from benchmarks.checkouts import build_extension, inspect_checkout
 
     root = Path(baseline).resolve()
     build_extension(root)
     base = inspect_checkout(root)
-    child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"], text=True,
-                             env=dict(os.environ, PYTHONPATH=str(root)),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def ask(line: str) -> str:
-        child.stdin.write(line + "\n")
-        child.stdin.flush()
-        return child.stdout.readline().strip()
-
+    here = inspect_checkout(ROOT)
     results = {}
+    children = []
     try:
-        hello = json.loads(ask("hello"))
+        for checkout in (here, base):
+            children.append(_Child(checkout.root))
+            hello = json.loads(children[-1].ask("hello"))
+            if (hello["package"] != checkout.package
+                    or hello["levelspec_field"] != checkout.levelspec_field):
+                raise RuntimeError(f"the benchmark's child imported {hello}, not {checkout}")
+        now_child, base_child = children
         print(base.describe())
-        if hello["package"] != base.package or hello["levelspec_field"] != base.levelspec_field:
-            raise RuntimeError(f"the benchmark's child imported {hello}, not {base}")
         notes = [n for n in (base.runs(p)[1] for p in policies) if n]
         for note in notes:
             print(f"note: {note}")
@@ -321,27 +337,24 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
             for buffer in BUFFERS:
                 for scenario in SCENARIOS:
                     for q in queues:
-                        led, cleanup = FACTORIES[buffer]()
-                        try:
-                            run = _setup(led, q, scenario, policy)
-                            reply = ask(f"setup {buffer}|{scenario}|{q}|{base_policy}")
-                            if reply != f"ok {int(led.accelerated)}":
-                                print(f"WARNING: C fast path bound here: {led.accelerated}, "
-                                      f"in the baseline: {reply}")
-                            now = old = float("inf")
-                            n = _cycles(scenario, cycles)
-                            for _ in range(reps):
-                                now = min(now, run(n))
-                                old = min(old, float(ask(f"rep {n}")))
-                            ask("done")
-                        finally:
-                            cleanup()
+                        acc = now_child.ask(f"setup {buffer}|{scenario}|{q}|{policy}")
+                        base_acc = base_child.ask(f"setup {buffer}|{scenario}|{q}|{base_policy}")
+                        if acc != base_acc:
+                            print(f"WARNING: C fast path bound here: {acc}, in the baseline: "
+                                  f"{base_acc}")
+                        now = old = float("inf")
+                        n = _cycles(scenario, cycles)
+                        for _ in range(reps):
+                            now = min(now, float(now_child.ask(f"rep {n}")))
+                            old = min(old, float(base_child.ask(f"rep {n}")))
+                        now_child.ask("done")
+                        base_child.ask("done")
                         results[(policy, buffer, scenario, q)] = (now, old)
                         print(f"{policy:<11}{buffer:<22}{scenario:<13}{q:>6}{now:>9.2f}"
                               f"{old:>9.2f}{now / old:>7.2f}", flush=True)
     finally:
-        child.stdin.close()
-        child.wait(timeout=60)
+        for child in children:
+            child.close()
     print(f"summary (this commit / baseline, µs per admit+finish, target within 10% (issue 12); "
           f"flatness {queues[-1]}/{queues[0]} queues, worst of both buffers):")
     for policy in policies:
