@@ -1,15 +1,19 @@
 """Which dispatch policies a benchmark runs, in this checkout and in a ``--baseline`` one.
 
-The ledger implements the policies listed in ``flowcontrol.fairness.AVAILABLE``
-(``kubernetes``, and ``maxmin`` once it lands, issue 12); a level runs the one its
-``LevelSpec.fairness`` names, and the server's levels the one ``APF_FAIRNESS`` names. A
-baseline checkout may predate both (no ``flowcontrol/fairness.py``, no ``LevelSpec.fairness``):
+A level runs the policy its ``LevelSpec.fairness`` names, and the server's levels the one
+``APF_FAIRNESS`` names (issue 12). A checkout's ledger runs every policy in
+``flowcontrol.fairness.POLICIES`` once its ``LevelSpec`` has that field (while the selection
+plumbing was ahead of the ledger, ``fairness.AVAILABLE`` listed fewer), and only
+``kubernetes`` before. A baseline may predate both the field and ``flowcontrol/fairness.py``:
 it then runs ``kubernetes``, and a benchmark compares a policy it lacks with that.
 
-    policies = choose_policies(args.fairness)      # ["kubernetes", "maxmin"], or SystemExit
+    policies, note = choose_policies(args.fairness)  # ["kubernetes", "maxmin"], or SystemExit
     base = inspect_checkout(Path("/tmp/base"))      # Checkout(policies=("kubernetes",), ...)
-    base_policy, note = base.runs("maxmin")         # ("kubernetes", "… predates maxmin …")
+    base_policy, note = base.runs("maxmin")         # ("kubernetes", "… lacks maxmin …")
     build_extension(Path("/tmp/base"))              # its C fast path, compiled in place
+
+``python benchmarks/checkouts.py --probe`` with ``PYTHONPATH=<checkout>`` prints what that
+checkout offers, as one JSON line (``inspect_checkout`` runs it).
 """
 
 from __future__ import annotations
@@ -23,34 +27,49 @@ import sysconfig
 from pathlib import Path
 from typing import NamedTuple
 
-from apf_gunicorn.flowcontrol import fairness
+try:
+    from apf_gunicorn.flowcontrol import fairness
+except ImportError:  # --probe of a checkout from before the policy's selection
+    fairness = None
 
 #: ``--fairness`` choices.
 CHOICES = ("kubernetes", "maxmin", "both")
-
-# Run with PYTHONPATH=<checkout>: what that checkout's apf_gunicorn offers, as one JSON line.
-_PROBE = """
-import json, apf_gunicorn
-from apf_gunicorn.ledger import LevelSpec
-try:
-    from apf_gunicorn.flowcontrol.fairness import AVAILABLE
-    selectable = True
-except ImportError:
-    AVAILABLE, selectable = ("kubernetes",), False
-print(json.dumps({"package": apf_gunicorn.__file__, "policies": list(AVAILABLE),
-                  "levelspec_field": "fairness" in LevelSpec._fields,
-                  "selectable": selectable}))
-"""
+KUBERNETES, MAXMIN = "kubernetes", "maxmin"
 
 
-def choose_policies(arg: str | None, available: tuple[str, ...] = fairness.AVAILABLE
+def available_policies() -> tuple[str, ...]:
+    """The dispatch policies the imported ``apf_gunicorn``'s ledger runs.
+
+    Returns:
+        ``("kubernetes",)`` while ``LevelSpec`` has no ``fairness`` field or there is no
+        ``flowcontrol/fairness.py``; else its ``fairness.AVAILABLE`` where that exists, else
+        its ``fairness.POLICIES``.
+    """
+    from apf_gunicorn.ledger import LevelSpec
+
+    if fairness is None or "fairness" not in LevelSpec._fields:
+        return (KUBERNETES,)
+    return tuple(getattr(fairness, "AVAILABLE", fairness.POLICIES))
+
+
+def _probe() -> dict:
+    import apf_gunicorn
+    from apf_gunicorn.ledger import LevelSpec
+
+    return {"package": apf_gunicorn.__file__, "policies": list(available_policies()),
+            "levelspec_field": "fairness" in LevelSpec._fields,
+            "selectable": fairness is not None}
+
+
+def choose_policies(arg: str | None, available: tuple[str, ...] | None = None
                     ) -> tuple[list[str], str]:
     """The policies to measure for ``--fairness``, and a line saying why.
 
     Args:
         arg: ``"kubernetes"``, ``"maxmin"``, ``"both"``, or None (the default: both when this
             build has maxmin, else kubernetes).
-        available: the policies this build's ledger implements.
+        available: the policies this build's ledger runs (default:
+            :func:`available_policies`).
 
     Returns:
         ``(policies, note)``: e.g. ``(["kubernetes", "maxmin"], "fairness: kubernetes, maxmin")``.
@@ -58,16 +77,18 @@ def choose_policies(arg: str | None, available: tuple[str, ...] = fairness.AVAIL
     Raises:
         SystemExit: ``arg`` asks for a policy this build lacks (the message says which).
     """
+    if available is None:
+        available = available_policies()
     if arg is None:
-        arg = "both" if fairness.MAXMIN in available else fairness.KUBERNETES
-        if arg == fairness.KUBERNETES:
-            return [arg], (f"fairness: kubernetes only ({fairness.MAXMIN} is not available in "
-                           f"this build: flowcontrol.fairness.AVAILABLE = {available})")
-    wanted = list(fairness.POLICIES) if arg == "both" else [arg]
+        arg = "both" if MAXMIN in available else KUBERNETES
+        if arg == KUBERNETES:
+            return [arg], (f"fairness: kubernetes only ({MAXMIN} is not available in this "
+                           f"build: its ledger runs {', '.join(available)})")
+    wanted = [KUBERNETES, MAXMIN] if arg == "both" else [arg]
     missing = [p for p in wanted if p not in available]
     if missing:
         raise SystemExit(f"--fairness {arg}: {', '.join(missing)} is not available in this "
-                         f"build (flowcontrol.fairness.AVAILABLE = {available})")
+                         f"build (its ledger runs {', '.join(available)})")
     return wanted, f"fairness: {', '.join(wanted)}"
 
 
@@ -76,7 +97,7 @@ class Checkout(NamedTuple):
 
     root: Path
     package: str  # the apf_gunicorn/__init__.py that was imported (proves PYTHONPATH won)
-    policies: tuple[str, ...]  # its flowcontrol.fairness.AVAILABLE, ("kubernetes",) if none
+    policies: tuple[str, ...]  # its available_policies()
     levelspec_field: bool  # its LevelSpec has a ``fairness`` field
     selectable: bool  # it has flowcontrol/fairness.py, so its server reads APF_FAIRNESS
 
@@ -96,8 +117,8 @@ class Checkout(NamedTuple):
         if policy in self.policies:
             return policy, ""
         why = ("LevelSpec has no fairness field" if not self.levelspec_field
-               else f"its AVAILABLE is {self.policies}")
-        return fairness.KUBERNETES, (f"baseline {self.root} lacks {policy} ({why}): "
+               else f"it runs {', '.join(self.policies)}")
+        return KUBERNETES, (f"baseline {self.root} lacks {policy} ({why}): "
                                      f"its {policy} rows run kubernetes")
 
 
@@ -115,8 +136,9 @@ def inspect_checkout(root: Path) -> Checkout:
             the checkout's.
     """
     root = root.resolve()
-    res = subprocess.run([sys.executable, "-c", _PROBE], cwd=str(root), capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONPATH=str(root)))
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--probe"],
+                         cwd=str(root), capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(root)))
     if res.returncode:
         raise RuntimeError(f"cannot import apf_gunicorn from {root}: {res.stderr.strip()}")
     info = json.loads(res.stdout)
@@ -145,3 +167,7 @@ def build_extension(root: Path) -> None:
         subprocess.run(["gcc", "-shared", "-fPIC", *python_flags, "-O2", "-ffp-contract=off",
                         "-fno-strict-aliasing", f"-I{sysconfig.get_paths()['include']}",
                         str(src), "-o", str(out)], check=True)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
+    print(json.dumps(_probe()))

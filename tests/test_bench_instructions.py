@@ -1,8 +1,9 @@
 """benchmarks/bench_instructions.py, the instructions-per-request benchmark: which servers it
 plans for each policy and baseline (a baseline without a policy runs kubernetes, once, and is
 named so), and a short real callgrind run of a gunicorn worker under every policy this build
-has (``fairness.AVAILABLE``, so maxmin joins when it lands; skipped without valgrind). No
-instruction count is asserted beyond being a plausible positive number."""
+has (``checkouts.available_policies()``: maxmin too once ``LevelSpec`` takes a policy;
+skipped without valgrind). No instruction count is asserted beyond being a plausible positive
+number."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from apf_gunicorn.flowcontrol import fairness
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from benchmarks.checkouts import available_policies  # noqa: E402
+
+AVAILABLE = available_policies()
 
 
 @pytest.fixture
@@ -68,7 +72,7 @@ def test_plan_without_a_baseline(bench):
 @pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("valgrind") and shutil.which("callgrind_control")),
                     reason="needs valgrind (apt-get install -y valgrind)")
-@pytest.mark.parametrize("policy", fairness.AVAILABLE)
+@pytest.mark.parametrize("policy", AVAILABLE)
 def test_a_short_callgrind_run_under_each_policy(bench, tmp_path, policy):
     config = tmp_path / "bench.yaml"
     config.write_text(bench.BENCH_CONFIG)

@@ -1,6 +1,6 @@
 """benchmarks/bench_ledger.py, the ledger's cost benchmark, briefly under every policy this build
-has (``fairness.AVAILABLE``, so maxmin joins when it lands): each scenario reaches and keeps the
-steady state it claims (one dispatch per cycle; in ``flows x2`` every flow keeps 2 waiting), the
+has (``checkouts.available_policies()``: maxmin too once ``LevelSpec`` takes a policy): each
+scenario reaches and keeps the steady state it claims (one dispatch per cycle; in ``flows x2`` every flow keeps 2 waiting), the
 policy reaches ``LevelSpec``, the requests admitted at once take the C fast path when it is
 built (as the server's do), and ``--baseline`` runs its child protocol end to end (against
 this checkout itself). No timing is asserted."""
@@ -18,6 +18,11 @@ from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.ledger import LevelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from benchmarks.checkouts import available_policies  # noqa: E402
+
+AVAILABLE = available_policies()
 
 
 def _load(monkeypatch, name: str):
@@ -33,7 +38,7 @@ def bench(monkeypatch):
     return _load(monkeypatch, "bench_ledger")
 
 
-@pytest.mark.parametrize("policy", fairness.AVAILABLE)
+@pytest.mark.parametrize("policy", AVAILABLE)
 @pytest.mark.parametrize("queues", [8, 64])
 def test_each_scenario_keeps_its_steady_state(bench, policy, queues):
     for scenario in bench.SCENARIOS:
@@ -59,7 +64,7 @@ def test_each_scenario_keeps_its_steady_state(bench, policy, queues):
             cleanup()
 
 
-@pytest.mark.parametrize("policy", fairness.AVAILABLE)
+@pytest.mark.parametrize("policy", AVAILABLE)
 def test_at_once_runs_what_the_server_runs(bench, policy):
     """With the C extension bound, an admitted-at-once request never reaches a Python frame of
     the ledger (the benchmark calls admit as the middleware does); without it, the Python
@@ -87,7 +92,7 @@ def test_at_once_runs_what_the_server_runs(bench, policy):
         cleanup()
 
 
-@pytest.mark.parametrize("policy", fairness.AVAILABLE)
+@pytest.mark.parametrize("policy", AVAILABLE)
 def test_measure_on_shared_memory(bench, policy):
     cost, accelerated = bench.measure(bench.BUFFERS[1], bench.FLOWS, 8, 50, policy, reps=1)
     assert cost > 0 and isinstance(accelerated, bool)
@@ -107,7 +112,7 @@ def test_the_policy_reaches_levelspec(bench):
 def test_main_prints_each_policy_and_the_flatness(bench, capsys):
     assert bench.main(["--cycles", "20", "--queues", "8,16"]) == 0
     out = capsys.readouterr().out
-    for policy in fairness.AVAILABLE:
+    for policy in AVAILABLE:
         for scenario in bench.SCENARIOS:
             assert sum(line.startswith(f"{policy:<11}") and scenario in line
                        for line in out.splitlines()) == 2  # both buffers
@@ -116,13 +121,13 @@ def test_main_prints_each_policy_and_the_flatness(bench, capsys):
 
 
 def test_baseline_child_protocol_against_this_checkout(bench, capsys):
-    results = bench._compare(str(ROOT), list(fairness.AVAILABLE), (8, 16), cycles=20, reps=1)
+    results = bench._compare(str(ROOT), list(AVAILABLE), (8, 16), cycles=20, reps=1)
     out = capsys.readouterr().out
     assert f"baseline {ROOT / 'apf_gunicorn' / '__init__.py'}: policies " in out
-    assert len(results) == len(fairness.AVAILABLE) * 2 * 3 * 2
+    assert len(results) == len(AVAILABLE) * 2 * 3 * 2
     assert all(now > 0 and base > 0 for now, base in results.values())
     assert "WARNING" not in out  # the same C fast path state on both sides
-    for policy in fairness.AVAILABLE:
+    for policy in AVAILABLE:
         assert f"  {policy}: ratio " in out and f"(baseline ran {policy})" in out
 
 
@@ -141,7 +146,7 @@ def test_policy_choice_and_a_baseline_without_the_field(monkeypatch):
     assert policy == "kubernetes" and "lacks maxmin (LevelSpec has no fairness field)" in note
     assert old.runs("kubernetes") == ("kubernetes", "")
     here = inspect_checkout(ROOT)
-    assert here.policies == fairness.AVAILABLE and here.selectable
+    assert here.policies == AVAILABLE and here.selectable
     assert here.levelspec_field == ("fairness" in LevelSpec._fields)
 
 
@@ -150,7 +155,7 @@ def test_policy_choice_and_a_baseline_without_the_field(monkeypatch):
                                                          "valgrind)")
 def test_instructions_per_cycle_under_callgrind(bench):
     """--instructions' data part: the at-once cycle under each policy, counted twice alike."""
-    for policy in fairness.AVAILABLE:
+    for policy in AVAILABLE:
         counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, policy, 100) for _ in range(2)]
         assert 100 < counts[0] < 1_000_000
         assert counts[0] == pytest.approx(counts[1], rel=0.01)
