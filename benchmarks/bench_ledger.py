@@ -394,23 +394,24 @@ def instructions_per_cycle(scenario: str, queues: int, policy: str, cycles: int,
         queues: queues of the level.
         policy: the level's dispatch policy.
         cycles: the cycles counted (after 200 to warm up).
-        root: a checkout whose apf_gunicorn to measure (``PYTHONPATH``), or None for this one.
+        root: the checkout whose apf_gunicorn to measure (``PYTHONPATH``; None: this one).
     Returns:
         User-space instructions per cycle (the benchmark's loop included, the same on both
         sides of a comparison).
     Raises:
-        subprocess.CalledProcessError: the child failed (its stderr is in the exception).
+        RuntimeError: the child failed (the message ends with its last line of stderr).
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg")
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        if root is not None:
-            env["PYTHONPATH"] = str(root)
-        subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getppid",
-                        f"--callgrind-out-file={out}", sys.executable,
-                        str(Path(__file__).resolve()), "--count",
-                        f"{scenario}|{queues}|{policy}|{cycles}"],
-                       env=env, check=True, capture_output=True, text=True)
+        env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(root or ROOT))
+        res = subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getppid",
+                              f"--callgrind-out-file={out}", sys.executable,
+                              str(Path(__file__).resolve()), "--count",
+                              f"{scenario}|{queues}|{policy}|{cycles}"],
+                             env=env, capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"{scenario}, {queues} queues, {policy} under callgrind failed: "
+                               + res.stderr.strip().splitlines()[-1])
         text = Path(out + ".2").read_text()
     return int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1)) / cycles
 
