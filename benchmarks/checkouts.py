@@ -119,7 +119,7 @@ class Checkout(NamedTuple):
         why = ("LevelSpec has no fairness field" if not self.levelspec_field
                else f"it runs {', '.join(self.policies)}")
         return KUBERNETES, (f"baseline {self.root} lacks {policy} ({why}): "
-                                     f"its {policy} rows run kubernetes")
+                            f"its {policy} rows run kubernetes")
 
 
 def inspect_checkout(root: Path) -> Checkout:
