@@ -31,8 +31,8 @@ structures).
 ``--baseline DIR`` measures every configuration with the ``apf_gunicorn`` found in DIR as well
 (e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout; its C extension is compiled in
 place when gcc is present), this checkout and that one each in a child process of its own, one
-repetition each in turn, and prints the best of ``--reps`` for each and their ratio: both see the same machine load, which on a shared
-machine matters more than anything else. A baseline without a policy (one that predates
+repetition each in turn, and prints the best of ``--reps`` for each and their ratio: both see
+the same machine load, which on a shared machine matters more than anything else. A baseline without a policy (one that predates
 ``LevelSpec.fairness``) runs ``kubernetes`` in that policy's rows, and the output says so. The
 summary gives, per policy, the range and geometric mean of the ratios and the flatness on both
 sides.
