@@ -1,6 +1,7 @@
 """APF's overhead in machine instructions: a real gunicorn worker under callgrind, bare vs APF.
 
     .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR]
+                                                      [--fairness kubernetes|maxmin|both]
                                                       [--rejecting] [--orca] [--keep-dumps DIR]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
@@ -9,10 +10,15 @@ and environment give the same count whatever else the machine runs. This benchma
 gunicorn (1 worker, 8 threads, the example app, the same config as bench_server.py) under
 ``valgrind --tool=callgrind``, warms it up, zeroes the worker's counters, sends ``--requests``
 requests over 4 keep-alive connections, dumps the counters and divides: user-space
-instructions per request in the worker (all its threads), for bare gthread and for APF; with
-``--baseline DIR`` also for APF in another checkout (``git worktree add DIR <commit>``; its C
-extension is compiled on the fly when a compiler is present), which compares this commit with
-that one; with ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: with the value
+instructions per request in the worker (all its threads), for bare gthread and for APF under
+each dispatch policy (``--fairness``, passed to the server as ``APF_FAIRNESS``; the default is
+both when this build has ``maxmin``, else ``kubernetes``, and the output says which). The
+measured requests never wait (64 seats, 8 threads), so this is each policy's admit-at-once
+path with everything else a request costs. With ``--baseline DIR`` also APF in another
+checkout (``git worktree add DIR <commit>``; its C extension is compiled on the fly when a
+compiler is present) under each policy it has: a baseline that lacks one (it predates
+``APF_FAIRNESS`` or ``maxmin``) runs ``kubernetes`` instead, once, and the output says so; the
+ratios this commit / baseline are printed per policy. With ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: with the value
 recomputed every 100 ms as shipped, and reused for the whole run (``APF_LOAD_REPORT_INTERVAL=60``),
 which separates the per-response cost of the ``endpoint-load-metrics`` header from the cost of
 one recomputation (a time-based cost, which valgrind's ~50x slowdown would otherwise spread
@@ -21,6 +27,8 @@ are not counted: this is the CPU work APF adds, the one part of its overhead thi
 controls. Needs valgrind (``apt-get install -y valgrind``);
 takes about a minute per server. Everything binds 127.0.0.1.
 
+``--rejecting`` and ``--orca`` run APF under the server's default policy when it is measured
+(else the first one), and compare with that policy's served request.
 ``--rejecting`` adds the cost of a 429: APF again, its level with one seat
 (``APF_CONCURRENCY_LIMIT=1``) and ``limitResponse: Reject``, that seat held by one long
 ``/work`` request started before the counters are zeroed, so every measured ``/hello`` is
@@ -40,7 +48,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -49,7 +56,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from apf_gunicorn.flowcontrol import fairness  # noqa: E402
 from benchmarks.bench_server import BENCH_CONFIG  # noqa: E402
+from benchmarks.checkouts import (  # noqa: E402
+    CHOICES,
+    Checkout,
+    build_extension,
+    choose_policies,
+    inspect_checkout,
+)
 from tests.apps.procs import children, free_port  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
@@ -89,26 +104,26 @@ def _load(port: int, n: int, status: int = 200) -> None:
         t.join()
 
 
-def _build_extension(root: Path) -> None:
-    """Compile a baseline checkout's C fast paths in place (pip would reinstall the venv's)."""
-    src = root / "apf_gunicorn" / "ledger" / "_fastpath.c"
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    out = src.with_name("_fastpath" + suffix)
-    if src.exists() and not out.exists() and shutil.which("gcc"):
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-ffp-contract=off",
-                        "-fno-strict-aliasing", f"-I{sysconfig.get_paths()['include']}",
-                        str(src), "-o", str(out)], check=True)
-
-
 def _hold(port: int) -> None:
-    """Start a request that holds the (one) seat, in a thread; return once /hello is 429."""
+    """Start a request that holds the (one) seat, in a thread; return once /hello is 429.
+
+    The level rejects instead of queuing, so a poll that holds the seat when the holding
+    request arrives gets that one answered 429: it is sent again until it holds the seat.
+    """
     def run() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1000)
-        try:
-            conn.request("GET", HOLD_PATH)
-            conn.getresponse().read()
-        except OSError:  # the server stops first
-            pass
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1000)
+            try:
+                conn.request("GET", HOLD_PATH)
+                resp = conn.getresponse()
+                resp.read()
+            except OSError:  # the server stops first
+                return
+            finally:
+                conn.close()
+            if resp.status != 429:
+                return
+            time.sleep(0.1)
 
     threading.Thread(target=run, daemon=True).start()
     deadline = time.monotonic() + 120
@@ -201,36 +216,83 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
             print(f"WARNING: /dev/shm entries left behind: {left}", file=sys.stderr)
 
 
+def plan_runs(policies: list[str], side: str, baseline: Checkout | None, *,
+              rejecting: bool = False, orca: bool = False) -> tuple[list, dict, list]:
+    """The servers to measure: bare once, this checkout under each policy, the baseline under
+    each policy it has (kubernetes, once, for those it lacks), then --rejecting and --orca.
+
+    Args:
+        policies: the policies to measure here (from ``choose_policies``).
+        side: the policy the --rejecting and --orca servers run.
+        baseline: the --baseline checkout, or None.
+        rejecting: add the 429 server.
+        orca: add the two ORCA servers.
+    Returns:
+        ``(runs, against, notes)``: runs as ``(name, checkout, apf, rejecting, environment)``;
+        ``{policy: name of the baseline run it is compared with}``; lines to print (a baseline
+        that lacks a policy). ``APF_FAIRNESS`` goes to every APF server of this checkout, and
+        to the baseline's when it reads that variable (it has flowcontrol/fairness.py).
+    """
+    runs = [("bare", ROOT, False, False, None)]
+    runs += [(f"apf {p}", ROOT, True, False, {"APF_FAIRNESS": p}) for p in policies]
+    against: dict[str, str] = {}
+    notes = []
+    if baseline is not None:
+        for p in policies:
+            base_policy, why = baseline.runs(p)
+            if why:
+                notes.append(why)
+            name = f"apf@{baseline.root} {base_policy}"
+            if name not in against.values():
+                env = {"APF_FAIRNESS": base_policy} if baseline.selectable else None
+                runs.append((name, baseline.root, True, False, env))
+            against[p] = name
+    if rejecting:
+        runs.append(("apf 429", ROOT, True, True, {"APF_FAIRNESS": side}))
+    if orca:
+        runs.append(("apf+orca", ROOT, True, False, {"APF_LOAD_REPORT": "orca",
+                                                    "APF_FAIRNESS": side}))
+        runs.append(("apf+orca60", ROOT, True, False, {"APF_LOAD_REPORT": "orca",
+                                                        "APF_LOAD_REPORT_INTERVAL": "60",
+                                                        "APF_FAIRNESS": side}))
+    return runs, against, notes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--baseline", metavar="DIR", help="also APF in the checkout in DIR")
+    ap.add_argument("--fairness", choices=CHOICES,
+                    help="the dispatch policies to measure (APF_FAIRNESS; default: both when "
+                         "this build has maxmin, else kubernetes)")
     ap.add_argument("--rejecting", action="store_true",
                     help="also APF answering every request 429 (one held seat, Reject)")
     ap.add_argument("--orca", action="store_true",
                     help="also APF with APF_LOAD_REPORT=orca (ORCA header on every response)")
     ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
+    policies, note = choose_policies(args.fairness)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 2
+    print(note, flush=True)
+    # the policy --rejecting and --orca run, and the served request they are compared with
+    side = fairness.DEFAULT if fairness.DEFAULT in policies else policies[0]
+    checkout = None
+    if args.baseline:
+        base = Path(args.baseline).resolve()
+        build_extension(base)
+        checkout = inspect_checkout(base)
+        print(checkout.describe(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
         reject_path = os.path.join(tmp, "reject.yaml")
         Path(reject_path).write_text(REJECT_CONFIG)
-        # (name, checkout, apf, rejecting, extra environment)
-        runs = [("bare", ROOT, False, False, None), ("apf", ROOT, True, False, None)]
-        if args.baseline:
-            base = Path(args.baseline).resolve()
-            _build_extension(base)
-            runs.append((f"apf@{base}", base, True, False, None))
-        if args.rejecting:
-            runs.append(("apf 429", ROOT, True, True, None))
-        if args.orca:
-            runs.append(("apf+orca", ROOT, True, False, {"APF_LOAD_REPORT": "orca"}))
-            runs.append(("apf+orca60", ROOT, True, False, {"APF_LOAD_REPORT": "orca",
-                                                            "APF_LOAD_REPORT_INTERVAL": "60"}))
+        runs, against, notes = plan_runs(policies, side, checkout, rejecting=args.rejecting,
+                                         orca=args.orca)
+        for line in notes:
+            print(f"note: {line}", flush=True)
         counts = {}
         elapsed = {}
         for name, root, apf, rejecting, env in runs:
@@ -245,30 +307,34 @@ def main(argv=None) -> int:
                 shutil.copyfile(dump, kept)
                 print(f"{name}: worker dump kept as {kept}")
     bare = counts["bare"]
+    served = counts[f"apf {side}"]
+    width = max(len(name) for name in counts)
     print(f"user-space instructions per request in the worker ({args.requests} requests, "
           f"1 worker x 8 threads, callgrind):")
     for name, n in counts.items():
         extra = "" if name == "bare" else (f"  added {n - bare:+,.0f} ({n / bare - 1:+.1%}); "
                                            f"bare/apf {bare / n:.3f}")
         if name == "apf 429":
-            extra = f"  {n / bare:.3f} of bare, {n / counts['apf']:.3f} of a served APF request"
-        print(f"  {name:12s} {n:12,.0f}{extra}")
+            extra = f"  {n / bare:.3f} of bare, {n / served:.3f} of a served APF request ({side})"
+        print(f"  {name:{width}s} {n:12,.0f}{extra}")
     if args.baseline:
-        base_n = counts[runs[2][0]]
-        print(f"this commit vs baseline: {counts['apf'] - base_n:+,.0f} instructions per "
-              f"request ({counts['apf'] / base_n - 1:+.2%}; target within +1%)")
+        print("this commit vs baseline, per policy (target within +1%):")
+        for p in policies:
+            now, old = counts[f"apf {p}"], counts[against[p]]
+            print(f"  {p}: {now - old:+,.0f} instructions per request ({now / old - 1:+.2%}) "
+                  f"against {against[p]}")
     if args.orca:
-        per_response = counts["apf+orca60"] - counts["apf"]
+        per_response = counts["apf+orca60"] - served
         refreshes = max(1.0, elapsed["apf+orca"] / 0.1)
         per_refresh = (counts["apf+orca"] - counts["apf+orca60"]) * args.requests / refreshes
-        print(f"ORCA header (APF_LOAD_REPORT=orca): {per_response:+,.0f} instructions per "
-              f"response with the value cached; one recomputation (every 100 ms) about "
+        print(f"ORCA header (APF_LOAD_REPORT=orca, {side}): {per_response:+,.0f} instructions "
+              f"per response with the value cached; one recomputation (every 100 ms) about "
               f"{per_refresh:,.0f} ({refreshes:.0f} in this run's {elapsed['apf+orca']:.1f} s "
               f"under valgrind); at 100 req/s per worker that is "
               f"{per_response + per_refresh / 10:+,.0f} per response, at 1000 req/s "
               f"{per_response + per_refresh / 100:+,.0f}")
     if args.rejecting:
-        ratio = counts["apf 429"] / counts["apf"]
+        ratio = counts["apf 429"] / served
         print(f"a 429 costs {ratio:.3f} of a served /hello (target <= 0.5: "
               f"{'ok' if ratio <= 0.5 else 'MISSED'})")
     return 0

@@ -1,0 +1,82 @@
+"""benchmarks/bench_instructions.py, the instructions-per-request benchmark: which servers it
+plans for each policy and baseline (a baseline without a policy runs kubernetes, once, and is
+named so), and a short real callgrind run of a gunicorn worker under every policy this build
+has (``checkouts.available_policies()``: maxmin too once ``LevelSpec`` takes a policy;
+skipped without valgrind). No instruction count is asserted beyond being a plausible positive
+number."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from benchmarks.checkouts import available_policies  # noqa: E402
+
+AVAILABLE = available_policies()
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_instructions",
+                                                  ROOT / "benchmarks" / "bench_instructions.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_instructions", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _checkout(bench, policies, field, selectable):
+    return bench.Checkout(Path("/base"), "/base/apf_gunicorn/__init__.py", policies, field,
+                          selectable)
+
+
+def test_plan_a_baseline_that_predates_the_policies(bench):
+    old = _checkout(bench, ("kubernetes",), False, False)
+    runs, against, notes = bench.plan_runs(["kubernetes", "maxmin"], "kubernetes", old)
+    names = [r[0] for r in runs]
+    assert names == ["bare", "apf kubernetes", "apf maxmin", "apf@/base kubernetes"]
+    assert [r[4] for r in runs] == [None, {"APF_FAIRNESS": "kubernetes"},
+                                    {"APF_FAIRNESS": "maxmin"}, None]  # it reads no APF_FAIRNESS
+    assert runs[3][1] == Path("/base") and runs[3][2] is True
+    assert against == {"kubernetes": "apf@/base kubernetes", "maxmin": "apf@/base kubernetes"}
+    assert len(notes) == 1 and "lacks maxmin (LevelSpec has no fairness field)" in notes[0]
+
+
+def test_plan_a_baseline_with_both_policies_and_the_side_runs(bench):
+    new = _checkout(bench, ("kubernetes", "maxmin"), True, True)
+    runs, against, notes = bench.plan_runs(["kubernetes", "maxmin"], "maxmin", new,
+                                           rejecting=True, orca=True)
+    env = {r[0]: r[4] for r in runs}
+    assert env["apf@/base kubernetes"] == {"APF_FAIRNESS": "kubernetes"}
+    assert env["apf@/base maxmin"] == {"APF_FAIRNESS": "maxmin"}
+    assert against == {"kubernetes": "apf@/base kubernetes", "maxmin": "apf@/base maxmin"}
+    assert notes == []
+    assert env["apf 429"] == {"APF_FAIRNESS": "maxmin"}
+    assert env["apf+orca"]["APF_FAIRNESS"] == env["apf+orca60"]["APF_FAIRNESS"] == "maxmin"
+    assert [r[3] for r in runs].count(True) == 1  # only the 429 server rejects
+
+
+def test_plan_without_a_baseline(bench):
+    runs, against, notes = bench.plan_runs(["kubernetes"], "kubernetes", None)
+    assert [r[0] for r in runs] == ["bare", "apf kubernetes"] and against == {} and notes == []
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("valgrind") and shutil.which("callgrind_control")),
+                    reason="needs valgrind (apt-get install -y valgrind)")
+@pytest.mark.parametrize("policy", AVAILABLE)
+def test_a_short_callgrind_run_under_each_policy(bench, tmp_path, policy):
+    config = tmp_path / "bench.yaml"
+    config.write_text(bench.BENCH_CONFIG)
+    per_request, dump = bench.instructions_per_request(
+        ROOT, True, str(config), 8, str(tmp_path), extra_env={"APF_FAIRNESS": policy})
+    assert 100_000 < per_request < 100_000_000
+    assert Path(dump).is_file() and Path(dump).parent == tmp_path
