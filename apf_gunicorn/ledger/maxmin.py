@@ -26,6 +26,7 @@ difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each
 
 from __future__ import annotations
 
+import struct
 from functools import lru_cache
 
 from apf_gunicorn.flowcontrol.shufflesharding import deal
@@ -119,6 +120,14 @@ from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 HALF = 1 << 63
+# A flow entry's counting words in one struct call (the per-request paths read and write them
+# together): F_TAG .. F_WHERE, and F_TAG .. F_N written back. F_TAG is a uint64.
+_COUNTS = struct.Struct("<Q9q")  # tag, seq, waiting, exec, seats, head, tail, est, n, where
+_CHARGE = struct.Struct("<Q4q")  # tag, seq, waiting, exec, seats
+_LEARNT = struct.Struct("<Q8q")  # tag, seq, waiting, exec, seats, head, tail, est, n
+if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F_WHERE)
+        == tuple(range(F_TAG, F_TAG + 10))):
+    raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
 
 
 @lru_cache(maxsize=65536)
@@ -153,6 +162,7 @@ class MaxMinPolicy:
         self._mask = lay.flow_index_words - 1
         self._xb = lay.xslot_base
         self._nslots = lay.cap.slots
+        self._mv = led._mv
 
     # -- addressing ---------------------------------------------------------------------------
     def _mm(self, lb: int) -> int:
@@ -237,7 +247,7 @@ class MaxMinPolicy:
         w, u = self._w, self._u
         f = self._find(level, h)
         if f != NIL:
-            fa = self._fa(f)
+            fa = self._fb + f * FLOW_WORDS
             if w[fa + F_WHERE] == FW_IDLE:
                 self._idle_remove(f, fa)
                 w[mm + M_NFLOWS] += 1
@@ -578,23 +588,23 @@ class MaxMinPolicy:
         found or made active, its tag lifted to V and its backlog sequence taken, V raised to
         it (no other flow waits), the tag charged. Returns the estimate charged (the slot's
         ``S_SERVICE_NS``)."""
-        w, u = self._w, self._u
-        mm = self._mm(lb)
+        mm = self._mb + level * MM_WORDS
         f = self._get(mm, level, h)
-        fa = self._fa(f)
+        fa = self._fb + f * FLOW_WORDS
+        mv, w, u = self._mv, self._w, self._u
+        tag, _seq, waiting, ex, seats, _h, _t, est, n, _where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
         v = u[mm + M_V]
-        tag = u[fa + F_TAG]
         if ((tag - v) & U64) >= HALF:
             tag = v
         seq = w[mm + M_SEQ] + 1
         w[mm + M_SEQ] = seq
-        w[fa + F_SEQ] = seq
         if ((v - tag) & U64) >= HALF:
             u[mm + M_V] = tag
-        est = w[fa + F_EST] if w[fa + F_N] else w[lb + L_SERVICE_NS]
-        u[fa + F_TAG] = (tag + held * (est + al)) & U64
-        w[fa + F_EXEC] += 1
-        w[fa + F_SEATS] += held
+        if not n:
+            est = w[lb + L_SERVICE_NS]
+        _CHARGE.pack_into(mv, (fa + F_TAG) * 8, (tag + held * (est + al)) & U64, seq, waiting,
+                          ex + 1, seats + held)
         w[self._xb + s * XSLOT_WORDS + X_FLOW] = f
         return est
 
@@ -799,37 +809,37 @@ class MaxMinPolicy:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
         worker died): correct its flow's tag by the time it held its seats, learn the flow's
         service time, and let a parked flow compete again."""
-        w, u = self._w, self._u
-        s = (sa - self._sb) // SLOT_WORDS
-        xa = self._xa(s)
+        w = self._w
+        xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
         f = w[xa + X_FLOW]
-        held = w[sa + S_HELD]
-        if w[sa + S_AL] > 0:
-            w[xa + X_END] = now + w[sa + S_AL]
+        al = w[sa + S_AL]
+        if al > 0:
+            w[xa + X_END] = now + al
         if f == NIL:
             return
         w[xa + X_FLOW] = NIL
-        mm = self._mm(lb)
-        fa = self._fa(f)
+        mm = self._mb + (lb - self._lvb) // LEVEL_WORDS * MM_WORDS
+        fa = self._fb + f * FLOW_WORDS
+        held = w[sa + S_HELD]
         ran = now - w[sa + S_START_NS]
-        where = w[fa + F_WHERE]
+        mv = self._mv
+        tag, seq, waiting, ex, seats, head, tail, est, n, where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
         if where == FW_HEAP:
             self._heap_remove(mm, f)
-        u[fa + F_TAG] = (u[fa + F_TAG] + held * (ran - w[sa + S_SERVICE_NS])) & U64
+        tag = (tag + held * (ran - w[sa + S_SERVICE_NS])) & U64
         if learn:
-            n = w[fa + F_N]
             if n < SERVICE_WINDOW:
                 n += 1
-                w[fa + F_N] = n
-            w[fa + F_EST] = learn_service(w[fa + F_EST] if n > 1 else 0, n, ran)
-        w[fa + F_EXEC] -= 1
-        w[fa + F_SEATS] -= held
+            est = learn_service(est if n > 1 else 0, n, ran)
+        _LEARNT.pack_into(mv, (fa + F_TAG) * 8, tag, seq, waiting, ex - 1, seats - held, head,
+                          tail, est, n)
         if where == FW_HEAP:
             self._heap_insert(mm, f)
-        elif where == FW_PARKED and w[fa + F_N]:  # learnt now: compete normally
+        elif where == FW_PARKED and n:  # learnt now: compete normally
             self._unpark(mm, f)
             self._heap_insert(mm, f)
-        if w[fa + F_WAITING] == 0 and w[fa + F_EXEC] == 0:
+        if waiting == 0 and ex == 1:
             self._idle(mm, f, fa)
 
     def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
