@@ -375,29 +375,43 @@ class MaxMinPolicy:
 
     def _merge_pairs(self, first: int) -> int:
         """Two-pass pairing of a sibling list (links through ``F_NEXT``): meld pairs left to
-        right, then the results right to left. Returns the new root."""
-        w = self._w
+        right, then the results right to left. Returns the new root.
+
+        The first pass is :meth:`_meld` inline (the heap's inner loop: one Python call fewer
+        per pair). Links are written only where they survive: each node's ``F_NEXT`` and
+        ``F_PREV`` are set by the meld that makes it a child, the result's ``F_PREV`` by the
+        caller."""
+        w, u = self._w, self._u
         fb = self._fb
-        meld = self._meld
         acc = NIL
         x = first
         while x != NIL:
             a = x
             aa = fb + a * FLOW_WORDS
             b = w[aa + F_NEXT]
-            w[aa + F_NEXT] = NIL
-            w[aa + F_PREV] = NIL
             if b != NIL:
                 ba = fb + b * FLOW_WORDS
                 nxt = w[ba + F_NEXT]
-                w[ba + F_NEXT] = NIL
-                w[ba + F_PREV] = NIL
-                a = meld(a, b)
+                ta, tb = u[aa + F_TAG], u[ba + F_TAG]
+                if ta != tb:
+                    b_first = ((tb - ta) & U64) >= HALF
+                else:
+                    sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
+                    b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
+                if b_first:
+                    a, b, aa, ba = b, a, ba, aa
+                c = w[aa + F_CHILD]
+                w[ba + F_NEXT] = c
+                if c != NIL:
+                    w[fb + c * FLOW_WORDS + F_PREV] = b
+                w[ba + F_PREV] = a
+                w[aa + F_CHILD] = b
             else:
                 nxt = NIL
-            w[fb + a * FLOW_WORDS + F_NEXT] = acc
+            w[aa + F_NEXT] = acc
             acc = a
             x = nxt
+        meld = self._meld
         res = NIL
         while acc != NIL:
             aa = fb + acc * FLOW_WORDS
