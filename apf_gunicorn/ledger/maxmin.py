@@ -686,26 +686,26 @@ class MaxMinPolicy:
         return self._backfill(led, lb, mm, f, now, granted)
 
     def _dispatch(self, led, lb: int, mm: int, f: int, now: int, granted: list) -> None:
-        """Flow ``f``'s oldest waiting request starts executing."""
-        w, u = self._w, self._u
-        fa = self._fa(f)
-        s = w[fa + F_HEAD]
+        """Flow ``f``'s oldest waiting request starts executing. (The flow's counting words
+        are read in one struct call and written back in one.)"""
+        w, u, mv = self._w, self._u, self._mv
+        fa = self._fb + f * FLOW_WORDS
+        tag, seq, waiting, ex, seats, s, tail, learnt, n, where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
         sa = self._sb + s * SLOT_WORDS
-        xa = self._xa(s)
+        xb = self._xb
+        xa = xb + s * XSLOT_WORDS
         q = w[sa + S_QUEUE]
         qa = self._qb + (w[lb + L_QBASE] + q) * QUEUE_WORDS
         led._unlink_locked(lb, qa, sa)
-        n = w[xa + X_FNEXT]
-        w[fa + F_HEAD] = n
-        if n == NIL:
-            w[fa + F_TAIL] = NIL
+        head = w[xa + X_FNEXT]  # out of the flow's FIFO
+        if head == NIL:
+            tail = NIL
         else:
-            w[self._xa(n) + X_FPREV] = NIL
+            w[xb + head * XSLOT_WORDS + X_FPREV] = NIL
         w[xa + X_FPREV] = NIL
         w[xa + X_FNEXT] = NIL
-        waiting = w[fa + F_WAITING] - 1
-        w[fa + F_WAITING] = waiting
-        where = w[fa + F_WHERE]
+        waiting -= 1
         if where == FW_HEAP:
             self._heap_remove(mm, f)  # its key changes (or it leaves)
         ms = w[sa + S_MAX_SEATS]
@@ -727,28 +727,26 @@ class MaxMinPolicy:
         w[lb + L_DISPATCHED] += 1
         led._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
         led._commit_locked()
-        ex = w[qa + Q_EXECUTING]
-        w[qa + Q_EXECUTING] = ex + 1
-        if ex == 0 and w[qa + Q_WAITING] == 0:
+        qex = w[qa + Q_EXECUTING]
+        w[qa + Q_EXECUTING] = qex + 1
+        if qex == 0 and w[qa + Q_WAITING] == 0:
             w[lb + L_ACTIVE_QUEUES] += 1
         w[qa + Q_SEATS] += held
         w[lb + L_QSEATS] += held
         led._demand_locked(lb, now)
         # V: the start tag in service, never past a flow still waiting
-        tag = u[fa + F_TAG]
         low = tag
         root = w[mm + M_ROOT]
         if root != NIL:
-            rt = u[self._fa(root) + F_TAG]
+            rt = u[self._fb + root * FLOW_WORDS + F_TAG]
             if ((rt - low) & U64) >= HALF:
                 low = rt
         if ((u[mm + M_V] - low) & U64) >= HALF:
             u[mm + M_V] = low
-        est = self._estimate(lb, fa)
+        est = learnt if n else w[lb + L_SERVICE_NS]  # (_estimate)
         w[sa + S_SERVICE_NS] = est
-        u[fa + F_TAG] = (tag + held * (est + w[sa + S_AL])) & U64
-        w[fa + F_EXEC] += 1
-        w[fa + F_SEATS] += held
+        _LEARNT.pack_into(mv, (fa + F_TAG) * 8, (tag + held * (est + w[sa + S_AL])) & U64, seq,
+                          waiting, ex + 1, seats + held, head, tail, learnt, n)
         if waiting == 0:
             self._unlist(mm, f)
         elif where == FW_HEAP:
