@@ -439,14 +439,7 @@ class MaxMinPolicy:
                 w[self._fa(root) + F_PREV] = NIL
             w[mm + M_ROOT] = root
         else:
-            p, n = w[fa + F_PREV], w[fa + F_NEXT]
-            pa = self._fa(p)
-            if w[pa + F_CHILD] == f:
-                w[pa + F_CHILD] = n
-            else:
-                w[pa + F_NEXT] = n
-            if n != NIL:
-                w[self._fa(n) + F_PREV] = p
+            self._cut(fa)
             sub = self._merge_pairs(w[fa + F_CHILD])
             if sub != NIL:
                 w[self._fa(sub) + F_PREV] = NIL
@@ -455,6 +448,34 @@ class MaxMinPolicy:
         w[fa + F_NEXT] = NIL
         w[fa + F_PREV] = NIL
         w[fa + F_WHERE] = FW_NOWHERE
+
+    def _cut(self, fa: int) -> None:
+        """Take the subtree of the entry at ``fa`` (not the root) out of its parent's
+        child list; its own ``F_NEXT`` and ``F_PREV`` are left for the caller."""
+        w = self._w
+        fb = self._fb
+        f = (fa - fb) // FLOW_WORDS
+        p, n = w[fa + F_PREV], w[fa + F_NEXT]
+        pa = fb + p * FLOW_WORDS
+        if w[pa + F_CHILD] == f:
+            w[pa + F_CHILD] = n
+        else:
+            w[pa + F_NEXT] = n
+        if n != NIL:
+            w[fb + n * FLOW_WORDS + F_PREV] = p
+
+    def _heap_decrease(self, mm: int, f: int) -> None:
+        """Flow ``f``'s key fell (it stays in the heap): its subtree, still in order below it,
+        is cut and melded with the root (the pairing heap's decrease-key)."""
+        w = self._w
+        root = w[mm + M_ROOT]
+        if f == root:
+            return
+        fa = self._fb + f * FLOW_WORDS
+        self._cut(fa)
+        w[fa + F_NEXT] = NIL
+        w[fa + F_PREV] = NIL
+        w[mm + M_ROOT] = self._meld(root, f)
 
     def heap_flows_locked(self, lb: int) -> list[int]:
         """The level's backlogged flows in the heap (a walk; the blocked case and dumps)."""
@@ -563,10 +584,11 @@ class MaxMinPolicy:
         led._link_tail_locked(lb, qa, s, sa)
         w[lb + L_WAITING] += 1
         w[lb + L_SEATS_WAITING] += ms
-        mm = self._mm(lb)
+        mm = self._mb + level * MM_WORDS
         f = self._get(mm, level, h)
-        fa = self._fa(f)
-        xa = self._xa(s)
+        fa = self._fb + f * FLOW_WORDS
+        xb = self._xb
+        xa = xb + s * XSLOT_WORDS
         w[xa + X_FLOW] = f
         tail = w[fa + F_TAIL]
         w[xa + X_FPREV] = tail
@@ -574,7 +596,7 @@ class MaxMinPolicy:
         if tail == NIL:
             w[fa + F_HEAD] = s
         else:
-            w[self._xa(tail) + X_FNEXT] = s
+            w[xb + tail * XSLOT_WORDS + X_FNEXT] = s
         w[fa + F_TAIL] = s
         n = w[fa + F_WAITING] + 1
         w[fa + F_WAITING] = n
@@ -657,7 +679,7 @@ class MaxMinPolicy:
 
     def _dispatch_one(self, led, lb: int, now: int, granted: list) -> bool:
         w = self._w
-        mm = self._mm(lb)
+        mm = self._mb + (lb - self._lvb) // LEVEL_WORDS * MM_WORDS  # (_mm)
         f = w[mm + M_RESERVE]
         if f != NIL:
             if self._fits(lb, self._head_ms(f)):
@@ -837,16 +859,22 @@ class MaxMinPolicy:
         mv = self._mv
         tag, seq, waiting, ex, seats, head, tail, est, n, where = _COUNTS.unpack_from(
             mv, (fa + F_TAG) * 8)
-        if where == FW_HEAP:
-            self._heap_remove(mm, f)
+        charged = tag
         tag = (tag + held * (ran - w[sa + S_SERVICE_NS])) & U64
+        # in the heap, its key (tag, seats, seq) falls unless the tag grows (seats fall): then
+        # a decrease-key, else out and back in
+        fell = where == FW_HEAP and ((charged - tag) & U64) < HALF
+        if where == FW_HEAP and not fell:
+            self._heap_remove(mm, f)
         if learn:
             if n < SERVICE_WINDOW:
                 n += 1
             est = learn_service(est if n > 1 else 0, n, ran)
         _LEARNT.pack_into(mv, (fa + F_TAG) * 8, tag, seq, waiting, ex - 1, seats - held, head,
                           tail, est, n)
-        if where == FW_HEAP:
+        if fell:
+            self._heap_decrease(mm, f)
+        elif where == FW_HEAP:
             self._heap_insert(mm, f)
         elif where == FW_PARKED and n:  # learnt now: compete normally
             self._unpark(mm, f)
