@@ -26,6 +26,7 @@ difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each
 
 from __future__ import annotations
 
+import struct
 from functools import lru_cache
 
 from apf_gunicorn.flowcontrol.shufflesharding import deal
@@ -119,6 +120,14 @@ from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 HALF = 1 << 63
+# A flow entry's counting words in one struct call (the per-request paths read and write them
+# together): F_TAG .. F_WHERE, and F_TAG .. F_N written back. F_TAG is a uint64.
+_COUNTS = struct.Struct("<Q9q")  # tag, seq, waiting, exec, seats, head, tail, est, n, where
+_CHARGE = struct.Struct("<Q4q")  # tag, seq, waiting, exec, seats
+_LEARNT = struct.Struct("<Q8q")  # tag, seq, waiting, exec, seats, head, tail, est, n
+if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F_WHERE)
+        == tuple(range(F_TAG, F_TAG + 10))):
+    raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
 
 
 @lru_cache(maxsize=65536)
@@ -153,6 +162,7 @@ class MaxMinPolicy:
         self._mask = lay.flow_index_words - 1
         self._xb = lay.xslot_base
         self._nslots = lay.cap.slots
+        self._mv = led._mv
 
     # -- addressing ---------------------------------------------------------------------------
     def _mm(self, lb: int) -> int:
@@ -237,7 +247,7 @@ class MaxMinPolicy:
         w, u = self._w, self._u
         f = self._find(level, h)
         if f != NIL:
-            fa = self._fa(f)
+            fa = self._fb + f * FLOW_WORDS
             if w[fa + F_WHERE] == FW_IDLE:
                 self._idle_remove(f, fa)
                 w[mm + M_NFLOWS] += 1
@@ -365,29 +375,43 @@ class MaxMinPolicy:
 
     def _merge_pairs(self, first: int) -> int:
         """Two-pass pairing of a sibling list (links through ``F_NEXT``): meld pairs left to
-        right, then the results right to left. Returns the new root."""
-        w = self._w
+        right, then the results right to left. Returns the new root.
+
+        The first pass is :meth:`_meld` inline (the heap's inner loop: one Python call fewer
+        per pair). Links are written only where they survive: each node's ``F_NEXT`` and
+        ``F_PREV`` are set by the meld that makes it a child, the result's ``F_PREV`` by the
+        caller."""
+        w, u = self._w, self._u
         fb = self._fb
-        meld = self._meld
         acc = NIL
         x = first
         while x != NIL:
             a = x
             aa = fb + a * FLOW_WORDS
             b = w[aa + F_NEXT]
-            w[aa + F_NEXT] = NIL
-            w[aa + F_PREV] = NIL
             if b != NIL:
                 ba = fb + b * FLOW_WORDS
                 nxt = w[ba + F_NEXT]
-                w[ba + F_NEXT] = NIL
-                w[ba + F_PREV] = NIL
-                a = meld(a, b)
+                ta, tb = u[aa + F_TAG], u[ba + F_TAG]
+                if ta != tb:
+                    b_first = ((tb - ta) & U64) >= HALF
+                else:
+                    sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
+                    b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
+                if b_first:
+                    a, b, aa, ba = b, a, ba, aa
+                c = w[aa + F_CHILD]
+                w[ba + F_NEXT] = c
+                if c != NIL:
+                    w[fb + c * FLOW_WORDS + F_PREV] = b
+                w[ba + F_PREV] = a
+                w[aa + F_CHILD] = b
             else:
                 nxt = NIL
-            w[fb + a * FLOW_WORDS + F_NEXT] = acc
+            w[aa + F_NEXT] = acc
             acc = a
             x = nxt
+        meld = self._meld
         res = NIL
         while acc != NIL:
             aa = fb + acc * FLOW_WORDS
@@ -415,14 +439,7 @@ class MaxMinPolicy:
                 w[self._fa(root) + F_PREV] = NIL
             w[mm + M_ROOT] = root
         else:
-            p, n = w[fa + F_PREV], w[fa + F_NEXT]
-            pa = self._fa(p)
-            if w[pa + F_CHILD] == f:
-                w[pa + F_CHILD] = n
-            else:
-                w[pa + F_NEXT] = n
-            if n != NIL:
-                w[self._fa(n) + F_PREV] = p
+            self._cut(fa)
             sub = self._merge_pairs(w[fa + F_CHILD])
             if sub != NIL:
                 w[self._fa(sub) + F_PREV] = NIL
@@ -431,6 +448,34 @@ class MaxMinPolicy:
         w[fa + F_NEXT] = NIL
         w[fa + F_PREV] = NIL
         w[fa + F_WHERE] = FW_NOWHERE
+
+    def _cut(self, fa: int) -> None:
+        """Take the subtree of the entry at ``fa`` (not the root) out of its parent's
+        child list; its own ``F_NEXT`` and ``F_PREV`` are left for the caller."""
+        w = self._w
+        fb = self._fb
+        f = (fa - fb) // FLOW_WORDS
+        p, n = w[fa + F_PREV], w[fa + F_NEXT]
+        pa = fb + p * FLOW_WORDS
+        if w[pa + F_CHILD] == f:
+            w[pa + F_CHILD] = n
+        else:
+            w[pa + F_NEXT] = n
+        if n != NIL:
+            w[fb + n * FLOW_WORDS + F_PREV] = p
+
+    def _heap_decrease(self, mm: int, f: int) -> None:
+        """Flow ``f``'s key fell (it stays in the heap): its subtree, still in order below it,
+        is cut and melded with the root (the pairing heap's decrease-key)."""
+        w = self._w
+        root = w[mm + M_ROOT]
+        if f == root:
+            return
+        fa = self._fb + f * FLOW_WORDS
+        self._cut(fa)
+        w[fa + F_NEXT] = NIL
+        w[fa + F_PREV] = NIL
+        w[mm + M_ROOT] = self._meld(root, f)
 
     def heap_flows_locked(self, lb: int) -> list[int]:
         """The level's backlogged flows in the heap (a walk; the blocked case and dumps)."""
@@ -539,10 +584,11 @@ class MaxMinPolicy:
         led._link_tail_locked(lb, qa, s, sa)
         w[lb + L_WAITING] += 1
         w[lb + L_SEATS_WAITING] += ms
-        mm = self._mm(lb)
+        mm = self._mb + level * MM_WORDS
         f = self._get(mm, level, h)
-        fa = self._fa(f)
-        xa = self._xa(s)
+        fa = self._fb + f * FLOW_WORDS
+        xb = self._xb
+        xa = xb + s * XSLOT_WORDS
         w[xa + X_FLOW] = f
         tail = w[fa + F_TAIL]
         w[xa + X_FPREV] = tail
@@ -550,7 +596,7 @@ class MaxMinPolicy:
         if tail == NIL:
             w[fa + F_HEAD] = s
         else:
-            w[self._xa(tail) + X_FNEXT] = s
+            w[xb + tail * XSLOT_WORDS + X_FNEXT] = s
         w[fa + F_TAIL] = s
         n = w[fa + F_WAITING] + 1
         w[fa + F_WAITING] = n
@@ -578,23 +624,23 @@ class MaxMinPolicy:
         found or made active, its tag lifted to V and its backlog sequence taken, V raised to
         it (no other flow waits), the tag charged. Returns the estimate charged (the slot's
         ``S_SERVICE_NS``)."""
-        w, u = self._w, self._u
-        mm = self._mm(lb)
+        mm = self._mb + level * MM_WORDS
         f = self._get(mm, level, h)
-        fa = self._fa(f)
+        fa = self._fb + f * FLOW_WORDS
+        mv, w, u = self._mv, self._w, self._u
+        tag, _seq, waiting, ex, seats, _h, _t, est, n, _where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
         v = u[mm + M_V]
-        tag = u[fa + F_TAG]
         if ((tag - v) & U64) >= HALF:
             tag = v
         seq = w[mm + M_SEQ] + 1
         w[mm + M_SEQ] = seq
-        w[fa + F_SEQ] = seq
         if ((v - tag) & U64) >= HALF:
             u[mm + M_V] = tag
-        est = w[fa + F_EST] if w[fa + F_N] else w[lb + L_SERVICE_NS]
-        u[fa + F_TAG] = (tag + held * (est + al)) & U64
-        w[fa + F_EXEC] += 1
-        w[fa + F_SEATS] += held
+        if not n:
+            est = w[lb + L_SERVICE_NS]
+        _CHARGE.pack_into(mv, (fa + F_TAG) * 8, (tag + held * (est + al)) & U64, seq, waiting,
+                          ex + 1, seats + held)
         w[self._xb + s * XSLOT_WORDS + X_FLOW] = f
         return est
 
@@ -633,7 +679,7 @@ class MaxMinPolicy:
 
     def _dispatch_one(self, led, lb: int, now: int, granted: list) -> bool:
         w = self._w
-        mm = self._mm(lb)
+        mm = self._mb + (lb - self._lvb) // LEVEL_WORDS * MM_WORDS  # (_mm)
         f = w[mm + M_RESERVE]
         if f != NIL:
             if self._fits(lb, self._head_ms(f)):
@@ -662,26 +708,26 @@ class MaxMinPolicy:
         return self._backfill(led, lb, mm, f, now, granted)
 
     def _dispatch(self, led, lb: int, mm: int, f: int, now: int, granted: list) -> None:
-        """Flow ``f``'s oldest waiting request starts executing."""
-        w, u = self._w, self._u
-        fa = self._fa(f)
-        s = w[fa + F_HEAD]
+        """Flow ``f``'s oldest waiting request starts executing. (The flow's counting words
+        are read in one struct call and written back in one.)"""
+        w, u, mv = self._w, self._u, self._mv
+        fa = self._fb + f * FLOW_WORDS
+        tag, seq, waiting, ex, seats, s, tail, learnt, n, where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
         sa = self._sb + s * SLOT_WORDS
-        xa = self._xa(s)
+        xb = self._xb
+        xa = xb + s * XSLOT_WORDS
         q = w[sa + S_QUEUE]
         qa = self._qb + (w[lb + L_QBASE] + q) * QUEUE_WORDS
         led._unlink_locked(lb, qa, sa)
-        n = w[xa + X_FNEXT]
-        w[fa + F_HEAD] = n
-        if n == NIL:
-            w[fa + F_TAIL] = NIL
+        head = w[xa + X_FNEXT]  # out of the flow's FIFO
+        if head == NIL:
+            tail = NIL
         else:
-            w[self._xa(n) + X_FPREV] = NIL
+            w[xb + head * XSLOT_WORDS + X_FPREV] = NIL
         w[xa + X_FPREV] = NIL
         w[xa + X_FNEXT] = NIL
-        waiting = w[fa + F_WAITING] - 1
-        w[fa + F_WAITING] = waiting
-        where = w[fa + F_WHERE]
+        waiting -= 1
         if where == FW_HEAP:
             self._heap_remove(mm, f)  # its key changes (or it leaves)
         ms = w[sa + S_MAX_SEATS]
@@ -703,28 +749,26 @@ class MaxMinPolicy:
         w[lb + L_DISPATCHED] += 1
         led._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
         led._commit_locked()
-        ex = w[qa + Q_EXECUTING]
-        w[qa + Q_EXECUTING] = ex + 1
-        if ex == 0 and w[qa + Q_WAITING] == 0:
+        qex = w[qa + Q_EXECUTING]
+        w[qa + Q_EXECUTING] = qex + 1
+        if qex == 0 and w[qa + Q_WAITING] == 0:
             w[lb + L_ACTIVE_QUEUES] += 1
         w[qa + Q_SEATS] += held
         w[lb + L_QSEATS] += held
         led._demand_locked(lb, now)
         # V: the start tag in service, never past a flow still waiting
-        tag = u[fa + F_TAG]
         low = tag
         root = w[mm + M_ROOT]
         if root != NIL:
-            rt = u[self._fa(root) + F_TAG]
+            rt = u[self._fb + root * FLOW_WORDS + F_TAG]
             if ((rt - low) & U64) >= HALF:
                 low = rt
         if ((u[mm + M_V] - low) & U64) >= HALF:
             u[mm + M_V] = low
-        est = self._estimate(lb, fa)
+        est = learnt if n else w[lb + L_SERVICE_NS]  # (_estimate)
         w[sa + S_SERVICE_NS] = est
-        u[fa + F_TAG] = (tag + held * (est + w[sa + S_AL])) & U64
-        w[fa + F_EXEC] += 1
-        w[fa + F_SEATS] += held
+        _LEARNT.pack_into(mv, (fa + F_TAG) * 8, (tag + held * (est + w[sa + S_AL])) & U64, seq,
+                          waiting, ex + 1, seats + held, head, tail, learnt, n)
         if waiting == 0:
             self._unlist(mm, f)
         elif where == FW_HEAP:
@@ -799,37 +843,43 @@ class MaxMinPolicy:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
         worker died): correct its flow's tag by the time it held its seats, learn the flow's
         service time, and let a parked flow compete again."""
-        w, u = self._w, self._u
-        s = (sa - self._sb) // SLOT_WORDS
-        xa = self._xa(s)
+        w = self._w
+        xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
         f = w[xa + X_FLOW]
-        held = w[sa + S_HELD]
-        if w[sa + S_AL] > 0:
-            w[xa + X_END] = now + w[sa + S_AL]
+        al = w[sa + S_AL]
+        if al > 0:
+            w[xa + X_END] = now + al
         if f == NIL:
             return
         w[xa + X_FLOW] = NIL
-        mm = self._mm(lb)
-        fa = self._fa(f)
+        mm = self._mb + (lb - self._lvb) // LEVEL_WORDS * MM_WORDS
+        fa = self._fb + f * FLOW_WORDS
+        held = w[sa + S_HELD]
         ran = now - w[sa + S_START_NS]
-        where = w[fa + F_WHERE]
-        if where == FW_HEAP:
+        mv = self._mv
+        tag, seq, waiting, ex, seats, head, tail, est, n, where = _COUNTS.unpack_from(
+            mv, (fa + F_TAG) * 8)
+        charged = tag
+        tag = (tag + held * (ran - w[sa + S_SERVICE_NS])) & U64
+        # in the heap, its key (tag, seats, seq) falls unless the tag grows (seats fall): then
+        # a decrease-key, else out and back in
+        fell = where == FW_HEAP and ((charged - tag) & U64) < HALF
+        if where == FW_HEAP and not fell:
             self._heap_remove(mm, f)
-        u[fa + F_TAG] = (u[fa + F_TAG] + held * (ran - w[sa + S_SERVICE_NS])) & U64
         if learn:
-            n = w[fa + F_N]
             if n < SERVICE_WINDOW:
                 n += 1
-                w[fa + F_N] = n
-            w[fa + F_EST] = learn_service(w[fa + F_EST] if n > 1 else 0, n, ran)
-        w[fa + F_EXEC] -= 1
-        w[fa + F_SEATS] -= held
-        if where == FW_HEAP:
+            est = learn_service(est if n > 1 else 0, n, ran)
+        _LEARNT.pack_into(mv, (fa + F_TAG) * 8, tag, seq, waiting, ex - 1, seats - held, head,
+                          tail, est, n)
+        if fell:
+            self._heap_decrease(mm, f)
+        elif where == FW_HEAP:
             self._heap_insert(mm, f)
-        elif where == FW_PARKED and w[fa + F_N]:  # learnt now: compete normally
+        elif where == FW_PARKED and n:  # learnt now: compete normally
             self._unpark(mm, f)
             self._heap_insert(mm, f)
-        if w[fa + F_WAITING] == 0 and w[fa + F_EXEC] == 0:
+        if waiting == 0 and ex == 1:
             self._idle(mm, f, fa)
 
     def waiting_removed_locked(self, led, lb: int, q: int, sa: int) -> None:
