@@ -246,7 +246,7 @@ deal_card(uint64_t h, int64_t deck, int64_t k)
 /* layout.py's maxmin words come from _layout.h too; LAYOUT_MAXMIN lists those read here */
 
 static inline uint64_t
-mm_mix(int64_t level, uint64_t h) /* maxmin.flow_mix */
+mm_mix(int64_t level, uint64_t h) /* flowtable.flow_mix */
 {
     uint64_t x = h ^ ((uint64_t)level * 0x9E3779B97F4A7C15ull);
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -22,17 +22,21 @@ Everything runs under the ledger lock (``…_locked``); the ledger reaches this 
 and the plain finish of such levels with :meth:`MaxMinPolicy.at_once_locked` and
 :meth:`MaxMinPolicy.main_phase_ended_locked`. Tags are uint64 words compared by signed
 difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each other).
+
+This module holds the rules (arrival, dispatch, reservation and backfill, completion); its
+mixins hold the structures: ``flowtable.py`` (entries, index, idle list), ``flowheap.py`` (the
+pairing heap of backlogged flows, the parked list) and ``maxmin_repair.py`` (rebuild, verify).
 """
 
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
 
 from apf_gunicorn.flowcontrol.shufflesharding import deal
+from apf_gunicorn.ledger.flowheap import HALF, FlowHeap
+from apf_gunicorn.ledger.flowtable import FlowTable
 from apf_gunicorn.ledger.layout import (
     EXECUTING,
-    F_CHILD,
     F_EST,
     F_EXEC,
     F_HASH,
@@ -40,21 +44,15 @@ from apf_gunicorn.ledger.layout import (
     F_LEVEL,
     F_N,
     F_NEXT,
-    F_PREV,
     F_SEATS,
     F_SEQ,
     F_TAG,
     F_TAIL,
     F_WAITING,
     F_WHERE,
-    FH_EVICTIONS,
-    FH_FREE,
-    FH_IDLE_HEAD,
-    FH_IDLE_TAIL,
     FLOW_WORDS,
     FW_HEAP,
     FW_IDLE,
-    FW_NOWHERE,
     FW_PARKED,
     L_ACTIVE_QUEUES,
     L_C,
@@ -75,7 +73,6 @@ from apf_gunicorn.ledger.layout import (
     LINGERING,
     M_NFLOWS,
     M_PARK_HEAD,
-    M_PARK_TAIL,
     M_RESERVE,
     M_RESERVES,
     M_ROOT,
@@ -94,7 +91,6 @@ from apf_gunicorn.ledger.layout import (
     S_FINAL,
     S_FINAL_WORK,
     S_GEN,
-    S_HASH,
     S_HELD,
     S_INITIAL,
     S_LEVEL,
@@ -114,12 +110,12 @@ from apf_gunicorn.ledger.layout import (
     X_FPREV,
     XSLOT_WORDS,
 )
+from apf_gunicorn.ledger.maxmin_repair import MaxMinRepair
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED, REJECTED, AdmitResult
 from apf_gunicorn.ledger.seatseconds import U64, duration_per_seat
 from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
-HALF = 1 << 63
 # A flow entry's counting words in one struct call (the per-request paths read and write them
 # together): F_TAG .. F_WHERE, and F_TAG .. F_N written back. F_TAG is a uint64.
 _COUNTS = struct.Struct("<Q9q")  # tag, seq, waiting, exec, seats, head, tail, est, n, where
@@ -130,18 +126,7 @@ if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F
     raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
 
 
-@lru_cache(maxsize=65536)
-def flow_mix(level: int, flow_hash: int) -> int:
-    """Where a flow's search starts in the index: a 64-bit mix of (level, hash) (the
-    splitmix64 finaliser), so that flows of one level spread over the whole index. Cached:
-    flows repeat, and the mix is pure (``mm_mix`` in ``_fastpath.c`` computes the same)."""
-    x = (flow_hash ^ (level * 0x9E3779B97F4A7C15)) & U64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & U64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & U64
-    return x ^ (x >> 31)
-
-
-class MaxMinPolicy:
+class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
     """The ``maxmin`` rules over one ledger's buffer (the same interface as
     :class:`~apf_gunicorn.ledger.queueset.KubernetesQueueSet`)."""
 
@@ -163,381 +148,6 @@ class MaxMinPolicy:
         self._xb = lay.xslot_base
         self._nslots = lay.cap.slots
         self._mv = led._mv
-
-    # -- addressing ---------------------------------------------------------------------------
-    def _mm(self, lb: int) -> int:
-        """The level's maxmin words, from its record's address."""
-        return self._mb + (lb - self._lvb) // LEVEL_WORDS * MM_WORDS
-
-    def _fa(self, f: int) -> int:
-        return self._fb + f * FLOW_WORDS
-
-    def _xa(self, s: int) -> int:
-        return self._xb + s * XSLOT_WORDS
-
-    # -- formatting ---------------------------------------------------------------------------
-    def format_locked(self) -> None:
-        """A new ledger: every flow entry free, every level's lists empty."""
-        w = self._w
-        n = self._nslots
-        for f in range(n):
-            fa = self._fa(f)
-            w[fa + F_LEVEL] = NIL
-            w[fa + F_NEXT] = f + 1 if f + 1 < n else NIL
-            w[fa + F_PREV] = NIL
-            w[fa + F_CHILD] = NIL
-            w[fa + F_HEAD] = NIL
-            w[fa + F_TAIL] = NIL
-        w[self._fh + FH_FREE] = 0
-        w[self._fh + FH_IDLE_HEAD] = NIL
-        w[self._fh + FH_IDLE_TAIL] = NIL
-        for s in range(n):
-            xa = self._xa(s)
-            w[xa + X_FLOW] = NIL
-            w[xa + X_FPREV] = NIL
-            w[xa + X_FNEXT] = NIL
-        for level in range(self._nlevels):
-            self.reset_level_locked(self._lvb + level * LEVEL_WORDS)
-
-    def reset_level_locked(self, lb: int) -> None:
-        """The level's maxmin words empty (V = 0, no heap, nothing parked or reserved)."""
-        w = self._w
-        mm = self._mm(lb)
-        for i in range(MM_WORDS):
-            w[mm + i] = 0
-        w[mm + M_ROOT] = NIL
-        w[mm + M_PARK_HEAD] = NIL
-        w[mm + M_PARK_TAIL] = NIL
-        w[mm + M_RESERVE] = NIL
-
-    def purge_level_locked(self, level: int) -> None:
-        """Level index ``level`` is (re)created or switched to maxmin: free every flow entry
-        still keyed by it (left by an earlier level or policy), and empty its words."""
-        w = self._w
-        for f in range(self._nslots):
-            fa = self._fa(f)
-            if w[fa + F_LEVEL] != level:
-                continue
-            if w[fa + F_WHERE] == FW_IDLE:
-                self._idle_remove(f, fa)
-            self._index_delete(f, fa)
-            w[fa + F_LEVEL] = NIL
-            w[fa + F_NEXT] = w[self._fh + FH_FREE]
-            w[self._fh + FH_FREE] = f
-        self.reset_level_locked(self._lvb + level * LEVEL_WORDS)
-
-    # -- the flow table -----------------------------------------------------------------------
-    def _find(self, level: int, h: int) -> int:
-        w, u = self._w, self._u
-        ib, mask = self._ib, self._mask
-        i = flow_mix(level, h) & mask
-        while True:
-            e = w[ib + i]
-            if e == 0:
-                return NIL
-            fa = self._fb + (e - 1) * FLOW_WORDS
-            if u[fa + F_HASH] == h and w[fa + F_LEVEL] == level:
-                return e - 1
-            i = (i + 1) & mask
-
-    def _get(self, mm: int, level: int, h: int) -> int:
-        """The flow's entry, made active (found; else a free entry; else the least recently
-        idle one, evicted: there is one, since active flows hold slots and one was just
-        taken for this request)."""
-        w, u = self._w, self._u
-        f = self._find(level, h)
-        if f != NIL:
-            fa = self._fb + f * FLOW_WORDS
-            if w[fa + F_WHERE] == FW_IDLE:
-                self._idle_remove(f, fa)
-                w[mm + M_NFLOWS] += 1
-            return f
-        fh = self._fh
-        f = w[fh + FH_FREE]
-        if f != NIL:
-            fa = self._fa(f)
-            w[fh + FH_FREE] = w[fa + F_NEXT]
-        else:
-            f = w[fh + FH_IDLE_HEAD]
-            if f == NIL:
-                raise AssertionError("maxmin: no flow entry to reuse")  # cannot happen
-            fa = self._fa(f)
-            self._idle_remove(f, fa)
-            self._index_delete(f, fa)
-            w[fh + FH_EVICTIONS] += 1
-        w[fa + F_LEVEL] = level
-        u[fa + F_HASH] = h
-        u[fa + F_TAG] = u[mm + M_V]
-        for field in (F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_EST, F_N):
-            w[fa + field] = 0
-        for field in (F_HEAD, F_TAIL, F_CHILD, F_NEXT, F_PREV):
-            w[fa + field] = NIL
-        w[fa + F_WHERE] = FW_NOWHERE
-        ib, mask = self._ib, self._mask
-        i = flow_mix(level, h) & mask
-        while w[ib + i]:
-            i = (i + 1) & mask
-        w[ib + i] = f + 1
-        w[mm + M_NFLOWS] += 1
-        return f
-
-    def _index_delete(self, f: int, fa: int) -> None:
-        """Take entry ``f`` out of the index (backward-shift deletion: no tombstones)."""
-        w, u = self._w, self._u
-        ib, mask = self._ib, self._mask
-        i = flow_mix(w[fa + F_LEVEL], u[fa + F_HASH]) & mask
-        while w[ib + i] != f + 1:
-            i = (i + 1) & mask
-        j = i
-        while True:
-            j = (j + 1) & mask
-            e = w[ib + j]
-            if e == 0:
-                break
-            ea = self._fb + (e - 1) * FLOW_WORDS
-            home = flow_mix(w[ea + F_LEVEL], u[ea + F_HASH]) & mask
-            if (j - home) & mask >= (j - i) & mask:  # its home is not in (i, j]: move it back
-                w[ib + i] = e
-                i = j
-        w[ib + i] = 0
-
-    def _idle(self, mm: int, f: int, fa: int) -> None:
-        """Nothing waits or executes any more: onto the idle list, tag and estimate kept."""
-        w = self._w
-        fh = self._fh
-        tail = w[fh + FH_IDLE_TAIL]
-        w[fa + F_WHERE] = FW_IDLE
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = tail
-        if tail == NIL:
-            w[fh + FH_IDLE_HEAD] = f
-        else:
-            w[self._fa(tail) + F_NEXT] = f
-        w[fh + FH_IDLE_TAIL] = f
-        w[mm + M_NFLOWS] -= 1
-
-    def _idle_remove(self, f: int, fa: int) -> None:
-        w = self._w
-        fh = self._fh
-        p, n = w[fa + F_PREV], w[fa + F_NEXT]
-        if p == NIL:
-            w[fh + FH_IDLE_HEAD] = n
-        else:
-            w[self._fa(p) + F_NEXT] = n
-        if n == NIL:
-            w[fh + FH_IDLE_TAIL] = p
-        else:
-            w[self._fa(n) + F_PREV] = p
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = NIL
-        w[fa + F_WHERE] = FW_NOWHERE
-
-    # -- the pairing heap ---------------------------------------------------------------------
-    def _less(self, a: int, b: int) -> bool:
-        """Flow ``a`` before flow ``b``: smaller tag, then fewer seats held, then longer
-        backlogged."""
-        w, u = self._w, self._u
-        fa, fb = self._fa(a), self._fa(b)
-        ta, tb = u[fa + F_TAG], u[fb + F_TAG]
-        if ta != tb:
-            return ((ta - tb) & U64) >= HALF
-        sa, sb = w[fa + F_SEATS], w[fb + F_SEATS]
-        if sa != sb:
-            return sa < sb
-        return w[fa + F_SEQ] < w[fb + F_SEQ]
-
-    def _meld(self, a: int, b: int) -> int:
-        """The heap of roots ``a`` and ``b``: the loser becomes the winner's first child.
-        (:meth:`_less` inline: this is the heap's inner loop.)"""
-        if a == NIL:
-            return b
-        if b == NIL:
-            return a
-        w = self._w
-        fb = self._fb
-        aa, ba = fb + a * FLOW_WORDS, fb + b * FLOW_WORDS
-        u = self._u
-        ta, tb = u[aa + F_TAG], u[ba + F_TAG]
-        if ta != tb:
-            b_first = ((tb - ta) & U64) >= HALF
-        else:
-            sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
-            b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
-        if b_first:
-            a, b, aa, ba = b, a, ba, aa
-        c = w[aa + F_CHILD]
-        w[ba + F_NEXT] = c
-        if c != NIL:
-            w[fb + c * FLOW_WORDS + F_PREV] = b
-        w[ba + F_PREV] = a
-        w[aa + F_CHILD] = b
-        return a
-
-    def _merge_pairs(self, first: int) -> int:
-        """Two-pass pairing of a sibling list (links through ``F_NEXT``): meld pairs left to
-        right, then the results right to left. Returns the new root.
-
-        The first pass is :meth:`_meld` inline (the heap's inner loop: one Python call fewer
-        per pair). Links are written only where they survive: each node's ``F_NEXT`` and
-        ``F_PREV`` are set by the meld that makes it a child, the result's ``F_PREV`` by the
-        caller."""
-        w, u = self._w, self._u
-        fb = self._fb
-        acc = NIL
-        x = first
-        while x != NIL:
-            a = x
-            aa = fb + a * FLOW_WORDS
-            b = w[aa + F_NEXT]
-            if b != NIL:
-                ba = fb + b * FLOW_WORDS
-                nxt = w[ba + F_NEXT]
-                ta, tb = u[aa + F_TAG], u[ba + F_TAG]
-                if ta != tb:
-                    b_first = ((tb - ta) & U64) >= HALF
-                else:
-                    sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
-                    b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
-                if b_first:
-                    a, b, aa, ba = b, a, ba, aa
-                c = w[aa + F_CHILD]
-                w[ba + F_NEXT] = c
-                if c != NIL:
-                    w[fb + c * FLOW_WORDS + F_PREV] = b
-                w[ba + F_PREV] = a
-                w[aa + F_CHILD] = b
-            else:
-                nxt = NIL
-            w[aa + F_NEXT] = acc
-            acc = a
-            x = nxt
-        meld = self._meld
-        res = NIL
-        while acc != NIL:
-            aa = fb + acc * FLOW_WORDS
-            nxt = w[aa + F_NEXT]
-            w[aa + F_NEXT] = NIL
-            res = meld(res, acc)
-            acc = nxt
-        return res
-
-    def _heap_insert(self, mm: int, f: int) -> None:
-        w = self._w
-        fa = self._fa(f)
-        w[fa + F_CHILD] = NIL
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = NIL
-        w[fa + F_WHERE] = FW_HEAP
-        w[mm + M_ROOT] = self._meld(w[mm + M_ROOT], f)
-
-    def _heap_remove(self, mm: int, f: int) -> None:
-        w = self._w
-        fa = self._fa(f)
-        if f == w[mm + M_ROOT]:
-            root = self._merge_pairs(w[fa + F_CHILD])
-            if root != NIL:
-                w[self._fa(root) + F_PREV] = NIL
-            w[mm + M_ROOT] = root
-        else:
-            self._cut(fa)
-            sub = self._merge_pairs(w[fa + F_CHILD])
-            if sub != NIL:
-                w[self._fa(sub) + F_PREV] = NIL
-            w[mm + M_ROOT] = self._meld(w[mm + M_ROOT], sub)
-        w[fa + F_CHILD] = NIL
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = NIL
-        w[fa + F_WHERE] = FW_NOWHERE
-
-    def _cut(self, fa: int) -> None:
-        """Take the subtree of the entry at ``fa`` (not the root) out of its parent's
-        child list; its own ``F_NEXT`` and ``F_PREV`` are left for the caller."""
-        w = self._w
-        fb = self._fb
-        f = (fa - fb) // FLOW_WORDS
-        p, n = w[fa + F_PREV], w[fa + F_NEXT]
-        pa = fb + p * FLOW_WORDS
-        if w[pa + F_CHILD] == f:
-            w[pa + F_CHILD] = n
-        else:
-            w[pa + F_NEXT] = n
-        if n != NIL:
-            w[fb + n * FLOW_WORDS + F_PREV] = p
-
-    def _heap_decrease(self, mm: int, f: int) -> None:
-        """Flow ``f``'s key fell (it stays in the heap): its subtree, still in order below it,
-        is cut and melded with the root (the pairing heap's decrease-key)."""
-        w = self._w
-        root = w[mm + M_ROOT]
-        if f == root:
-            return
-        fa = self._fb + f * FLOW_WORDS
-        self._cut(fa)
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = NIL
-        w[mm + M_ROOT] = self._meld(root, f)
-
-    def heap_flows_locked(self, lb: int) -> list[int]:
-        """The level's backlogged flows in the heap (a walk; the blocked case and dumps)."""
-        w = self._w
-        root = w[self._mm(lb) + M_ROOT]
-        out, stack = [], [root] if root != NIL else []
-        while stack:
-            x = stack.pop()
-            out.append(x)
-            c = w[self._fa(x) + F_CHILD]
-            while c != NIL:
-                stack.append(c)
-                c = w[self._fa(c) + F_NEXT]
-        return out
-
-    def parked_flows_locked(self, lb: int) -> list[int]:
-        w = self._w
-        out, p = [], w[self._mm(lb) + M_PARK_HEAD]
-        while p != NIL:
-            out.append(p)
-            p = w[self._fa(p) + F_NEXT]
-        return out
-
-    # -- parked flows -------------------------------------------------------------------------
-    def _park(self, mm: int, f: int) -> None:
-        w = self._w
-        fa = self._fa(f)
-        tail = w[mm + M_PARK_TAIL]
-        w[fa + F_WHERE] = FW_PARKED
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = tail
-        if tail == NIL:
-            w[mm + M_PARK_HEAD] = f
-        else:
-            w[self._fa(tail) + F_NEXT] = f
-        w[mm + M_PARK_TAIL] = f
-
-    def _unpark(self, mm: int, f: int) -> None:
-        w = self._w
-        fa = self._fa(f)
-        p, n = w[fa + F_PREV], w[fa + F_NEXT]
-        if p == NIL:
-            w[mm + M_PARK_HEAD] = n
-        else:
-            w[self._fa(p) + F_NEXT] = n
-        if n == NIL:
-            w[mm + M_PARK_TAIL] = p
-        else:
-            w[self._fa(n) + F_PREV] = p
-        w[fa + F_NEXT] = NIL
-        w[fa + F_PREV] = NIL
-        w[fa + F_WHERE] = FW_NOWHERE
-
-    def _unlist(self, mm: int, f: int) -> None:
-        """The flow has nothing waiting any more: out of the heap or the parked list."""
-        where = self._w[self._fa(f) + F_WHERE]
-        if where == FW_HEAP:
-            self._heap_remove(mm, f)
-        elif where == FW_PARKED:
-            self._unpark(mm, f)
-        if self._w[mm + M_RESERVE] == f:
-            self._w[mm + M_RESERVE] = NIL
 
     # -- arrival ------------------------------------------------------------------------------
     def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
@@ -923,153 +533,6 @@ class MaxMinPolicy:
         wind it back as Kubernetes does; the maxmin tags wrap by themselves."""
         led._queueset.advance_epoch_locked(led, lb)
 
-    # -- repair and policy switches -----------------------------------------------------------
-    def repair_locked(self, led, lb: int) -> None:
-        """Rebuild the level's flow state from the slot table (after a repair rebuilt the
-        queues, or when the level switches to maxmin). Tags, estimates and backlog sequence
-        numbers of entries that survive are kept; nothing is parked or reserved afterwards;
-        waiting requests rejoin their flow's FIFO in arrival order (``S_SEQ``)."""
-        w, u = self._w, self._u
-        level = (lb - self._lvb) // LEVEL_WORDS
-        mm = self._mm(lb)
-        # every entry of the level: unlinked, counts zero (still indexed)
-        for f in range(self._nslots):
-            fa = self._fa(f)
-            if w[fa + F_LEVEL] != level:
-                continue
-            if w[fa + F_WHERE] == FW_IDLE:
-                self._idle_remove(f, fa)
-            for field in (F_WAITING, F_EXEC, F_SEATS):
-                w[fa + field] = 0
-            for field in (F_HEAD, F_TAIL, F_CHILD, F_NEXT, F_PREV):
-                w[fa + field] = NIL
-            w[fa + F_WHERE] = FW_NOWHERE
-        self._rebuild_index()
-        w[mm + M_ROOT] = NIL
-        w[mm + M_PARK_HEAD] = NIL
-        w[mm + M_PARK_TAIL] = NIL
-        w[mm + M_RESERVE] = NIL
-        w[mm + M_NFLOWS] = 0
-        states, levels, seqs, queues = led._slot_columns_locked(S_STATE, S_LEVEL, S_SEQ,
-                                                                S_QUEUE)
-        # requests admitted into a queue (not those of an exempt or reject-type configuration)
-        mine = sorted((seqs[s], s) for s in range(self._nslots)
-                      if states[s] in (WAITING, EXECUTING) and levels[s] == level
-                      and queues[s] != NIL)
-        flows = []
-        for _seq, s in mine:
-            sa = self._sb + s * SLOT_WORDS
-            h = u[sa + S_HASH]
-            f = self._find(level, h)
-            if f == NIL:
-                f = self._get(mm, level, h)
-            elif not (w[self._fa(f) + F_WAITING] or w[self._fa(f) + F_EXEC]):
-                w[mm + M_NFLOWS] += 1
-            fa = self._fa(f)
-            if f not in flows:
-                flows.append(f)
-            xa = self._xa(s)
-            w[xa + X_FLOW] = f
-            w[xa + X_FPREV] = NIL
-            w[xa + X_FNEXT] = NIL
-            if states[s] == WAITING:
-                tail = w[fa + F_TAIL]
-                w[xa + X_FPREV] = tail
-                if tail == NIL:
-                    w[fa + F_HEAD] = s
-                else:
-                    w[self._xa(tail) + X_FNEXT] = s
-                w[fa + F_TAIL] = s
-                w[fa + F_WAITING] += 1
-            else:
-                w[fa + F_EXEC] += 1
-                w[fa + F_SEATS] += w[sa + S_HELD]
-        for f in flows:
-            if w[self._fa(f) + F_WAITING]:
-                self._heap_insert(mm, f)
-        for s in range(self._nslots):  # lingering, free and queueless slots: no flow
-            if levels[s] == level and (states[s] not in (WAITING, EXECUTING)
-                                       or queues[s] == NIL):
-                w[self._xa(s) + X_FLOW] = NIL
-        for f in range(self._nslots):
-            fa = self._fa(f)
-            if (w[fa + F_LEVEL] == level and w[fa + F_WHERE] == FW_NOWHERE
-                    and not w[fa + F_WAITING] and not w[fa + F_EXEC]):
-                self._idle(mm, f, fa)
-                w[mm + M_NFLOWS] += 1  # _idle counts an active flow leaving; this one was not
-
-    def _rebuild_index(self) -> None:
-        """The index from the entries (after a repair: an interrupted insert or delete)."""
-        w, u = self._w, self._u
-        ib, mask = self._ib, self._mask
-        for i in range(mask + 1):
-            w[ib + i] = 0
-        for f in range(self._nslots):
-            fa = self._fa(f)
-            level = w[fa + F_LEVEL]
-            if level == NIL:
-                continue
-            i = flow_mix(level, u[fa + F_HASH]) & mask
-            while w[ib + i]:
-                i = (i + 1) & mask
-            w[ib + i] = f + 1
-
-    def verify_locked(self, led, lb: int) -> list[str]:
-        """Every violated invariant of the level's flow state, as text (``repair.verify``)."""
-        w, u = self._w, self._u
-        level = (lb - self._lvb) // LEVEL_WORDS
-        mm = self._mm(lb)
-        out: list[str] = []
-        states, levels, seqs, helds, queues = led._slot_columns_locked(
-            S_STATE, S_LEVEL, S_SEQ, S_HELD, S_QUEUE)
-        want: dict[int, list] = {}
-        for s in sorted(range(self._nslots), key=lambda s: seqs[s]):
-            if levels[s] != level or states[s] not in (WAITING, EXECUTING) or queues[s] == NIL:
-                continue  # (a queueless request: exempt or reject-type, no flow)
-            f = w[self._xa(s) + X_FLOW]
-            if f == NIL or w[self._fa(f) + F_LEVEL] != level:
-                out.append(f"level {level} slot {s}: no flow entry")
-                continue
-            if self._find(level, u[self._sb + s * SLOT_WORDS + S_HASH]) != f:
-                out.append(f"level {level} slot {s}: its flow is not found by its key")
-            fifo, ex, seats = want.setdefault(f, [[], 0, 0])
-            if states[s] == WAITING:
-                fifo.append(s)
-            else:
-                want[f][1] += 1
-                want[f][2] += helds[s]
-        heap = set(self.heap_flows_locked(lb))
-        parked = set(self.parked_flows_locked(lb))
-        for f, (fifo, ex, seats) in want.items():
-            fa = self._fa(f)
-            got, s = [], w[fa + F_HEAD]
-            while s != NIL and len(got) <= self._nslots:
-                got.append(s)
-                s = w[self._xa(s) + X_FNEXT]
-            if got != fifo:
-                out.append(f"level {level} flow {f}: FIFO {got} != arrival order {fifo}")
-            if (w[fa + F_WAITING], w[fa + F_EXEC], w[fa + F_SEATS]) != (len(fifo), ex, seats):
-                out.append(f"level {level} flow {f}: counts "
-                           f"{(w[fa + F_WAITING], w[fa + F_EXEC], w[fa + F_SEATS])} != "
-                           f"{(len(fifo), ex, seats)}")
-            if fifo and f not in heap and f not in parked:
-                out.append(f"level {level} flow {f}: waits but is neither in the heap nor parked")
-        for f in heap | parked:
-            if f not in want or not want[f][0]:
-                out.append(f"level {level} flow {f}: listed with nothing waiting")
-        for f in heap:
-            c = w[self._fa(f) + F_CHILD]
-            while c != NIL:
-                if self._less(c, f):
-                    out.append(f"level {level}: heap order broken below flow {f}")
-                c = w[self._fa(c) + F_NEXT]
-        if w[mm + M_NFLOWS] != len(want):
-            out.append(f"level {level}: {w[mm + M_NFLOWS]} active flows counted, {len(want)} found")
-        r = w[mm + M_RESERVE]
-        if r != NIL and r not in heap and r not in parked:
-            out.append(f"level {level}: the reserved flow {r} does not wait")
-        return out
-
     # -- reading ------------------------------------------------------------------------------
     def flow_state_locked(self, lb: int) -> dict:
         """The level's virtual-time state for dumps: V, the reserved flow's hash, and per
@@ -1093,5 +556,3 @@ class MaxMinPolicy:
         return {"v": u[mm + M_V], "reserved": u[self._fa(r) + F_HASH] if r != NIL else None,
                 "reservations": w[mm + M_RESERVES], "flows": flows}
 
-
-__all__ = ["MaxMinPolicy", "flow_mix"]
