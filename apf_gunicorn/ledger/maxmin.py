@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import struct
 
-from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.ledger.flowheap import HALF, FlowHeap
 from apf_gunicorn.ledger.flowtable import FlowTable
 from apf_gunicorn.ledger.layout import (
@@ -54,19 +53,10 @@ from apf_gunicorn.ledger.layout import (
     FW_HEAP,
     FW_IDLE,
     FW_PARKED,
-    L_ACTIVE_QUEUES,
     L_C,
-    L_DESIRED,
-    L_DISPATCHED,
-    L_ENQUEUES,
     L_EXECUTING,
-    L_HAND,
     L_QBASE,
-    L_QLL,
-    L_QSEATS,
-    L_R,
     L_SEATS_IN_USE,
-    L_SEATS_WAITING,
     L_SERVICE_NS,
     L_WAITING,
     LEVEL_WORDS,
@@ -80,30 +70,18 @@ from apf_gunicorn.ledger.layout import (
     M_V,
     MM_WORDS,
     NIL,
-    Q_EXECUTING,
-    Q_SEATS,
-    Q_WAITING,
-    Q_WORK_SUM,
     QUEUE_WORDS,
     S_AL,
-    S_ARRIVAL_NS,
-    S_ARRIVAL_R,
-    S_FINAL,
-    S_FINAL_WORK,
     S_GEN,
     S_HELD,
-    S_INITIAL,
     S_LEVEL,
     S_MAX_SEATS,
     S_OWNER,
     S_QUEUE,
-    S_SEQ,
     S_SERVICE_NS,
     S_START_NS,
     S_STATE,
-    S_STATS,
     SLOT_WORDS,
-    WAITING,
     X_END,
     X_FLOW,
     X_FNEXT,
@@ -111,10 +89,9 @@ from apf_gunicorn.ledger.layout import (
     XSLOT_WORDS,
 )
 from apf_gunicorn.ledger.maxmin_repair import MaxMinRepair
-from apf_gunicorn.ledger.records import EXECUTE, QUEUED, REJECTED, AdmitResult
-from apf_gunicorn.ledger.seatseconds import U64, duration_per_seat
+from apf_gunicorn.ledger.records import REJECTED, AdmitResult
+from apf_gunicorn.ledger.seatseconds import U64
 from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
-from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 # A flow entry's counting words in one struct call (the per-request paths read and write them
 # together): F_TAG .. F_WHERE, and F_TAG .. F_N written back. F_TAG is a uint64.
@@ -159,41 +136,12 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
         Args and Returns: as :meth:`KubernetesQueueSet.enqueue_locked`.
         """
         w, u = self._w, self._u
-        flow_hash, initial, final, al, owner, now, fs_index, detail = req
-        desired = w[lb + L_DESIRED]
-        hs = w[lb + L_HAND]
-        h = flow_hash & U64
-        hand = deal(h, desired, hs)
-        enq = w[lb + L_ENQUEUES]
-        w[lb + L_ENQUEUES] = enq + 1
-        off = enq % hs
-        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
-        best_q = hand[off]
-        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
-        for i in range(1, hs):
-            q = hand[(off + i) % hs]
-            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
-            if ws < best:
-                best, best_q = ws, q
-        q = best_q
-        qa = qbase + q * QUEUE_WORDS
-        if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
-            led._count_rejection_locked(lb)
-            led._note_rejection_locked(eb, R_QUEUE_FULL, False)
-            led._commit_locked()
+        got = led._wait_locked(lb, level, req, eb, ms, watch)
+        if got is None:
             return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
-        s, sa, gen = led._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al, now,
-                                       detail)
-        w[sa + S_STATS] = 2 * eb + watch
-        u[sa + S_ARRIVAL_R] = u[lb + L_R]
-        w[sa + S_SEQ] = enq
-        w[sa + S_QUEUE] = q
-        led._log_locked(sa + S_STATE)
-        w[sa + S_STATE] = WAITING
-        led._commit_locked()
-        led._link_tail_locked(lb, qa, s, sa)
-        w[lb + L_WAITING] += 1
-        w[lb + L_SEATS_WAITING] += ms
+        s, sa, gen, q, qa = got
+        h = req[0] & U64
+        now = req[5]
         mm = self._mb + level * MM_WORDS
         f = self._get(mm, level, h)
         fa = self._fb + f * FLOW_WORDS
@@ -220,11 +168,7 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
             self._heap_insert(mm, f)
         led._demand_locked(lb, now)
         self.dispatch_all_locked(led, lb, now, granted)
-        if w[sa + S_STATE] == EXECUTING:
-            mine = (s, gen, owner)
-            granted[:] = [g for g in granted if g != mine]
-            return AdmitResult(EXECUTE, s, gen, "", granted)
-        return AdmitResult(QUEUED, s, gen, "", granted)
+        return led._admitted(s, w[sa + S_STATE], gen, req[4], granted)
 
     def at_once_locked(self, lb: int, level: int, h: int, s: int, held: int, al: int) -> int:
         """The fast admit's flow words (``fastpath.py``; ``fp_admit`` in ``_fastpath.c``): a
@@ -340,32 +284,7 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
         waiting -= 1
         if where == FW_HEAP:
             self._heap_remove(mm, f)  # its key changes (or it leaves)
-        ms = w[sa + S_MAX_SEATS]
-        c = w[lb + L_C]
-        initial = w[sa + S_INITIAL]
-        held = ms
-        if w[sa + S_FINAL] > c:  # final-seat cap, preserving the tail's area
-            w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
-            w[sa + S_FINAL] = c
-            held = initial if initial >= c else c
-        w[lb + L_WAITING] -= 1
-        w[lb + L_SEATS_WAITING] -= ms
-        led._log_locked(sa + S_STATE, lb + L_DISPATCHED)  # one event: this dispatch
-        w[sa + S_STATE] = EXECUTING
-        w[sa + S_START_NS] = now
-        w[sa + S_HELD] = held
-        w[lb + L_EXECUTING] += 1
-        w[lb + L_SEATS_IN_USE] += held
-        w[lb + L_DISPATCHED] += 1
-        led._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
-        led._commit_locked()
-        qex = w[qa + Q_EXECUTING]
-        w[qa + Q_EXECUTING] = qex + 1
-        if qex == 0 and w[qa + Q_WAITING] == 0:
-            w[lb + L_ACTIVE_QUEUES] += 1
-        w[qa + Q_SEATS] += held
-        w[lb + L_QSEATS] += held
-        led._demand_locked(lb, now)
+        held = led._start_locked(lb, qa, sa, now)
         # V: the start tag in service, never past a flow still waiting
         low = tag
         root = w[mm + M_ROOT]

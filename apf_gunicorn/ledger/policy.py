@@ -15,7 +15,10 @@ How the ledger reaches a policy: only through the routers in ``ledger.py``
 policy object is built once per ``Ledger`` (``Policy(led)``) and may keep the ledger's buffer
 views, but not the ledger: each call is handed the ledger as ``led`` (so there is no reference
 cycle, and a dropped ledger frees its buffer at once), and may use its ``..._locked`` helpers
-(alloc, link/unlink, log/commit, counters, the min-tree).
+(alloc, link/unlink, log/commit, counters, the min-tree). Both policies admit as Kubernetes
+does and start a chosen request alike, through the ledger's ``_wait_locked`` (queue choice,
+``queue-full``, the waiting slot), ``_start_locked`` (the final-seat cap and the counts of a
+dispatch) and ``_admitted`` (the outcome); what differs is the order.
 
 Two things a new policy must also settle, outside this interface:
 

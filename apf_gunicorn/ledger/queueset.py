@@ -18,25 +18,14 @@ Everything here runs with the ledger lock held (hence ``_locked``). The admit-at
 
 from __future__ import annotations
 
-from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.layout import (
-    EXECUTING,
-    L_ACTIVE_QUEUES,
     L_C,
-    L_DESIRED,
-    L_DISPATCHED,
-    L_ENQUEUES,
-    L_EXECUTING,
-    L_HAND,
     L_NQ,
     L_QBASE,
-    L_QLL,
-    L_QSEATS,
     L_R,
     L_ROBIN,
     L_SEATS_IN_USE,
-    L_SEATS_WAITING,
     L_TBASE,
     L_TP,
     L_WAITING,
@@ -44,44 +33,29 @@ from apf_gunicorn.ledger.layout import (
     Q_EXECUTING,
     Q_HEAD,
     Q_NDR,
-    Q_SEATS,
     Q_WAITING,
-    Q_WORK_SUM,
     QUEUE_WORDS,
-    S_AL,
-    S_ARRIVAL_NS,
     S_ARRIVAL_R,
-    S_FINAL,
-    S_FINAL_WORK,
     S_GEN,
-    S_HELD,
     S_INITIAL,
     S_MAX_SEATS,
     S_NEXT,
     S_OWNER,
-    S_QUEUE,
-    S_SEQ,
     S_SERVICE_NS,
     S_START_NS,
     S_STATE,
-    S_STATS,
     S_TOTAL_WORK,
     SLOT_WORDS,
-    WAITING,
 )
 from apf_gunicorn.ledger.records import (
-    EXECUTE,
-    QUEUED,
     REJECTED,
     AdmitResult,
 )
 from apf_gunicorn.ledger.seatseconds import (
     R_DECREMENT,
     U64,
-    duration_per_seat,
     seats_ns_times,
 )
-from apf_gunicorn.ledger.stats import R_QUEUE_FULL
 
 
 class KubernetesQueueSet:
@@ -112,52 +86,17 @@ class KubernetesQueueSet:
             when the dispatch that follows the enqueue picked this request.
         """
         w, u = self._w, self._u
-        flow_hash, initial, final, al, owner, now, fs_index, detail = req
-        desired = w[lb + L_DESIRED]
-        hs = w[lb + L_HAND]
-        hand = deal(flow_hash & U64, desired, hs)
-        enq = w[lb + L_ENQUEUES]
-        w[lb + L_ENQUEUES] = enq + 1
-        off = enq % hs
-        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
-        r = u[lb + L_R]
-        # shuffle sharding: least waiting work in the hand, visiting from the rotating offset
-        best_q = hand[off]
-        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
-        for i in range(1, hs):
-            q = hand[(off + i) % hs]
-            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
-            if ws < best:
-                best, best_q = ws, q
-        q = best_q
-        qa = qbase + q * QUEUE_WORDS
-        if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
-            led._count_rejection_locked(lb)
-            led._note_rejection_locked(eb, R_QUEUE_FULL, False)
-            led._commit_locked()
+        got = led._wait_locked(lb, level, req, eb, ms, watch)
+        if got is None:
             return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
-        s, sa, gen = led._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al, now,
-                                       detail)
-        w[sa + S_STATS] = 2 * eb + watch
-        u[sa + S_ARRIVAL_R] = r
-        w[sa + S_SEQ] = enq
-        w[sa + S_QUEUE] = q
-        led._log_locked(sa + S_STATE)
-        w[sa + S_STATE] = WAITING
-        led._commit_locked()
-        if w[qa + Q_WAITING] == 0 and w[qa + Q_EXECUTING] == 0:
-            u[qa + Q_NDR] = r
-        led._link_tail_locked(lb, qa, s, sa)
-        w[lb + L_WAITING] += 1
-        w[lb + L_SEATS_WAITING] += ms
+        s, sa, gen, q, qa = got
+        if w[qa + Q_WAITING] == 1 and w[qa + Q_EXECUTING] == 0:  # the queue was empty
+            u[qa + Q_NDR] = u[lb + L_R]
+        now = req[5]
         led._demand_locked(lb, now)
         self.touch_locked(led, lb, q)
         self.dispatch_all_locked(led, lb, now, granted)
-        if w[sa + S_STATE] == EXECUTING:
-            mine = (s, gen, owner)
-            granted[:] = [g for g in granted if g != mine]
-            return AdmitResult(EXECUTE, s, gen, "", granted)
-        return AdmitResult(QUEUED, s, gen, "", granted)
+        return led._admitted(s, w[sa + S_STATE], gen, req[4], granted)
 
     def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:
         """Dispatch while something waits, seats are free and the chosen head fits
@@ -192,32 +131,8 @@ class KubernetesQueueSet:
             w[lb + L_ROBIN] = robin % nq  # head-of-line blocking: nothing else is tried
             return False
         led._unlink_locked(lb, qa, sa)
-        c = w[lb + L_C]
-        initial = w[sa + S_INITIAL]
-        held = ms
-        if w[sa + S_FINAL] > c:  # final-seat cap, preserving the tail's area
-            w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
-            w[sa + S_FINAL] = c
-            held = initial if initial >= c else c
         w[lb + L_ROBIN] = q
-        w[lb + L_WAITING] -= 1
-        w[lb + L_SEATS_WAITING] -= ms
-        led._log_locked(sa + S_STATE, lb + L_DISPATCHED)  # one event: this dispatch
-        w[sa + S_STATE] = EXECUTING
-        w[sa + S_START_NS] = now
-        w[sa + S_HELD] = held
-        w[lb + L_EXECUTING] += 1
-        w[lb + L_SEATS_IN_USE] += held
-        w[lb + L_DISPATCHED] += 1
-        led._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
-        led._commit_locked()
-        ex = w[qa + Q_EXECUTING]
-        w[qa + Q_EXECUTING] = ex + 1
-        if ex == 0 and w[qa + Q_WAITING] == 0:
-            w[lb + L_ACTIVE_QUEUES] += 1
-        w[qa + Q_SEATS] += held
-        w[lb + L_QSEATS] += held
-        led._demand_locked(lb, now)
+        led._start_locked(lb, qa, sa, now)
         u[qa + Q_NDR] = (u[qa + Q_NDR] + u[sa + S_TOTAL_WORK]) & U64
         self.touch_locked(led, lb, q)
         granted.append((s, w[sa + S_GEN], w[sa + S_OWNER]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 
+from apf_gunicorn.flowcontrol.shufflesharding import deal
 from apf_gunicorn.ledger.layout import (
     EXECUTING,
     FREE,
@@ -29,8 +30,11 @@ from apf_gunicorn.ledger.layout import (
     L_DISPATCHED,
     L_ENQUEUES,
     L_EXECUTING,
+    L_HAND,
     L_LAST_NS,
     L_NQ,
+    L_QBASE,
+    L_QLL,
     L_QSEATS,
     L_QUIESCING,
     L_R,
@@ -48,11 +52,15 @@ from apf_gunicorn.ledger.layout import (
     Q_SEATS,
     Q_TAIL,
     Q_WAITING,
+    Q_WORK_SUM,
     QUEUE_WORDS,
     S_AL,
     S_ARRIVAL_NS,
     S_ARRIVAL_R,
+    S_FINAL,
+    S_FINAL_WORK,
     S_HELD,
+    S_INITIAL,
     S_LEVEL,
     S_MAX_SEATS,
     S_QUEUE,
@@ -65,9 +73,11 @@ from apf_gunicorn.ledger.layout import (
 )
 from apf_gunicorn.ledger.records import (
     EXECUTE,
+    QUEUED,
     REJECTED,
     AdmitResult,
 )
+from apf_gunicorn.ledger.seatseconds import U64, duration_per_seat
 from apf_gunicorn.ledger.stats import DURATION_BOUNDS_NS as _DUR
 from apf_gunicorn.ledger.stats import (
     E_DISPATCHED,
@@ -81,6 +91,7 @@ from apf_gunicorn.ledger.stats import (
     R_CANCELLED,
     R_CONCURRENCY_LIMIT,
     R_NO_SLOT,
+    R_QUEUE_FULL,
     R_TIME_OUT,
     WORK_BOUNDS,
 )
@@ -181,6 +192,107 @@ class RequestPath:
         self._commit_locked()
         self._demand_locked(lb, now)
         return AdmitResult(EXECUTE, s, gen, "", granted)
+
+    def _wait_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int,
+                     watch: int) -> tuple[int, int, int, int, int] | None:
+        """Kubernetes' admission of a request that waits, which both dispatch policies use:
+        the queue chosen by shuffle sharding (the least waiting work in the flow's hand, visiting
+        from the rotating offset), ``queue-full`` when every seat is busy and that queue holds
+        its length limit, else a slot waiting at the queue's tail (the level's waiting counts
+        included; the seat demand is the caller's, after its own bookkeeping).
+
+        Args:
+            lb: the level's word address; ``level`` its index.
+            req: ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``.
+            eb: the request's stats entry; ``ms``: max(initial, final) seats; ``watch``: 0/1.
+        Returns:
+            ``(slot, slot address, gen, queue, queue address)``, or None after counting a
+            ``queue-full`` rejection (the event committed).
+        """
+        w, u = self._w, self._u
+        flow_hash, initial, final, al, owner, now, fs_index, detail = req
+        hs = w[lb + L_HAND]
+        hand = deal(flow_hash & U64, w[lb + L_DESIRED], hs)
+        enq = w[lb + L_ENQUEUES]
+        w[lb + L_ENQUEUES] = enq + 1
+        off = enq % hs
+        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
+        best_q = hand[off]
+        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
+        for i in range(1, hs):
+            q = hand[(off + i) % hs]
+            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
+            if ws < best:
+                best, best_q = ws, q
+        q = best_q
+        qa = qbase + q * QUEUE_WORDS
+        if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
+            self._count_rejection_locked(lb)
+            self._note_rejection_locked(eb, R_QUEUE_FULL, False)
+            self._commit_locked()
+            return None
+        s, sa, gen = self._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al,
+                                        now, detail)
+        w[sa + S_STATS] = 2 * eb + watch
+        u[sa + S_ARRIVAL_R] = u[lb + L_R]
+        w[sa + S_SEQ] = enq
+        w[sa + S_QUEUE] = q
+        self._log_locked(sa + S_STATE)
+        w[sa + S_STATE] = WAITING
+        self._commit_locked()
+        self._link_tail_locked(lb, qa, s, sa)
+        w[lb + L_WAITING] += 1
+        w[lb + L_SEATS_WAITING] += ms
+        return s, sa, gen, q, qa
+
+    def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
+        """A waiting request, already out of its queue's FIFO, starts executing (what both
+        dispatch policies do once they have chosen it): the final-seat cap (preserving the
+        tail's area), the level's and the queue's counts and the wait observed as one event,
+        then the seat demand.
+
+        Returns:
+            The seats it holds.
+        """
+        w, u = self._w, self._u
+        ms = w[sa + S_MAX_SEATS]
+        c = w[lb + L_C]
+        initial = w[sa + S_INITIAL]
+        held = ms
+        if w[sa + S_FINAL] > c:
+            w[sa + S_AL] = duration_per_seat(u[sa + S_FINAL_WORK], float(c))
+            w[sa + S_FINAL] = c
+            held = initial if initial >= c else c
+        w[lb + L_WAITING] -= 1
+        w[lb + L_SEATS_WAITING] -= ms
+        self._log_locked(sa + S_STATE, lb + L_DISPATCHED)  # one event: this dispatch
+        w[sa + S_STATE] = EXECUTING
+        w[sa + S_START_NS] = now
+        w[sa + S_HELD] = held
+        w[lb + L_EXECUTING] += 1
+        w[lb + L_SEATS_IN_USE] += held
+        w[lb + L_DISPATCHED] += 1
+        self._observe_wait_locked(w[sa + S_STATS] >> 1, now - w[sa + S_ARRIVAL_NS])
+        self._commit_locked()
+        ex = w[qa + Q_EXECUTING]
+        w[qa + Q_EXECUTING] = ex + 1
+        if ex == 0 and w[qa + Q_WAITING] == 0:
+            w[lb + L_ACTIVE_QUEUES] += 1
+        w[qa + Q_SEATS] += held
+        w[lb + L_QSEATS] += held
+        self._demand_locked(lb, now)
+        return held
+
+    @staticmethod
+    def _admitted(s: int, sa_state: int, gen: int, owner: int, granted: list) -> AdmitResult:
+        """The outcome of a request that was made to wait and then dispatched what fits:
+        EXECUTE (taken out of ``granted``: the caller runs it) when that dispatch picked it,
+        else QUEUED."""
+        if sa_state == EXECUTING:
+            mine = (s, gen, owner)
+            granted[:] = [g for g in granted if g != mine]
+            return AdmitResult(EXECUTE, s, gen, "", granted)
+        return AdmitResult(QUEUED, s, gen, "", granted)
 
     def _can_accommodate_locked(self, lb: int, seats: int) -> bool:
         """Whether ``seats`` more fit in the level now (exempt: always; wider than the limit:
