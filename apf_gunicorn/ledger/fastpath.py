@@ -178,6 +178,12 @@ if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYO
     _ACCEL = None
 
 
+# The maxmin policy's methods that ``_accelerate`` shadows with the C ones (instance attributes
+# on the policy object; the methods remain the pure-Python path and the reference).
+_MM_C_METHODS = (("_heap_insert", "mm_heap_insert"), ("_heap_remove", "mm_heap_remove"),
+                 ("_heap_decrease", "mm_heap_decrease"), ("_get", "mm_get"))
+
+
 class FastPaths:
     """The admit and finish entries under the lock, with their fast paths (a mixin)."""
 
@@ -208,6 +214,10 @@ class FastPaths:
                             lay.flow_index_words - 1, lay.xslot_base)
         self.admit = self._fp.admit_call
         self.finish = self._fp.finish_call
+        # the maxmin general path's hottest structure operations, in C (the same words)
+        mx = self._maxmin
+        for name, method in _MM_C_METHODS:
+            setattr(mx, name, getattr(self._fp, method))
         if old is not None:
             old.close()
         elif mode == 1:
