@@ -254,7 +254,7 @@ mm_mix(int64_t level, uint64_t h) /* flowtable.flow_mix */
     return x ^ (x >> 31);
 }
 
-static int64_t
+static inline __attribute__((always_inline)) int64_t
 mm_find(FastPath *self, int64_t level, uint64_t h)
 {
     int64_t *w = self->w;
@@ -312,8 +312,9 @@ mm_idle_remove(FastPath *self, int64_t fa)
     w[fa + F_WHERE] = FW_NOWHERE;
 }
 
-/* the flow's entry, active (maxmin._get); the caller checked that one can be had */
-static int64_t
+/* the flow's entry, active (maxmin._get); the caller checked that one can be had. Inlined
+ * into both callers: as a call, the C at-once admit costs ~45 instructions more */
+static inline __attribute__((always_inline)) int64_t
 mm_get(FastPath *self, int64_t mm, int64_t level, uint64_t h)
 {
     int64_t *w = self->w;
