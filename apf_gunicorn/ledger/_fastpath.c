@@ -1307,10 +1307,11 @@ PyInit__fastpath(void)
         return NULL;
     }
     PyObject *mm_layout = Py_BuildValue(
-        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
+        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
         FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS,
         FLOW_WORDS, F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL,
-        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW);
+        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW,
+        M_ROOT, FW_HEAP);
     if (mm_layout == NULL || PyModule_AddObject(m, "LAYOUT_MAXMIN", mm_layout) < 0) {
         Py_XDECREF(mm_layout);
         Py_DECREF(m);

@@ -13,6 +13,10 @@ the ledger's ``admit``/``finish`` the C entries, which hand what they decline to
 ``_admit_resume``/``_finish_resume`` and so to :meth:`FastPaths._admit_locked` /
 :meth:`FastPaths._finish_locked` here (``tests/test_ledger_accelerator.py`` compares C and
 Python). These two entries are also where every admit and finish passes the lock funnel.
+
+The extension also has the ``maxmin`` general path's heap operations and flow get
+(``mm_heap_insert``/``mm_heap_remove``/``mm_heap_decrease``/``mm_get``): ``_accelerate`` binds
+them over the policy's methods (``_MM_C_METHODS``), which remain the pure-Python path.
 """
 
 from __future__ import annotations
@@ -173,7 +177,8 @@ _MAXMIN_LAYOUT = (L.L_FAIRNESS, L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
                   (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
                    L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
                    L.F_NEXT, L.F_PREV),
-                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
+                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW),
+                  (L.M_ROOT, L.FW_HEAP))  # (the last two: the mm_heap_* methods)
 if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYOUT:
     _ACCEL = None
 
