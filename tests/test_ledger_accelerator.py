@@ -204,6 +204,9 @@ def test_forked_child_rebinds_the_c_paths() -> None:
                 # the child's copy of the ledger: new threading lock and pid in the C paths
                 assert led.accelerated
                 assert led._fp is not None
+                # the maxmin structure methods are the new binding's, not the parent's closed one
+                assert led._maxmin._heap_insert.__self__ is led._fp
+                assert led._maxmin._get.__self__ is led._fp
                 for i in range(50):
                     r = led.admit(a, i, 1, 0, 0, 1, 10 + i)
                     assert r.outcome == EXECUTE
