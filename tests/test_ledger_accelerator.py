@@ -17,6 +17,7 @@ import time
 import pytest
 
 from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec, verify
+from apf_gunicorn.ledger import fastpath as fastpath_module
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger import ledger as ledger_module
 from apf_gunicorn.ledger.lock import ProcessLock
@@ -203,6 +204,9 @@ def test_forked_child_rebinds_the_c_paths() -> None:
                 # the child's copy of the ledger: new threading lock and pid in the C paths
                 assert led.accelerated
                 assert led._fp is not None
+                # the maxmin structure methods are the new binding's, not the parent's closed one
+                assert led._maxmin._heap_insert.__self__ is led._fp
+                assert led._maxmin._get.__self__ is led._fp
                 for i in range(50):
                     r = led.admit(a, i, 1, 0, 0, 1, 10 + i)
                     assert r.outcome == EXECUTE
@@ -219,3 +223,101 @@ def test_forked_child_rebinds_the_c_paths() -> None:
     finally:
         led.close()
         mm.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_c_and_python_flow_structures_leave_identical_buffers(seed: int) -> None:
+    """The maxmin general path's structure operations that ``_accelerate`` binds to C
+    (``mm_get``, ``mm_heap_insert``, ``mm_heap_remove``, ``mm_heap_decrease``) against the
+    Python methods, on random streams straight at the structures: deep heaps, tied keys (equal
+    tags and seats), decrease-keys, entries going idle, being reused and evicted, and the
+    table running out; the buffers must be byte-identical after every operation."""
+    import random
+
+    fast, slow = _pair()
+    assert {n for n, _ in fastpath_module._MM_C_METHODS} <= set(fast._maxmin.__dict__)
+    assert not set(slow._maxmin.__dict__) & {n for n, _ in fastpath_module._MM_C_METHODS}
+    for led in (fast, slow):
+        levels, _ = led.configure([LevelSpec("a", 8, 2, 5, 4, "maxmin"),
+                                   LevelSpec("b", 8, 2, 5, 4, "maxmin")], ["fs"], 0)
+    rng = random.Random(seed)
+    pols = (fast._maxmin, slow._maxmin)
+    p0 = pols[0]
+    hashes = [rng.getrandbits(64) for _ in range(150)]  # more flows than entries
+    ops = 0
+    for step in range(3000):
+        level = rng.choice((levels["a"], levels["b"]))
+        mm = p0._mb + level * L.MM_WORDS
+        where = [p0._w[p0._fa(f) + L.F_WHERE] for f in range(CAP.slots)]
+        mine = [f for f in range(CAP.slots) if p0._w[p0._fa(f) + L.F_LEVEL] == level]
+        in_heap = [f for f in mine if where[f] == L.FW_HEAP]
+        loose = [f for f in mine if where[f] == L.FW_NOWHERE]
+        op = rng.random()
+        if op < 0.3:
+            h = rng.choice(hashes)
+            got = []
+            for p in pols:
+                try:
+                    got.append(p._get(mm, level, h))
+                except AssertionError as e:
+                    got.append(str(e))
+            assert got[0] == got[1]
+        elif op < 0.55 and loose:
+            f = rng.choice(loose)
+            # tags within 2^62 of each other (their order is a total order), wrapping past 0
+            tag = (2**64 - 2**41 + rng.choice((0, 5, rng.randrange(2**42)))) % 2**64
+            seats, seq = rng.randrange(3), rng.randrange(4)
+            for p in pols:
+                fa = p._fa(f)
+                p._u[fa + L.F_TAG], p._w[fa + L.F_SEATS], p._w[fa + L.F_SEQ] = tag, seats, seq
+                p._heap_insert(mm, f)
+        elif op < 0.75 and in_heap:
+            f = rng.choice(in_heap + [p0._w[mm + L.M_ROOT]])
+            for p in pols:
+                p._heap_remove(mm, f)
+        elif op < 0.9 and in_heap:
+            f = rng.choice(in_heap)
+            fall = rng.choice((1, 1000, 2**40))
+            for p in pols:
+                fa = p._fa(f)
+                p._u[fa + L.F_TAG] = (p._u[fa + L.F_TAG] - fall) % 2**64
+                p._heap_decrease(mm, f)
+        elif loose:
+            f = rng.choice(loose)
+            for p in pols:
+                p._idle(mm, f, p._fa(f))
+        else:
+            continue
+        ops += 1
+        _same(fast, slow, f"operation {step} (seed {seed})")
+        if step % 100 == 0:  # (and the heap is a heap: every entry it lists, in order)
+            lb = fast._lvb + level * L.LEVEL_WORDS
+            walked = p0.heap_flows_locked(lb)
+            assert sorted(walked) == [f for f in range(CAP.slots)
+                                      if p0._w[p0._fa(f) + L.F_LEVEL] == level
+                                      and p0._w[p0._fa(f) + L.F_WHERE] == L.FW_HEAP]
+            for f in walked:
+                c = p0._w[p0._fa(f) + L.F_CHILD]
+                while c != L.NIL:
+                    assert not p0._less(c, f)
+                    c = p0._w[p0._fa(c) + L.F_NEXT]
+    assert ops > 1500
+
+
+def test_the_bound_flow_structure_methods_check_their_arguments() -> None:
+    fast, _slow = _pair()
+    p = fast._maxmin
+    before = bytes(fast._mv)
+    with pytest.raises(IndexError):
+        p._heap_insert(p._mb + 1, 0)  # not a level's maxmin words
+    with pytest.raises(IndexError):
+        p._heap_remove(p._mb, CAP.slots)  # no such entry
+    with pytest.raises(IndexError):
+        p._get(p._mb, CAP.levels, 1)
+    with pytest.raises(TypeError):
+        p._heap_decrease(p._mb)
+    with pytest.raises(OverflowError):
+        p._get(p._mb, 0, -1)
+    assert bytes(fast._mv) == before
+    fast.close()
+    assert not set(p.__dict__) & {n for n, _ in fastpath_module._MM_C_METHODS}

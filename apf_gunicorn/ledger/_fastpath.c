@@ -254,7 +254,7 @@ mm_mix(int64_t level, uint64_t h) /* flowtable.flow_mix */
     return x ^ (x >> 31);
 }
 
-static int64_t
+static inline __attribute__((always_inline)) int64_t
 mm_find(FastPath *self, int64_t level, uint64_t h)
 {
     int64_t *w = self->w;
@@ -312,8 +312,9 @@ mm_idle_remove(FastPath *self, int64_t fa)
     w[fa + F_WHERE] = FW_NOWHERE;
 }
 
-/* the flow's entry, active (maxmin._get); the caller checked that one can be had */
-static int64_t
+/* the flow's entry, active (maxmin._get); the caller checked that one can be had. Inlined
+ * into both callers: as a call, the C at-once admit costs ~45 instructions more */
+static inline __attribute__((always_inline)) int64_t
 mm_get(FastPath *self, int64_t mm, int64_t level, uint64_t h)
 {
     int64_t *w = self->w;
@@ -413,6 +414,228 @@ mm_finish(FastPath *self, int64_t level, int64_t slot, int64_t f, int64_t held, 
         w[self->fhb + FH_IDLE_TAIL] = f;
         w[mm + M_NFLOWS] -= 1;
     }
+}
+
+/* -- maxmin: the pairing heap of backlogged flows (flowheap.py), for the general path ---------
+ * The same words written in the same order as flowheap.py's _meld, _merge_pairs, _cut,
+ * _heap_insert, _heap_remove and _heap_decrease; ``FastPaths._accelerate`` binds the methods
+ * below over those of the policy object (tests/test_ledger_accelerator.py compares them). */
+
+/* flow a before flow b (flowheap._less): smaller tag, fewer seats held, longer backlogged */
+static inline int
+mm_before(const int64_t *w, const uint64_t *u, int64_t aa, int64_t ba)
+{
+    uint64_t ta = u[aa + F_TAG], tb = u[ba + F_TAG];
+    if (ta != tb)
+        return (int64_t)(ta - tb) < 0;
+    int64_t sa = w[aa + F_SEATS], sb = w[ba + F_SEATS];
+    if (sa != sb)
+        return sa < sb;
+    return w[aa + F_SEQ] < w[ba + F_SEQ];
+}
+
+static int64_t
+mm_meld(FastPath *self, int64_t a, int64_t b)
+{
+    if (a == NIL)
+        return b;
+    if (b == NIL)
+        return a;
+    int64_t *w = self->w;
+    int64_t fb = self->fb;
+    int64_t aa = fb + a * FLOW_WORDS, ba = fb + b * FLOW_WORDS;
+    if (mm_before(w, self->u, ba, aa)) {
+        int64_t t = a; a = b; b = t;
+        t = aa; aa = ba; ba = t;
+    }
+    int64_t c = w[aa + F_CHILD];
+    w[ba + F_NEXT] = c;
+    if (c != NIL)
+        w[fb + c * FLOW_WORDS + F_PREV] = b;
+    w[ba + F_PREV] = a;
+    w[aa + F_CHILD] = b;
+    return a;
+}
+
+static int64_t
+mm_merge_pairs(FastPath *self, int64_t first)
+{
+    int64_t *w = self->w;
+    int64_t fb = self->fb;
+    int64_t acc = NIL, x = first;
+    while (x != NIL) {
+        int64_t a = x, aa = fb + a * FLOW_WORDS, nxt;
+        int64_t b = w[aa + F_NEXT];
+        if (b != NIL) {
+            int64_t ba = fb + b * FLOW_WORDS;
+            nxt = w[ba + F_NEXT];
+            if (mm_before(w, self->u, ba, aa)) {
+                int64_t t = a; a = b; b = t;
+                t = aa; aa = ba; ba = t;
+            }
+            int64_t c = w[aa + F_CHILD];
+            w[ba + F_NEXT] = c;
+            if (c != NIL)
+                w[fb + c * FLOW_WORDS + F_PREV] = b;
+            w[ba + F_PREV] = a;
+            w[aa + F_CHILD] = b;
+        }
+        else
+            nxt = NIL;
+        w[aa + F_NEXT] = acc;
+        acc = a;
+        x = nxt;
+    }
+    int64_t res = NIL;
+    while (acc != NIL) {
+        int64_t aa = fb + acc * FLOW_WORDS;
+        int64_t nxt = w[aa + F_NEXT];
+        w[aa + F_NEXT] = NIL;
+        res = mm_meld(self, res, acc);
+        acc = nxt;
+    }
+    return res;
+}
+
+static void
+mm_cut(FastPath *self, int64_t f, int64_t fa)
+{
+    int64_t *w = self->w;
+    int64_t p = w[fa + F_PREV], n = w[fa + F_NEXT];
+    int64_t pa = self->fb + p * FLOW_WORDS;
+    if (w[pa + F_CHILD] == f)
+        w[pa + F_CHILD] = n;
+    else
+        w[pa + F_NEXT] = n;
+    if (n != NIL)
+        w[self->fb + n * FLOW_WORDS + F_PREV] = p;
+}
+
+static void
+mm_heap_insert(FastPath *self, int64_t mm, int64_t f)
+{
+    int64_t *w = self->w;
+    int64_t fa = self->fb + f * FLOW_WORDS;
+    w[fa + F_CHILD] = NIL;
+    w[fa + F_NEXT] = NIL;
+    w[fa + F_PREV] = NIL;
+    w[fa + F_WHERE] = FW_HEAP;
+    w[mm + M_ROOT] = mm_meld(self, w[mm + M_ROOT], f);
+}
+
+static void
+mm_heap_remove(FastPath *self, int64_t mm, int64_t f)
+{
+    int64_t *w = self->w;
+    int64_t fa = self->fb + f * FLOW_WORDS;
+    if (f == w[mm + M_ROOT]) {
+        int64_t root = mm_merge_pairs(self, w[fa + F_CHILD]);
+        if (root != NIL)
+            w[self->fb + root * FLOW_WORDS + F_PREV] = NIL;
+        w[mm + M_ROOT] = root;
+    }
+    else {
+        mm_cut(self, f, fa);
+        int64_t sub = mm_merge_pairs(self, w[fa + F_CHILD]);
+        if (sub != NIL)
+            w[self->fb + sub * FLOW_WORDS + F_PREV] = NIL;
+        w[mm + M_ROOT] = mm_meld(self, w[mm + M_ROOT], sub);
+    }
+    w[fa + F_CHILD] = NIL;
+    w[fa + F_NEXT] = NIL;
+    w[fa + F_PREV] = NIL;
+    w[fa + F_WHERE] = FW_NOWHERE;
+}
+
+static void
+mm_heap_decrease(FastPath *self, int64_t mm, int64_t f)
+{
+    int64_t *w = self->w;
+    int64_t root = w[mm + M_ROOT];
+    if (f == root)
+        return;
+    int64_t fa = self->fb + f * FLOW_WORDS;
+    mm_cut(self, f, fa);
+    w[fa + F_NEXT] = NIL;
+    w[fa + F_PREV] = NIL;
+    w[mm + M_ROOT] = mm_meld(self, root, f);
+}
+
+/* The arguments of the mm_* methods: n word addresses and indices, each checked against the
+ * buffer (a bad one raises, nothing written), since Python code calls them. */
+static int
+mm_args(FastPath *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n, int64_t *out,
+        const char *name)
+{
+    if (!self->have_view || !self->have_mm) {
+        PyErr_Format(PyExc_ValueError, "%s: the ledger is closed or has no maxmin areas", name);
+        return 0;
+    }
+    if (nargs != n) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, n, nargs);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(args[i]);
+        if (v == -1 && PyErr_Occurred())
+            return 0;
+        out[i] = v;
+    }
+    return 1;
+}
+
+/* mm is a level's maxmin words, f a flow entry */
+static int
+mm_check(FastPath *self, int64_t mm, int64_t f, const char *name)
+{
+    if (mm < self->mmb || mm >= self->mmb + self->nlevels * MM_WORDS
+        || (mm - self->mmb) % MM_WORDS != 0 || f < 0 || f >= self->nslots) {
+        PyErr_Format(PyExc_IndexError, "%s: no such level words or flow entry", name);
+        return 0;
+    }
+    return 1;
+}
+
+#define MM_HEAP_METHOD(pyname, cfunc)                                                        \
+    static PyObject *                                                                         \
+    pyname(FastPath *self, PyObject *const *args, Py_ssize_t nargs)                           \
+    {                                                                                         \
+        int64_t a[2];                                                                         \
+        if (!mm_args(self, args, nargs, 2, a, #cfunc) || !mm_check(self, a[0], a[1], #cfunc)) \
+            return NULL;                                                                      \
+        cfunc(self, a[0], a[1]);                                                              \
+        Py_RETURN_NONE;                                                                       \
+    }
+
+MM_HEAP_METHOD(fp_mm_heap_insert, mm_heap_insert)
+MM_HEAP_METHOD(fp_mm_heap_remove, mm_heap_remove)
+MM_HEAP_METHOD(fp_mm_heap_decrease, mm_heap_decrease)
+
+/* flowtable._get: the flow's entry, made active (the hash a uint64) */
+static PyObject *
+fp_mm_get(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t a[2];
+    if (!mm_args(self, args, nargs == 3 ? 2 : nargs, 2, a, "mm_get")
+        || !mm_check(self, a[0], 0, "mm_get"))
+        return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "mm_get takes 3 arguments");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[2]);
+    if (h == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    if (a[1] < 0 || a[1] >= self->nlevels) {
+        PyErr_SetString(PyExc_IndexError, "mm_get: no such level");
+        return NULL;
+    }
+    if (mm_find(self, a[1], h) == NIL && self->w[self->fhb + FH_FREE] == NIL
+        && self->w[self->fhb + FH_IDLE_HEAD] == NIL) {
+        PyErr_SetString(PyExc_AssertionError, "maxmin: no flow entry to reuse");
+        return NULL;
+    }
+    return PyLong_FromLongLong(mm_get(self, a[0], a[1], h));
 }
 
 static int
@@ -1006,6 +1229,14 @@ static PyMethodDef fp_methods[] = {
      "set_resume(admit_resume, finish_resume)"},
     {"set_maxmin", (PyCFunction)fp_set_maxmin, METH_VARARGS,
      "set_maxmin(maxmin_base, flow_header, flow_base, flow_index, index_mask, xslot_base)"},
+    {"mm_heap_insert", (PyCFunction)(void (*)(void))fp_mm_heap_insert, METH_FASTCALL,
+     "mm_heap_insert(mm, f): flowheap.FlowHeap._heap_insert"},
+    {"mm_heap_remove", (PyCFunction)(void (*)(void))fp_mm_heap_remove, METH_FASTCALL,
+     "mm_heap_remove(mm, f): flowheap.FlowHeap._heap_remove"},
+    {"mm_heap_decrease", (PyCFunction)(void (*)(void))fp_mm_heap_decrease, METH_FASTCALL,
+     "mm_heap_decrease(mm, f): flowheap.FlowHeap._heap_decrease"},
+    {"mm_get", (PyCFunction)(void (*)(void))fp_mm_get, METH_FASTCALL,
+     "mm_get(mm, level, flow_hash) -> f: flowtable.FlowTable._get"},
     {"close", (PyCFunction)fp_close, METH_NOARGS, "Release the buffer."},
     {NULL, NULL, 0, NULL},
 };
@@ -1076,10 +1307,11 @@ PyInit__fastpath(void)
         return NULL;
     }
     PyObject *mm_layout = Py_BuildValue(
-        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
+        "(iiiii(iiii)(iiiiiiiiiiiiiiii)(ii)(ii)(ii))", L_FAIRNESS, MM_WORDS, M_V, M_SEQ, M_NFLOWS,
         FH_FREE, FH_IDLE_HEAD, FH_IDLE_TAIL, FH_EVICTIONS,
         FLOW_WORDS, F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL,
-        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW);
+        F_EST, F_N, F_WHERE, F_CHILD, F_NEXT, F_PREV, FW_NOWHERE, FW_IDLE, XSLOT_WORDS, X_FLOW,
+        M_ROOT, FW_HEAP);
     if (mm_layout == NULL || PyModule_AddObject(m, "LAYOUT_MAXMIN", mm_layout) < 0) {
         Py_XDECREF(mm_layout);
         Py_DECREF(m);

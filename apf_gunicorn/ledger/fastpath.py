@@ -13,6 +13,10 @@ the ledger's ``admit``/``finish`` the C entries, which hand what they decline to
 ``_admit_resume``/``_finish_resume`` and so to :meth:`FastPaths._admit_locked` /
 :meth:`FastPaths._finish_locked` here (``tests/test_ledger_accelerator.py`` compares C and
 Python). These two entries are also where every admit and finish passes the lock funnel.
+
+The extension also has the ``maxmin`` general path's heap operations and flow get
+(``mm_heap_insert``/``mm_heap_remove``/``mm_heap_decrease``/``mm_get``): ``_accelerate`` binds
+them over the policy's methods (``_MM_C_METHODS``), which remain the pure-Python path.
 """
 
 from __future__ import annotations
@@ -173,9 +177,16 @@ _MAXMIN_LAYOUT = (L.L_FAIRNESS, L.MM_WORDS, L.M_V, L.M_SEQ, L.M_NFLOWS,
                   (L.FLOW_WORDS, L.F_LEVEL, L.F_HASH, L.F_TAG, L.F_SEQ, L.F_WAITING, L.F_EXEC,
                    L.F_SEATS, L.F_HEAD, L.F_TAIL, L.F_EST, L.F_N, L.F_WHERE, L.F_CHILD,
                    L.F_NEXT, L.F_PREV),
-                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW))
+                  (L.FW_NOWHERE, L.FW_IDLE), (L.XSLOT_WORDS, L.X_FLOW),
+                  (L.M_ROOT, L.FW_HEAP))  # (the last two: the mm_heap_* methods)
 if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYOUT:
     _ACCEL = None
+
+
+# The maxmin policy's methods that ``_accelerate`` shadows with the C ones (instance attributes
+# on the policy object; the methods remain the pure-Python path and the reference).
+_MM_C_METHODS = (("_heap_insert", "mm_heap_insert"), ("_heap_remove", "mm_heap_remove"),
+                 ("_heap_decrease", "mm_heap_decrease"), ("_get", "mm_get"))
 
 
 class FastPaths:
@@ -208,6 +219,10 @@ class FastPaths:
                             lay.flow_index_words - 1, lay.xslot_base)
         self.admit = self._fp.admit_call
         self.finish = self._fp.finish_call
+        # the maxmin general path's hottest structure operations, in C (the same words)
+        mx = self._maxmin
+        for name, method in _MM_C_METHODS:
+            setattr(mx, name, getattr(self._fp, method))
         if old is not None:
             old.close()
         elif mode == 1:

@@ -5,7 +5,9 @@ level's maxmin words), keyed by ``(start tag, seats held, backlog sequence)``, a
 order, so its shape never changes which flow comes first: insert O(1), delete-min and delete
 O(log n) amortised. Parked flows (new flows at their equal share, docs/fairness.md rule 5) wait
 on a FIFO beside it. ``FlowHeap`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinPolicy`;
-everything runs under the ledger lock.
+everything runs under the ledger lock. On an accelerated ledger ``_heap_insert``,
+``_heap_remove`` and ``_heap_decrease`` are the C ones (``mm_heap_*`` in ``_fastpath.c``, the
+same words; ``FastPaths._accelerate`` binds them), and these methods are the pure-Python path.
 """
 
 from __future__ import annotations

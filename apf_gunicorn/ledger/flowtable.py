@@ -5,7 +5,8 @@ linear probing, backward-shift deletion; ``flow_mix`` spreads a level's flows ov
 table has as many entries as the slot table, since every active flow holds a slot; an entry
 whose flow goes idle keeps its tag and learnt estimate on a least-recently-idle list until the
 table needs it. ``FlowTable`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinPolicy`
-(it uses the buffer views that class sets up); everything runs under the ledger lock.
+(it uses the buffer views that class sets up); everything runs under the ledger lock. On an
+accelerated ledger ``_get`` is the C one (``mm_get`` in ``_fastpath.c``, the same words).
 """
 
 from __future__ import annotations

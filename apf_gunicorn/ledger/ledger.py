@@ -38,7 +38,7 @@ import functools
 from apf_gunicorn.ledger import layout as L
 from apf_gunicorn.ledger.configure import Configuration
 from apf_gunicorn.ledger.counters import RequestCounters
-from apf_gunicorn.ledger.fastpath import _ACCEL, FastPaths
+from apf_gunicorn.ledger.fastpath import _ACCEL, _MM_C_METHODS, FastPaths
 from apf_gunicorn.ledger.layout import (
     H_DIRTY,
     H_FREE_COUNT,
@@ -228,6 +228,8 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         if fp is not None:
             self.__dict__.pop("admit", None)
             self.__dict__.pop("finish", None)
+            for name, _method in _MM_C_METHODS:
+                self._maxmin.__dict__.pop(name, None)
             fp.close()
         unbind = getattr(self._lock, "unbind", None)
         if unbind:
