@@ -277,7 +277,7 @@ def main(argv=None) -> int:
         return 2
     print(note, flush=True)
     # the policy --rejecting and --orca run, and the served request they are compared with
-    side = fairness.DEFAULT if fairness.DEFAULT in policies else policies[0]
+    side = fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in policies else policies[0]
     checkout = None
     if args.baseline:
         base = Path(args.baseline).resolve()

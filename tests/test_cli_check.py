@@ -214,4 +214,4 @@ def test_fairness_annotation_shown(tmp_path, capsys):
     code, out, err = run_check(capsys, str(path))
     assert code == 0 and err == ""
     assert ("Dispatch policy by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
-            "other levels: APF_FAIRNESS (default kubernetes).") in out.splitlines()
+            "other levels: APF_FAIRNESS (default maxmin).") in out.splitlines()

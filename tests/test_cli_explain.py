@@ -143,10 +143,10 @@ def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypat
     path = tmp_path / "apf.yaml"
     path.write_text(CUSTOM)
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "default", [])
-    monkeypatch.setenv("APF_FAIRNESS", "maxmin")
+    assert (out["policy"], out["policySource"], out["notes"]) == ("maxmin", "default", [])
+    monkeypatch.setenv("APF_FAIRNESS", "kubernetes")
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("maxmin", "APF_FAIRNESS", [])
+    assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "APF_FAIRNESS", [])
     path.write_text(CUSTOM.replace("metadata: {name: tenants}\nspec:\n  type: Limited",
                                    "metadata:\n  name: tenants\n  annotations: "
                                    "{apf-gunicorn.io/fairness: kubernetes}\nspec:\n"
@@ -204,7 +204,7 @@ def test_request_resource_path_as_the_server(capsys, monkeypatch):
                                  "name": ""}
     assert (out["user"], out["groups"]) == ("bob", ["system:authenticated"])
     assert out["notes"] == ["--user sent as X-Remote-User by a trusted proxy"]
-    assert out["policy"] == "kubernetes"
+    assert out["policy"] == "maxmin"  # the server's default
     assert out["seats"]["initial"] == 1 and out["seats"]["source"] == "default"
     watch = explain_json(capsys, *K8S, "--request", "GET /api/v1/pods?watch=true", "--user", "b")
     assert watch["attributes"]["verb"] == "watch" and watch["seats"]["longRunning"] is True

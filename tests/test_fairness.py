@@ -44,7 +44,7 @@ spec:
 
 
 def test_precedence_annotation_then_default():
-    assert level_policy(LIMITED) == ("kubernetes", "default")
+    assert level_policy(LIMITED, "kubernetes") == ("kubernetes", "default")
     assert level_policy(LIMITED, "maxmin", "APF_FAIRNESS") == ("maxmin", "APF_FAIRNESS")
     annotated = PriorityLevel("tenants", "Limited", fairness="kubernetes")
     assert level_policy(annotated, "maxmin", "APF_FAIRNESS") == (
@@ -63,8 +63,8 @@ def test_server_levels_carry_their_policy(tmp_path):
     gen = _generation(tmp_path, "kubernetes")
     assert level_policies(gen) == {
         "tenants": ("kubernetes", "annotation apf-gunicorn.io/fairness"),
-        "plain": ("kubernetes", "APF_FAIRNESS"),
-        "exempt": (None, "exempt"), "catch-all": ("kubernetes", "APF_FAIRNESS")}
+        "plain": ("maxmin", "APF_FAIRNESS"),
+        "exempt": (None, "exempt"), "catch-all": ("maxmin", "APF_FAIRNESS")}
     assert [s.name for s in level_specs(gen)] == ["catch-all", "exempt", "plain", "tenants"]
 
 
@@ -76,15 +76,15 @@ def test_annotation_beats_apf_fairness(tmp_path):
 
 
 @pytest.mark.parametrize("policy, env, expected", [
-    ("maxmin", {}, {"tenants": "maxmin", "plain": "kubernetes", "catch-all": "kubernetes"}),
-    ("kubernetes", {"APF_FAIRNESS": "maxmin"},
-     {"tenants": "kubernetes", "plain": "maxmin", "catch-all": "maxmin"}),
+    ("maxmin", {"APF_FAIRNESS": "kubernetes"},
+     {"tenants": "maxmin", "plain": "kubernetes", "catch-all": "kubernetes"}),
+    ("kubernetes", {}, {"tenants": "kubernetes", "plain": "maxmin", "catch-all": "maxmin"}),
 ])
 def test_each_level_runs_its_policy_in_the_ledger(tmp_path, policy, env, expected):
     """Start and reload both go through level_specs: the ledger's levels run the policy the
     annotation or APF_FAIRNESS chose, and a reload switches a level's policy in place."""
     led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
-    configure_ledger(led, _generation(tmp_path, "kubernetes"), 0)
+    configure_ledger(led, _generation(tmp_path, "kubernetes", {"APF_FAIRNESS": "kubernetes"}), 0)
     assert {lv.name: lv.fairness for lv in led.snapshot(0).levels if lv.name != "exempt"} == {
         "tenants": "kubernetes", "plain": "kubernetes", "catch-all": "kubernetes"}
     configure_ledger(led, _generation(tmp_path, policy, env), 1)

@@ -88,7 +88,8 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
     cfg = tmp_path / "apf.yaml"
     shutil.copy(APPS / "apf.yaml", cfg)
     with server_factory(workers=1, threads=4, config=str(cfg),
-                        env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}"}) as srv:
+                        env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}",
+                             "APF_FAIRNESS": "kubernetes"}) as srv:
         before = policies()
         assert before["work"] == "kubernetes" and info("work") == {"kubernetes"}
         text = cfg.read_text()
@@ -157,7 +158,7 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     assert len(ready) == 1, log
     assert ready[0].startswith(f"configuration {APPS / 'seats.yaml'} (APF_CONFIG), limit 8 "
                                "seats (default: 2 workers x 8 threads / 2), fairness "
-                               "kubernetes (default), 4 priority levels "
+                               "maxmin (default), 4 priority levels "
                                "(nominal seats): wide 4, narrow 4, exempt (exempt), catch-all 1; "
                                f"admin http://127.0.0.1:{aport}/ (ledger in shared memory "
                                f"apf_{srv.instance}_"), ready[0]

@@ -2,8 +2,7 @@
 
 Validates a configuration and prints every priority level with the seats it gets (and the
 dispatch policy of levels that choose one by annotation), the FlowSchemas in matching order,
-and dangling schemas, broken levels and policies this build cannot run as warnings (on
-stderr).
+and dangling schemas and broken levels as warnings (on stderr).
 ``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
 ``mandatory``).
 
@@ -220,7 +219,8 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
               if pl.fairness is not None]
     if chosen:
         out.append(f"Dispatch policy by annotation ({fairness.ANNOTATION}): "
-                   f"{', '.join(chosen)}; other levels: APF_FAIRNESS (default kubernetes).\n")
+                   f"{', '.join(chosen)}; "
+                   f"other levels: APF_FAIRNESS (default {fairness.SERVER_DEFAULT}).\n")
     fs_rows = [["FLOW SCHEMA", "PRECEDENCE", "PRIORITY LEVEL", "DISTINGUISHER", "SOURCE"]]
     for fs in cfg.flow_schemas:
         fs_rows.append([fs.name, str(fs.matching_precedence), fs.priority_level,

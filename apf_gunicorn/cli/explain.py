@@ -336,10 +336,9 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings
 
 
-def _policy(level: Any, settings: Any, notes: list[str]) -> tuple[str | None, str]:
+def _policy(level: Any, settings: Any) -> tuple[str | None, str]:
     """The dispatch policy of ``level`` and where it comes from (the annotation, else
-    APF_FAIRNESS, else the default); None for the exempt level. A policy this build cannot
-    run gets a note (the server refuses to start with it)."""
+    APF_FAIRNESS, else the server's default); None for the exempt level."""
     source = "APF_FAIRNESS" if os.environ.get("APF_FAIRNESS", "").strip() else "default"
     policy, source = fairness.level_policy(level, settings.dispatch_policy, source)
     return policy, source
@@ -396,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     if args.request is not None and level.queuing is not None and level.queuing.queues <= 1:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
-    policy, policy_source = _policy(level, settings, notes)
+    policy, policy_source = _policy(level, settings)
     result = {**explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,

@@ -6,8 +6,8 @@ fair-queuing code against a synthetic workload in virtual time and report what e
 (``queueSet.fairness``, or the configuration form's ``fairness``; annotated levels keep
 theirs). ``--timeline N`` adds each client's executing seats over time in N steps to the JSON.
 
-Exit status: 0 on success, 1 for an invalid scenario (the message names the field), 2 when the
-scenario needs code this installation does not have (e.g. a policy this build lacks).
+Exit status: 0 on success, 1 for an invalid scenario (the message names the field), 2 for a
+bad command line.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ The choice, per level, most specific first:
 1. the level's annotation ``apf-gunicorn.io/fairness: maxmin|kubernetes`` (a
    PriorityLevelConfiguration stays valid Kubernetes YAML; validated by the loader);
 2. the server's ``APF_FAIRNESS`` (or the simulator's ``--fairness`` / ``queueSet.fairness``);
-3. ``kubernetes``.
+3. the server runs ``maxmin`` (:data:`SERVER_DEFAULT`); a simulator scenario runs ``kubernetes``
+   (:data:`SCENARIO_DEFAULT`: Kubernetes' harness scenarios leave the field out and stay exact).
 
 Exempt levels never queue and have no policy (:func:`level_policy` returns None); the loader
 refuses the annotation on them.
@@ -31,8 +32,11 @@ KUBERNETES = "kubernetes"
 MAXMIN = "maxmin"
 #: Every policy name a setting, an annotation or a scenario may ask for.
 POLICIES = (KUBERNETES, MAXMIN)
-#: What runs when nothing asks for another policy.
-DEFAULT = KUBERNETES
+#: What the server runs where neither APF_FAIRNESS nor an annotation asks for a policy.
+SERVER_DEFAULT = MAXMIN
+#: What a simulator scenario runs without ``fairness:`` (Kubernetes' own harness scenarios,
+#: which must stay exact).
+SCENARIO_DEFAULT = KUBERNETES
 #: The PriorityLevelConfiguration annotation that chooses the level's policy.
 ANNOTATION = "apf-gunicorn.io/fairness"
 #: Annotation keys of our own prefix that the loader knows (any other one is a typo).
@@ -40,7 +44,7 @@ ANNOTATION_PREFIX = "apf-gunicorn.io/"
 KNOWN_ANNOTATIONS = (ANNOTATION,)
 
 
-def level_policy(level: PriorityLevel, default: str = DEFAULT,
+def level_policy(level: PriorityLevel, default: str,
                  default_source: str = "default") -> tuple[str | None, str]:
     """The policy a priority level runs, and where the choice came from.
 

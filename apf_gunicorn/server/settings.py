@@ -88,7 +88,7 @@ class Settings:
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
     user_from: tuple[str, ...] = DEFAULT_USER_FROM
     # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
-    dispatch_policy: str = fairness.DEFAULT
+    dispatch_policy: str = fairness.SERVER_DEFAULT
     # -- load balancer exports (docs/load-balancers.md) --
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
@@ -240,7 +240,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "default proxy,remote_user)") from None
 
     raw = get("APF_FAIRNESS")
-    policy = fairness.DEFAULT if raw is None else raw.lower()
+    policy = fairness.SERVER_DEFAULT if raw is None else raw.lower()
     if policy not in fairness.POLICIES:
         raise SettingsError("APF_FAIRNESS", raw or "",
                             "must be 'kubernetes' (Kubernetes' fair queuing) or 'maxmin' (max-min "

@@ -164,7 +164,7 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
 
     Returns:
         e.g. ``"ready: configuration builtin:webapp (default), limit 64 seats (default: 2
-        workers x 64 threads / 2), fairness kubernetes (default), 4 priority levels: exempt
+        workers x 64 threads / 2), fairness maxmin (default), 4 priority levels: exempt
         (exempt), users 49 (fairness maxmin by annotation), anonymous 12, catch-all 3; admin
         http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` policy named
         first unless its ``apf-gunicorn.io/fairness`` annotation is shown.

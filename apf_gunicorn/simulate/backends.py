@@ -60,7 +60,7 @@ class LedgerBackend:
                             slots=max(slots, default.slots))
         ledger_specs = []
         for name, desired, hand, qll, limit, *rest in specs:
-            policy = rest[0] if rest else fairness.DEFAULT
+            policy = rest[0] if rest else fairness.SCENARIO_DEFAULT
             ledger_specs.append(LevelSpec(name, desired, hand, qll, limit, fairness=policy))
         ledger = Ledger.create(bytearray(Ledger.size(capacity)), capacity, lock=NullLock())
         levels, _ = ledger.configure(ledger_specs, ["simulated"], now)

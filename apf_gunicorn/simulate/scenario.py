@@ -93,7 +93,7 @@ class QueueSetSpec:
     queues: int
     hand_size: int
     queue_length_limit: int
-    fairness: str = fairness.DEFAULT  # dispatch policy; Kubernetes' scenarios leave it out
+    fairness: str = fairness.SCENARIO_DEFAULT  # dispatch policy; Kubernetes' scenarios leave it out
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +105,7 @@ class ConfigSpec:
     objects: tuple[dict, ...] = ()
     # the policy of levels without an apf-gunicorn.io/fairness annotation (the server's
     # APF_FAIRNESS)
-    fairness: str = fairness.DEFAULT
+    fairness: str = fairness.SCENARIO_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +229,7 @@ def _parse_config(data: dict, base_dir: str) -> ConfigSpec:
 def _policy(raw: dict, where: str) -> str:
     """The ``fairness`` field: a policy name, ``kubernetes`` when absent."""
     path = f"{where}.fairness" if where else "fairness"
-    value = raw.get("fairness", fairness.DEFAULT)
+    value = raw.get("fairness", fairness.SCENARIO_DEFAULT)
     if value not in fairness.POLICIES:
         raise ScenarioError(path, f"must be one of {', '.join(fairness.POLICIES)}, got {value!r}")
     return value
