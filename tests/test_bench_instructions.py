@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from apf_gunicorn.flowcontrol import fairness
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
-from benchmarks.checkouts import available_policies  # noqa: E402
-
-AVAILABLE = available_policies()
 
 
 @pytest.fixture
@@ -72,8 +71,10 @@ def test_plan_without_a_baseline(bench):
 @pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("valgrind") and shutil.which("callgrind_control")),
                     reason="needs valgrind (apt-get install -y valgrind)")
-@pytest.mark.parametrize("policy", AVAILABLE)
-def test_a_short_callgrind_run_under_each_policy(bench, tmp_path, policy):
+def test_a_short_callgrind_run_under_the_default_policy(bench, tmp_path):
+    """One real worker under callgrind (the policy only changes APF_FAIRNESS, which the plan
+    tests above check per policy; each run costs ~30 s)."""
+    policy = fairness.SERVER_DEFAULT
     config = tmp_path / "bench.yaml"
     config.write_text(bench.BENCH_CONFIG)
     per_request, dump = bench.instructions_per_request(
