@@ -35,6 +35,7 @@ from apf_gunicorn.ledger.seatseconds import U64
 # Tags are uint64 seat-ns compared by signed difference: a precedes b when (a - b) mod 2^64 >= HALF.
 HALF = 1 << 63
 
+
 class FlowHeap:
     """The pairing heap of backlogged flows and the parked list (mixin)."""
 
@@ -53,24 +54,16 @@ class FlowHeap:
         return w[fa + F_SEQ] < w[fb + F_SEQ]
 
     def _meld(self, a: int, b: int) -> int:
-        """The heap of roots ``a`` and ``b``: the loser becomes the winner's first child.
-        (:meth:`_less` inline: this is the heap's inner loop.)"""
+        """The heap of roots ``a`` and ``b``: the loser becomes the winner's first child."""
         if a == NIL:
             return b
         if b == NIL:
             return a
+        if self._less(b, a):
+            a, b = b, a
         w = self._w
         fb = self._fb
         aa, ba = fb + a * FLOW_WORDS, fb + b * FLOW_WORDS
-        u = self._u
-        ta, tb = u[aa + F_TAG], u[ba + F_TAG]
-        if ta != tb:
-            b_first = ((tb - ta) & U64) >= HALF
-        else:
-            sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
-            b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
-        if b_first:
-            a, b, aa, ba = b, a, ba, aa
         c = w[aa + F_CHILD]
         w[ba + F_NEXT] = c
         if c != NIL:
@@ -83,38 +76,22 @@ class FlowHeap:
         """Two-pass pairing of a sibling list (links through ``F_NEXT``): meld pairs left to
         right, then the results right to left. Returns the new root.
 
-        The first pass is :meth:`_meld` inline (the heap's inner loop: one Python call fewer
-        per pair). Links are written only where they survive: each node's ``F_NEXT`` and
-        ``F_PREV`` are set by the meld that makes it a child, the result's ``F_PREV`` by the
-        caller."""
-        w, u = self._w, self._u
+        Links are written only where they survive: each node's ``F_NEXT`` and ``F_PREV`` are
+        set by the meld that makes it a child, the result's ``F_PREV`` by the caller. (On an
+        accelerated ledger the heap operations that call this are C: ``mm_merge_pairs``.)"""
+        w = self._w
         fb = self._fb
+        meld = self._meld
         acc = NIL
         x = first
         while x != NIL:
-            a = x
-            aa = fb + a * FLOW_WORDS
-            b = w[aa + F_NEXT]
+            b = w[fb + x * FLOW_WORDS + F_NEXT]
             if b != NIL:
-                ba = fb + b * FLOW_WORDS
-                nxt = w[ba + F_NEXT]
-                ta, tb = u[aa + F_TAG], u[ba + F_TAG]
-                if ta != tb:
-                    b_first = ((tb - ta) & U64) >= HALF
-                else:
-                    sa, sb = w[aa + F_SEATS], w[ba + F_SEATS]
-                    b_first = sb < sa if sa != sb else w[ba + F_SEQ] < w[aa + F_SEQ]
-                if b_first:
-                    a, b, aa, ba = b, a, ba, aa
-                c = w[aa + F_CHILD]
-                w[ba + F_NEXT] = c
-                if c != NIL:
-                    w[fb + c * FLOW_WORDS + F_PREV] = b
-                w[ba + F_PREV] = a
-                w[aa + F_CHILD] = b
+                nxt = w[fb + b * FLOW_WORDS + F_NEXT]
+                a = meld(x, b)
             else:
-                nxt = NIL
-            w[aa + F_NEXT] = acc
+                a, nxt = x, NIL
+            w[fb + a * FLOW_WORDS + F_NEXT] = acc
             acc = a
             x = nxt
         meld = self._meld
