@@ -142,11 +142,7 @@ def jwt_subject(authorization: str) -> str:
         is not a bearer token of three base64url segments whose middle one is a JSON object
         with a non-empty string ``sub``. Never raises.
     """
-    if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH:
-        return ""
-    if authorization[:7].lower() != _BEARER:
-        return ""
-    parts = authorization[7:].strip().split(".")
+    parts = bearer_token(authorization).split(".")
     if len(parts) != 3:
         return ""
     payload = parts[1]
@@ -162,10 +158,49 @@ def jwt_subject(authorization: str) -> str:
     sub = claims.get("sub")
     if not isinstance(sub, str):
         return ""
-    sub = sub.strip()[:MAX_SUBJECT_LENGTH]
-    if not sub.isprintable():  # JSON can carry control characters no header could
-        sub = "".join(c if c.isprintable() else "\ufffd" for c in sub)
-    return sub
+    return printable_name(sub, MAX_SUBJECT_LENGTH)
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` value.
+
+    Args:
+        authorization: the header value (anything: request input).
+
+    Returns:
+        The token without surrounding blanks, or ``""`` when the value is not a str, is longer
+        than :data:`MAX_TOKEN_LENGTH` or is not of the ``Bearer`` scheme (any case).
+    """
+    if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH:
+        return ""
+    if authorization[:7].lower() != _BEARER:
+        return ""
+    return authorization[7:].strip()
+
+
+def printable_name(text: str, limit: int) -> str:
+    """A name from a token claim, fit for a log line or a dump row: blanks stripped, cut to
+    ``limit`` characters, control characters (which JSON can carry and a header cannot)
+    replaced by U+FFFD."""
+    text = text.strip()[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    return text
+
+
+def value_digest(value: object) -> bytes | None:
+    """A 128-bit BLAKE2b digest of a secret request value, to key caches by (never the value).
+
+    Args:
+        value: an environ value (a WSGI latin-1 str, normally), or None when absent.
+
+    Returns:
+        The digest, or None for a value that is not a non-empty str (so an absent header and an
+        empty one stay apart from any real value). Never raises.
+    """
+    if not isinstance(value, str) or not value:
+        return None
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _normalized(text: str) -> str | None:
