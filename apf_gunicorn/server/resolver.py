@@ -71,3 +71,27 @@ def _jwt_verifier(settings: Any) -> Any:
 
     return JWTVerifier(settings.jwt_key, audience=settings.jwt_audience,
                        issuer=settings.jwt_issuer, groups_claim=settings.jwt_groups_claim)
+
+
+def token_notes(resolver: Any, environ: Any) -> list[str]:
+    """What ``explain`` says about the request's bearer token when ``jwt-sub`` verifies tokens.
+
+    Args:
+        resolver: what :func:`build_resolver` returned.
+        environ: the request's WSGI environ.
+
+    Returns:
+        One note saying whether the token verified and, if not, why (the next identity source
+        answered then); none without a verifier or without a bearer token.
+    """
+    builtin = getattr(resolver, "fallback", resolver)
+    verifier = getattr(builtin, "jwt_verifier", None)
+    if verifier is None:
+        return []
+    found, reason = verifier.check(environ.get("HTTP_AUTHORIZATION"))
+    if found is not None:
+        return [f"bearer token verified (APF_JWT_KEY): user {found[0]!r}"]
+    if not reason:
+        return []
+    return [f"bearer token ignored, {reason}: jwt-sub names nobody and the next APF_USER_FROM "
+            "source answers"]
