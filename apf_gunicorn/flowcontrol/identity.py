@@ -1,6 +1,7 @@
 """Who sent a request: the identity sources of ``APF_USER_FROM``, tried in order.
 
     sources = parse_user_from("proxy,jwt-sub,address")   # raises ValueError naming the bad one
+    bearer_token("Bearer eyJ...")                         # "eyJ...", or "" for anything else
     jwt_subject("Bearer eyJ...")                          # the unverified ``sub`` claim, or ""
     key_digest("s3cr3t-api-key")                           # 16 hex digits; the key never kept
     client_address("10.0.0.5", "203.0.113.9, 10.0.0.7", is_trusted)   # "203.0.113.9"
@@ -16,13 +17,15 @@ order given; the first that names somebody wins, and with none the request is an
     any request header, e.g. an API key; the value is hashed (:func:`key_digest`) and only the
     digest is used: user ``key:<digest>``.
 ``jwt-sub``
-    the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token, decoded WITHOUT checking
-    its signature (this plugin has no key): user ``jwt:<sub>``.
+    the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token. Without ``APF_JWT_KEY``
+    it is decoded WITHOUT checking the signature: user ``jwt:<sub>``. With a key the token is
+    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified), and a token
+    that does not verify names nobody.
 ``address``
     the peer address, or the client address ``X-Forwarded-For`` names when the peer is a
     trusted proxy: user ``addr:<ip>`` (IPv6 clients by their /64 network).
 
-The last three are *unverified*: anybody can send any header, token or (through a proxy they
+The last three (``jwt-sub`` without a key) are *unverified*: anybody can send any header, token or (through a proxy they
 control) any address. They name the flow only. Their user name carries the source's prefix,
 and their only group is ``system:unauthenticated``, so a forged value can never match a
 FlowSchema subject written for a real user or group (only one written for that prefixed name,
