@@ -81,6 +81,33 @@ def test_rs256_pem_public_key(pem_file, rsa_key):
     assert v.identity(bearer(token)) == ("carol", AUTH)
 
 
+def test_pem_certificate_and_ed25519_key(tmp_path, rsa_key):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp")])
+    start = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(rsa_key.public_key()).serial_number(1).not_valid_before(start)
+            .not_valid_after(start + datetime.timedelta(days=36500))
+            .sign(rsa_key, hashes.SHA256()))
+    path = tmp_path / "cert.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    token = jwt.encode(claims(), rsa_key, algorithm="RS512")
+    assert JWTVerifier(load_jwt_key(str(path))).identity(bearer(token))[0] == "alice"
+    ed = ed25519.Ed25519PrivateKey.generate()
+    path = tmp_path / "ed.pem"
+    path.write_bytes(pem(ed))
+    key = load_jwt_key(str(path))
+    assert key.keys[0].algorithms == ("EdDSA",)
+    assert JWTVerifier(key).identity(bearer(jwt.encode(claims(), ed, algorithm="EdDSA")))
+    assert JWTVerifier(key).identity(bearer(token)) is None  # an RS512 token: not this key's
+
+
 def test_jwks_file_picks_the_key_by_kid(tmp_path, rsa_key):
     other = ec.generate_private_key(ec.SECP256R1())
     jwks = {"keys": [
