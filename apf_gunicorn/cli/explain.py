@@ -357,7 +357,7 @@ def _check_form(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apf_gunicorn.cli.common import load_or_report
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver
+    from apf_gunicorn.server.resolver import ResolverError, build_resolver, token_notes
 
     _check_form(args)
     # As gunicorn does: the app and the APF_* hooks import from the current directory.
@@ -374,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
             resolver = build_resolver(settings)
             environ, notes = build_environ(args, settings)
             attrs = resolver(environ)
+            notes += token_notes(resolver, environ)
         else:
             attrs = request_attributes(args)
             method = args.verb.upper()
