@@ -1,0 +1,344 @@
+"""The adaptive server concurrency limit (``auto``): a pure controller, fed once a tick.
+
+The server's concurrency limit should sit at the knee of the real bottleneck (a connection
+pool, the CPU): below it seats stay idle while the backend could serve more; above it requests
+pile up *inside* the app, where nothing is fair. :class:`AdaptiveLimit` finds the knee from
+what finished requests say, once a tick (about a second), with no probing window that rejects
+or pins traffic: while it moves, requests wait fairly in the queues.
+
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
+    limit = ctl.update(Tick(now, {("workload-low", "/items"): KindSample(120, 6_100_000_000)},
+                            concurrency=19.6, waiting=True))
+
+The control law (docs/adaptive.md has the reasoning and the simulator's numbers):
+
+* **Inflation against each kind's own baseline.** A kind of request (a priority level, and a
+  route shape when known) has a baseline: its service time with no contention. A tick's
+  inflation ``r`` is the work-weighted ratio ``sum(service) / sum(count x baseline)`` over the
+  kinds that finished, so a shift of the mix towards a slower kind is not inflation.
+* **A curve, not a point.** Each tick's per-kind service times are filed under the concurrency
+  they were observed at (the average seats executing), smoothed, and kept for a few ticks. The
+  *throughput elasticity* between two concurrencies ``a < b`` is ``1 - ln(r_b/r_a) / ln(b/a)``:
+  by Little's law, the fraction of the added seats that became throughput (1 below the knee of
+  a pool; 0 beyond it, where added seats only wait for a connection; in between for CPU and
+  the GIL, where latency grows with concurrency while throughput still grows too).
+* **Moves.** Down towards the last lower concurrency when the seats above it bought almost no
+  throughput (elasticity < ``gain_low``); up by a quarter when the last higher concurrency paid
+  (>= ``gain_high``); otherwise one small exploratory step up when nothing is known above
+  (a probe costs one tick at one step more, never a rejection), or down when nothing is known
+  below and latency is inflated (nothing known above) or the seats above did not pay; else
+  hold. Knowledge above
+  expires after ``memory_above_ticks`` (so a capacity increase is found within a few ticks),
+  below after ``memory_below_ticks``; a sample that jumps by more than ``regime_change`` from
+  what its concurrency said before wipes the rest of the curve (the backend changed).
+* **Only when the limit binds.** Without waiting requests and with executing seats below
+  ``binding_fraction`` of the limit, the limit constrains nothing: it holds (and baselines and
+  the curve still learn), so an idle server's limit does not drift.
+
+Guards against the known failures of Envoy's adaptive concurrency filter and Netflix's
+concurrency-limits: the baseline comes down at once (half the gap per tick, so one noisy tick
+does not pull it to the bottom of the noise) and never creeps up under sustained load: it rises
+only by a reset after ``reset_ticks`` binding ticks at the floor still inflated (the floor is
+the least concurrency we can offer, so what is seen there is the best no-load estimate left);
+smoothing and a tolerance against noise; moves bounded per tick; a floor (``minimum``) that
+holds however inflated latency is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+#: what ``auto`` means without bounds
+DEFAULT_MINIMUM = 1
+DEFAULT_MAXIMUM = 1024
+
+
+def parse_auto(text: str) -> tuple[int, int] | None:
+    """Parse ``auto`` or ``auto:MIN-MAX``.
+
+    Args:
+        text: the setting's value.
+    Returns:
+        ``(minimum, maximum)``, or None when ``text`` is not an ``auto`` form at all (a number,
+        say).
+    Raises:
+        ValueError: an ``auto:`` form whose bounds are not two integers ``1 <= MIN <= MAX``.
+    """
+    text = text.strip()
+    if text == "auto":
+        return DEFAULT_MINIMUM, DEFAULT_MAXIMUM
+    if not text.startswith("auto:"):
+        return None
+    low, sep, high = text[5:].partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"{text!r}: write auto or auto:MIN-MAX, e.g. auto:2-64")
+    lo, hi = int(low), int(high)
+    if lo < 1 or hi < lo:
+        raise ValueError(f"{text!r}: the bounds must satisfy 1 <= MIN <= MAX")
+    return lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class KindSample:
+    """The requests of one kind that finished in a tick: how many, and their summed service
+    time (dispatch to finish: execution, not queue wait), in ns."""
+
+    count: int
+    service_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one tick observed.
+
+    ``kinds`` maps a kind of request (any hashable: a level name, or ``(level, route)``) to its
+    :class:`KindSample`; ``concurrency`` is the average seats executing over the tick;
+    ``waiting`` says whether any request waited in a queue (the limit was binding).
+    """
+
+    now: int
+    kinds: Mapping[Hashable, KindSample]
+    concurrency: float
+    waiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSettings:
+    """The controller's bounds and constants (the defaults are what the simulator's tests
+    and docs/adaptive.md use)."""
+
+    minimum: int = DEFAULT_MINIMUM
+    maximum: int = DEFAULT_MAXIMUM
+    tolerance: float = 0.25  # inflation up to 1 + tolerance counts as none
+    gain_low: float = 0.1  # throughput elasticity below which added seats only wait
+    gain_high: float = 0.5  # elasticity at which added seats clearly pay
+    step_up: float = 0.25  # a confirmed move up: a quarter (at least one seat)
+    step_explore: float = 0.1  # an exploratory move: a tenth (at least one seat)
+    step_down: float = 0.25  # the largest move down per tick
+    memory_above_ticks: int = 4  # how long what a higher concurrency said is believed
+    memory_below_ticks: int = 20  # ... and a lower one
+    separation: float = 1.08  # two concurrencies compared differ by at least this ratio
+    smoothing: float = 0.5  # weight of a new tick in a concurrency's smoothed sample
+    regime_change: float = 0.2  # a jump of the inflation at one concurrency wiping the rest
+    binding_fraction: float = 0.9  # executing seats / limit from which the limit binds
+    reset_ticks: int = 30  # binding ticks at the floor, inflated, before baselines reset
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"bounds must satisfy 1 <= minimum <= maximum, got "
+                             f"{self.minimum}-{self.maximum}")
+
+
+@dataclass(slots=True)
+class _Point:
+    """The smoothed per-kind ``[count, service ns]`` observed at one concurrency."""
+
+    kinds: dict[Hashable, list[float]]
+    tick: int
+
+
+@dataclass(slots=True)
+class Decision:
+    """The last tick's outcome, for metrics, logs and tests."""
+
+    limit: int
+    reason: str
+    inflation: float | None = None
+    concurrency: float = 0.0
+    below: float | None = None  # elasticity towards the lower concurrency compared
+    above: float | None = None  # ... towards the higher one
+
+
+@dataclass(slots=True)
+class AdaptiveLimit:
+    """The controller: :meth:`update` once a tick returns the new server limit.
+
+    Args:
+        settings: bounds and constants.
+        start: the limit before the first tick (clamped to the bounds).
+    """
+
+    settings: AdaptiveSettings
+    start: int
+    limit: int = field(init=False)
+    baselines: dict[Hashable, float] = field(init=False, default_factory=dict)
+    last: Decision = field(init=False)
+    _curve: dict[int, _Point] = field(init=False, default_factory=dict)
+    _tick: int = field(init=False, default=0)
+    _floor_ticks: int = field(init=False, default=0)
+    _settling: bool = field(init=False, default=False)
+    _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.limit = self._clamp(self.start)
+        self.last = Decision(self.limit, "start")
+
+    def _clamp(self, value: float) -> int:
+        return max(self.settings.minimum, min(self.settings.maximum, int(value)))
+
+    # -- the tick ---------------------------------------------------------------------------
+    def update(self, tick: Tick) -> int:
+        """Fold one tick's observations and return the limit to apply.
+
+        Args:
+            tick: what the tick observed (:class:`Tick`).
+        Returns:
+            The new server concurrency limit, within the settings' bounds.
+        """
+        self._tick += 1
+        kinds = {k: s for k, s in tick.kinds.items() if s.count > 0}
+        if not kinds:
+            self.last = Decision(self.limit, "no finished requests", None, tick.concurrency)
+            return self.limit
+        self._learn_baselines(kinds)
+        binding = tick.waiting or tick.concurrency >= self.settings.binding_fraction * self.limit
+        if self._settling:
+            # the first tick after a move mixes requests served before it: learn only baselines
+            self._settling = False
+            self.last = Decision(self.limit, "settling after a move", None, tick.concurrency)
+            return self.limit
+        key = max(1, round(tick.concurrency))
+        r_now = self._inflation({k: [s.count, s.service_ns] for k, s in kinds.items()})
+        self._file(key, kinds, r_now)
+        r = self._inflation(self._curve[key].kinds)
+        if not binding:
+            self._floor_ticks = 0
+            self.last = Decision(self.limit, "not binding: hold", r, tick.concurrency)
+            return self.limit
+        self._watch_floor(kinds, r)
+        new, reason, below, above = self._decide(key, r, tick.concurrency)
+        self._settling = self._clamp(new) != self.limit
+        self.limit = self._clamp(new)
+        self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
+        return self.limit
+
+    def _learn_baselines(self, kinds: Mapping[Hashable, KindSample]) -> None:
+        """A kind's baseline starts at its first mean and only comes down: by half the gap per
+        tick (less for a tick of one or two requests), so noise does not drag it to its
+        bottom; it rises only by the floor reset (:meth:`_watch_floor`)."""
+        for kind, s in kinds.items():
+            mean = s.service_ns / s.count
+            base = self.baselines.get(kind)
+            if base is None or base <= 0:
+                self.baselines[kind] = mean
+            elif mean < base:
+                self.baselines[kind] = base + 0.5 * min(1.0, s.count / 3) * (mean - base)
+
+    def _inflation(self, kinds: Mapping[Hashable, list[float]]) -> float:
+        """``sum(service) / sum(count x baseline)`` over kinds with a baseline."""
+        num = den = 0.0
+        for kind, (count, service) in kinds.items():
+            base = self.baselines.get(kind)
+            if base:
+                num += service
+                den += count * base
+        return num / den if den > 0 else 1.0
+
+    def _file(self, key: int, kinds: Mapping[Hashable, KindSample], r_now: float) -> None:
+        """Smooth this tick into the point at ``key``; a jump means the backend changed, and
+        what other concurrencies said no longer holds."""
+        s = self.settings
+        point = self._curve.get(key)
+        fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
+        if point is not None and self._tick - point.tick <= s.memory_below_ticks:
+            r_old = self._inflation(point.kinds)
+            if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
+                self._curve = {key: _Point(fresh, self._tick)}
+                return
+            a = s.smoothing
+            merged = {k: [(1 - a) * c, (1 - a) * t] for k, (c, t) in point.kinds.items()}
+            for k, (c, t) in fresh.items():
+                old = merged.setdefault(k, [0.0, 0.0])
+                old[0] += a * c
+                old[1] += a * t
+            self._curve[key] = _Point(merged, self._tick)
+        else:
+            self._curve[key] = _Point(fresh, self._tick)
+        horizon = max(s.memory_above_ticks, s.memory_below_ticks)
+        self._curve = {c: p for c, p in self._curve.items() if self._tick - p.tick <= horizon}
+
+    def _neighbour(self, key: int, lower: bool) -> int | None:
+        s = self.settings
+        memory = s.memory_below_ticks if lower else s.memory_above_ticks
+        best = None
+        for c, p in self._curve.items():
+            if self._tick - p.tick > memory:
+                continue
+            if lower and c * s.separation <= key and (best is None or c > best):
+                best = c
+            elif not lower and c >= key * s.separation and (best is None or c < best):
+                best = c
+        return best
+
+    def _compare(self, key: int, lower: bool) -> tuple[int | None, float | None]:
+        """The neighbour below or above ``key`` and the elasticity between them; a neighbour
+        whose elasticity is impossible for one backend (latency falling as concurrency rises,
+        or growing much faster than it) was seen before the backend changed: forgotten."""
+        other = self._neighbour(key, lower)
+        if other is None:
+            return None, None
+        e = self._elasticity(other, key) if lower else self._elasticity(key, other)
+        if not -1.0 <= e <= 1.5:
+            del self._curve[other]
+            return self._compare(key, lower)
+        return other, e
+
+    def _elasticity(self, a: int, b: int) -> float:
+        """Throughput elasticity between concurrencies ``a < b`` (Little's law on the
+        inflation): 1 when latency stays flat, 0 when it grows as fast as concurrency."""
+        ra = self._inflation(self._curve[a].kinds)
+        rb = self._inflation(self._curve[b].kinds)
+        return 1.0 - math.log(rb / ra) / math.log(b / a)
+
+    def _decide(self, key: int, r: float, concurrency: float
+                ) -> tuple[float, str, float | None, float | None]:
+        s = self.settings
+        limit = self.limit
+        lo, below = self._compare(key, lower=True)
+        hi, above = self._compare(key, lower=False)
+        inflated = r > 1 + s.tolerance
+        explore_up = limit + max(1, math.ceil(s.step_explore * limit))
+        explore_down = limit - max(1, math.ceil(s.step_explore * limit))
+        if below is not None and below < s.gain_low:
+            # the seats above `lo` only waited inside the app: go back towards it
+            ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
+            return min(limit - 1, math.floor(limit * ratio)), "down: seats above only queued", \
+                below, above
+        if above is not None and above >= s.gain_low:
+            # the seats above paid: go back up (by a quarter when they clearly paid)
+            step = s.step_up if above >= s.gain_high else s.step_explore
+            return limit + max(1, round(step * limit)), "up: more seats paid", below, above
+        if above is None and (below is not None or not inflated):
+            return explore_up, "up: probe", below, above
+        if below is None:
+            if above is None:  # inflated, nothing known: head for the tolerance at once
+                target = math.floor(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
+                return min(explore_down, target), "down: inflated", below, above
+            if above < s.gain_low / 2:  # latency grows with concurrency: far past the knee
+                return min(explore_down, math.floor(limit * (1 - s.step_down))), \
+                    "down: seats above only queued", below, above
+            return explore_down, "down: probe", below, above
+        return limit, "hold: at the knee", below, above
+
+    def _watch_floor(self, kinds: Mapping[Hashable, KindSample], r: float) -> None:
+        """Reset the baselines after ``reset_ticks`` binding ticks at the floor, still
+        inflated: at the least concurrency we can offer, what is seen is the no-load latency
+        now (a slower backend, a slower release), and the curve restarts from it."""
+        s = self.settings
+        if self.limit > s.minimum or r <= 1 + s.tolerance:
+            self._floor_ticks = 0
+            self._floor_means.clear()
+            return
+        self._floor_ticks += 1
+        for kind, sample in kinds.items():
+            acc = self._floor_means.setdefault(kind, [0.0, 0.0])
+            acc[0] += sample.count
+            acc[1] += sample.service_ns
+        if self._floor_ticks >= s.reset_ticks:
+            for kind, (count, service) in self._floor_means.items():
+                self.baselines[kind] = service / count
+            self._floor_ticks = 0
+            self._floor_means.clear()
+            self._curve.clear()
