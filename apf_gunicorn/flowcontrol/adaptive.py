@@ -133,10 +133,12 @@ class AdaptiveSettings:
 
 @dataclass(slots=True)
 class _Point:
-    """The smoothed per-kind ``[count, service ns]`` observed at one concurrency."""
+    """The smoothed per-kind ``[count, service ns]`` observed at one concurrency (rounded),
+    and the smoothed exact concurrency."""
 
     kinds: dict[Hashable, list[float]]
     tick: int
+    concurrency: float
 
 
 @dataclass(slots=True)
@@ -201,11 +203,14 @@ class AdaptiveLimit:
             return self.limit
         key = max(1, round(tick.concurrency))
         r_now = self._inflation({k: [s.count, s.service_ns] for k, s in kinds.items()})
-        self._file(key, kinds, r_now)
+        self._file(key, kinds, r_now, tick.concurrency)
         r = self._inflation(self._curve[key].kinds)
         if not binding:
             self._floor_ticks = 0
-            self.last = Decision(self.limit, "not binding: hold", r, tick.concurrency)
+            new, reason, below = self._unbound(key, tick.concurrency)
+            self._settling = self._clamp(new) != self.limit
+            self.limit = self._clamp(new)
+            self.last = Decision(self.limit, reason, r, tick.concurrency, below)
             return self.limit
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
@@ -236,7 +241,8 @@ class AdaptiveLimit:
                 den += count * base
         return num / den if den > 0 else 1.0
 
-    def _file(self, key: int, kinds: Mapping[Hashable, KindSample], r_now: float) -> None:
+    def _file(self, key: int, kinds: Mapping[Hashable, KindSample], r_now: float,
+              concurrency: float) -> None:
         """Smooth this tick into the point at ``key``; a jump means the backend changed, and
         what other concurrencies said no longer holds."""
         s = self.settings
@@ -245,7 +251,7 @@ class AdaptiveLimit:
         if point is not None and self._tick - point.tick <= s.memory_below_ticks:
             r_old = self._inflation(point.kinds)
             if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
-                self._curve = {key: _Point(fresh, self._tick)}
+                self._curve = {key: _Point(fresh, self._tick, concurrency)}
                 return
             a = s.smoothing
             merged = {k: [(1 - a) * c, (1 - a) * t] for k, (c, t) in point.kinds.items()}
@@ -253,9 +259,10 @@ class AdaptiveLimit:
                 old = merged.setdefault(k, [0.0, 0.0])
                 old[0] += a * c
                 old[1] += a * t
-            self._curve[key] = _Point(merged, self._tick)
+            conc = (1 - a) * point.concurrency + a * concurrency
+            self._curve[key] = _Point(merged, self._tick, conc)
         else:
-            self._curve[key] = _Point(fresh, self._tick)
+            self._curve[key] = _Point(fresh, self._tick, concurrency)
         horizon = max(s.memory_above_ticks, s.memory_below_ticks)
         self._curve = {c: p for c, p in self._curve.items() if self._tick - p.tick <= horizon}
 
@@ -288,9 +295,32 @@ class AdaptiveLimit:
     def _elasticity(self, a: int, b: int) -> float:
         """Throughput elasticity between concurrencies ``a < b`` (Little's law on the
         inflation): 1 when latency stays flat, 0 when it grows as fast as concurrency."""
-        ra = self._inflation(self._curve[a].kinds)
-        rb = self._inflation(self._curve[b].kinds)
-        return 1.0 - math.log(rb / ra) / math.log(b / a)
+        pa, pb = self._curve[a], self._curve[b]
+        ra, rb = self._inflation(pa.kinds), self._inflation(pb.kinds)
+        spread = math.log(max(pb.concurrency, 1e-9) / max(pa.concurrency, 1e-9))
+        if spread <= 0.01:
+            return 1.0  # rounding put two alike concurrencies apart: nothing to learn
+        return 1.0 - math.log(rb / ra) / spread
+
+    def _unbound(self, key: int, concurrency: float) -> tuple[int, str, float | None]:
+        """The limit did not bind: demand is below it. Far below (less than half), it holds,
+        so an idle server's limit does not drift. Near it, the knee may still be under the
+        demand (the app's own pool overloaded while our limit is not reached): unless a lower
+        concurrency is known to cost throughput, the limit goes a step below the demand, so
+        requests wait in our queues and the curve learns what fewer seats give."""
+        s = self.settings
+        if concurrency < 0.5 * self.limit:
+            return self.limit, "not binding: hold", None
+        lo, below = self._compare(key, lower=True)
+        demand = math.ceil(concurrency)
+        if below is None:
+            step = max(1, math.ceil(s.step_explore * demand))
+            return min(self.limit, demand - step), "not binding: probe below the demand", None
+        if below < s.gain_low:
+            ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
+            return min(self.limit, math.floor(demand * ratio)), \
+                "not binding: seats above only queued", below
+        return self.limit, "not binding: hold", below
 
     def _decide(self, key: int, r: float, concurrency: float
                 ) -> tuple[float, str, float | None, float | None]:

@@ -346,7 +346,8 @@ class UniformHarness:
 
     With ``model`` (a :class:`~.scenario.BackendSpec`) an executing request runs its ``exec``
     in that backend (:mod:`.capacity`), then its ``overhead``, and its thread's next call
-    follows its end by ``think`` (a real client waits for its answer); each window then
+    follows its end by ``think`` (a real client waits for its answer; none is made after the
+    last evaluation); each window then
     reports each client's latency (:func:`latency_summary`). With ``auto``
     (:class:`AutoTicker`) the adaptive controller runs every ``auto.tick_ns``, fed each kind
     of request's service times (dispatch to end), the average seats executing and whether
@@ -462,7 +463,8 @@ class UniformHarness:
             acc[1] += now - times[1]
         if self.model is not None:
             client.latencies.append(now - times[0])
-            if k + 1 < thread.calls:
+            # closed loop: no new call once the last window has ended (no long drain)
+            if k + 1 < thread.calls and now + spec.think_ns < self.evaluate[-1]:
                 self.loop.at(now + spec.think_ns, lambda: self._call(thread, k + 1))
         client.exec_seats.add(-spec.seats, now)
         self.level_exec[client.level].add(-spec.seats, now)
