@@ -171,6 +171,7 @@ class AdaptiveLimit:
     _tick: int = field(init=False, default=0)
     _floor_ticks: int = field(init=False, default=0)
     _settling: bool = field(init=False, default=False)
+    _rising: bool = field(init=False, default=False)  # the last move was up
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -215,6 +216,7 @@ class AdaptiveLimit:
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
         self._settling = self._clamp(new) != self.limit
+        self._rising = self._clamp(new) > self.limit
         self.limit = self._clamp(new)
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
         return self.limit
@@ -341,6 +343,10 @@ class AdaptiveLimit:
             step = s.step_up if above >= s.gain_high else s.step_explore
             return limit + max(1, round(step * limit)), "up: more seats paid", below, above
         if above is None and (below is not None or not inflated):
+            if self._rising and below is not None and below >= s.gain_high:
+                # rising, and the last seats paid in full: a capacity increase, climb faster
+                return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
+                    below, above
             return explore_up, "up: probe", below, above
         if below is None:
             if above is None:  # inflated, nothing known: head for the tolerance at once
