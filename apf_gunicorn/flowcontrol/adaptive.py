@@ -282,16 +282,17 @@ class AdaptiveLimit:
         return best
 
     def _compare(self, key: int, lower: bool) -> tuple[int | None, float | None]:
-        """The neighbour below or above ``key`` and the elasticity between them; a neighbour
-        whose elasticity is impossible for one backend (latency falling as concurrency rises,
-        or growing much faster than it) was seen before the backend changed: forgotten."""
+        """The neighbour below or above ``key`` and the elasticity between them. An
+        elasticity impossible for one backend (latency falling as concurrency rises, or
+        growing much faster than it) means the backend changed since the neighbour was seen:
+        the rest of the curve is forgotten, only what ``key`` just said is kept."""
         other = self._neighbour(key, lower)
         if other is None:
             return None, None
         e = self._elasticity(other, key) if lower else self._elasticity(key, other)
         if not -1.0 <= e <= 1.5:
-            del self._curve[other]
-            return self._compare(key, lower)
+            self._curve = {key: self._curve[key]}
+            return None, None
         return other, e
 
     def _elasticity(self, a: int, b: int) -> float:
@@ -330,6 +331,8 @@ class AdaptiveLimit:
         limit = self.limit
         lo, below = self._compare(key, lower=True)
         hi, above = self._compare(key, lower=False)
+        if lo is not None and lo not in self._curve:  # the comparison above wiped the curve
+            lo, below = None, None
         inflated = r > 1 + s.tolerance
         explore_up = limit + max(1, math.ceil(s.step_explore * limit))
         explore_down = limit - max(1, math.ceil(s.step_explore * limit))
