@@ -22,18 +22,24 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   by Little's law, the fraction of the added seats that became throughput (1 below the knee of
   a pool; 0 beyond it, where added seats only wait for a connection; in between for CPU and
   the GIL, where latency grows with concurrency while throughput still grows too).
-* **Moves.** Down towards the last lower concurrency when the seats above it bought almost no
-  throughput (elasticity < ``gain_low``); up by a quarter when the last higher concurrency paid
-  (>= ``gain_high``); otherwise one small exploratory step up when nothing is known above
-  (a probe costs one tick at one step more, never a rejection), or down when nothing is known
-  below and latency is inflated (nothing known above) or the seats above did not pay; else
-  hold. Knowledge above
-  expires after ``memory_above_ticks`` (so a capacity increase is found within a few ticks),
-  below after ``memory_below_ticks``; a sample that jumps by more than ``regime_change`` from
-  what its concurrency said before wipes the rest of the curve (the backend changed).
-* **Only when the limit binds.** Without waiting requests and with executing seats below
-  ``binding_fraction`` of the limit, the limit constrains nothing: it holds (and baselines and
-  the curve still learn), so an idle server's limit does not drift.
+* **Moves** (at most one per two ticks: the tick after a move mixes requests served before
+  it, so it only teaches baselines). With ``below`` the elasticity from the nearest lower
+  concurrency to this one and ``above`` from this one to the nearest higher: down towards the
+  lower one when ``below < gain_low`` (the seats above it only queued); up when
+  ``above >= gain_low`` (by a quarter when ``>= gain_high``); a probe one step up when nothing
+  is known above (by a quarter while rising and the last seats paid in full); a step down
+  when nothing is known below and the seats above did not pay (a quarter when they clearly
+  did not), or when nothing is known at all and latency is inflated beyond ``1 + tolerance``
+  (towards the tolerance, at most a quarter); else hold: the knee. What a higher concurrency
+  said is believed for ``memory_above_ticks`` (so a capacity increase is found within a few
+  ticks by the next probe), a lower one for ``memory_below_ticks``. An elasticity impossible
+  for one backend, or a concurrency's inflation jumping by more than ``regime_change``, means
+  the backend changed: the rest of the curve is forgotten.
+* **When the limit does not bind** (nothing waited, executing seats below
+  ``binding_fraction`` of the limit): far below (demand under half the limit) it holds, so an
+  idle server's limit does not drift; near it, the app's own bottleneck may still be
+  overloaded while our limit is not reached, so unless fewer seats are known to cost
+  throughput the limit steps below the demand and the curve learns.
 
 Guards against the known failures of Envoy's adaptive concurrency filter and Netflix's
 concurrency-limits: the baseline comes down at once (half the gap per tick, so one noisy tick
