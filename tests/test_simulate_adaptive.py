@@ -86,18 +86,24 @@ def test_a_mix_shift_is_not_taken_for_overload(policy: str) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_noise_does_not_make_it_oscillate(policy: str) -> None:
-    out = run(raw("noise"), policy)  # each query 50 ms +-40 %
+@pytest.mark.parametrize("seed", [7, 2, 5])
+def test_noise_does_not_make_it_oscillate(policy: str, seed: int) -> None:
+    doc = raw("noise")  # each query 50 ms +-40 %
+    doc["backend"]["seed"] = seed
+    out = run(doc, policy)
     series = [v for t, v in out["concurrencyLimit"]["series"] if 20 <= t <= 60]
-    assert 5 <= min(series) and max(series) <= 12
+    # around the pool's 8: excursions of a few ticks, at most 5 seats above, 3 below
+    assert 5 <= min(series) and max(series) <= 13
     moves = sum(1 for a, b in zip(series, series[1:], strict=False) if a != b)
     assert moves <= len(series) // 2
-    assert 7 <= limit_mean(out, 2) <= 10
+    assert 7 <= limit_mean(out, 1) <= 10.5 and 7 <= limit_mean(out, 2) <= 10.5
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_cpu_bound_keeps_the_throughput(policy: str) -> None:
+@pytest.mark.parametrize("seed", [3, 4])
+def test_cpu_bound_keeps_the_throughput(policy: str, seed: int) -> None:
     doc = raw("cpu-gil")  # latency grows with concurrency while throughput grows too
+    doc["backend"]["seed"] = seed  # which worker each request lands in
     auto = run(doc, policy)
     low, high = run(static(doc, 2), policy), run(static(doc, 8), policy)
     rate = latency(auto, 2, "bob")["throughput"]

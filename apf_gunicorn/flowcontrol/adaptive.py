@@ -27,7 +27,11 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   concurrency to this one and ``above`` from this one to the nearest higher: down towards the
   lower one when ``below < gain_low`` (the seats above it only queued); up when
   ``above >= gain_low`` (by a quarter when ``>= gain_high``); a probe one step up when nothing
-  is known above (by a quarter while rising and the last seats paid in full); a step down
+  is known above (by a quarter while rising and the last seats paid in full); moving up needs
+  the elasticity to clear ``gain_low`` by ``confidence`` times its noise (each point's
+  tick-to-tick spread over the distance between the points), so noise does not ratchet the
+  limit up, while moving down needs no such proof (fewer seats only make requests wait in our
+  fair queues); a step down
   when nothing is known below and the seats above did not pay (a quarter when they clearly
   did not), or when nothing is known at all and latency is inflated beyond ``1 + tolerance``
   (towards the tolerance, at most a quarter); else hold: the knee. What a higher concurrency
@@ -118,7 +122,7 @@ class AdaptiveSettings:
     minimum: int = DEFAULT_MINIMUM
     maximum: int = DEFAULT_MAXIMUM
     tolerance: float = 0.25  # inflation up to 1 + tolerance counts as none
-    gain_low: float = 0.1  # throughput elasticity below which added seats only wait
+    gain_low: float = 0.08  # throughput elasticity below which added seats only wait
     gain_high: float = 0.5  # elasticity at which added seats clearly pay
     step_up: float = 0.25  # a confirmed move up: a quarter (at least one seat)
     step_explore: float = 0.1  # an exploratory move: a tenth (at least one seat)
@@ -130,6 +134,8 @@ class AdaptiveSettings:
     regime_change: float = 0.2  # a jump of the inflation at one concurrency wiping the rest
     binding_fraction: float = 0.9  # executing seats / limit from which the limit binds
     reset_ticks: int = 30  # binding ticks at the floor, inflated, before baselines reset
+    noise_prior: float = 0.03  # a tick's inflation noise (log) assumed for a point seen once
+    confidence: float = 0.25  # moving up needs the elasticity this many noise spreads above gain_low
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -145,6 +151,8 @@ class _Point:
     kinds: dict[Hashable, list[float]]
     tick: int
     concurrency: float
+    samples: int = 1
+    spread: float = 0.0  # smoothed squared log-deviation of a tick's inflation from the point
 
 
 @dataclass(slots=True)
@@ -262,13 +270,15 @@ class AdaptiveLimit:
                 self._curve = {key: _Point(fresh, self._tick, concurrency)}
                 return
             a = s.smoothing
+            deviation = math.log(r_now / r_old) ** 2
+            spread = deviation if point.samples == 1 else (1 - a) * point.spread + a * deviation
             merged = {k: [(1 - a) * c, (1 - a) * t] for k, (c, t) in point.kinds.items()}
             for k, (c, t) in fresh.items():
                 old = merged.setdefault(k, [0.0, 0.0])
                 old[0] += a * c
                 old[1] += a * t
             conc = (1 - a) * point.concurrency + a * concurrency
-            self._curve[key] = _Point(merged, self._tick, conc)
+            self._curve[key] = _Point(merged, self._tick, conc, point.samples + 1, spread)
         else:
             self._curve[key] = _Point(fresh, self._tick, concurrency)
         horizon = max(s.memory_above_ticks, s.memory_below_ticks)
@@ -300,6 +310,15 @@ class AdaptiveLimit:
             self._curve = {key: self._curve[key]}
             return None, None
         return other, e
+
+    def _uncertainty(self, a: int, b: int) -> float:
+        """How far noise can move :meth:`_elasticity` between ``a`` and ``b``: the points'
+        tick-to-tick spread (``noise_prior`` for a point seen once) over their distance."""
+        s = self.settings
+        pa, pb = self._curve[a], self._curve[b]
+        var = sum(p.spread if p.samples > 1 else s.noise_prior ** 2 for p in (pa, pb))
+        spread = math.log(max(pb.concurrency, 1e-9) / max(pa.concurrency, 1e-9))
+        return math.sqrt(var) / spread if spread > 0.01 else math.inf
 
     def _elasticity(self, a: int, b: int) -> float:
         """Throughput elasticity between concurrencies ``a < b`` (Little's law on the
@@ -347,11 +366,13 @@ class AdaptiveLimit:
             ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
             return min(limit - 1, math.floor(limit * ratio)), "down: seats above only queued", \
                 below, above
-        if above is not None and above >= s.gain_low:
+        sure_above = above is not None and above - s.confidence * self._uncertainty(key, hi) >= s.gain_low
+        sure_below = below is not None and below - s.confidence * self._uncertainty(lo, key) >= s.gain_low
+        if sure_above:
             # the seats above paid: go back up (by a quarter when they clearly paid)
             step = s.step_up if above >= s.gain_high else s.step_explore
             return limit + max(1, round(step * limit)), "up: more seats paid", below, above
-        if above is None and (below is not None or not inflated):
+        if above is None and (sure_below or (below is None and not inflated)):
             if self._rising and below is not None and below >= s.gain_high:
                 # rising, and the last seats paid in full: a capacity increase, climb faster
                 return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
