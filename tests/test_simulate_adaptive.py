@@ -278,3 +278,67 @@ def test_controller_needs_an_auto_limit_and_overhead_a_backend() -> None:
         parse_scenario(doc, base_dir=HERE)
     fields = [e.field for e in info.value.errors]
     assert "controller" in fields and "clients[0].overhead" in fields
+
+
+# -- the backends ---------------------------------------------------------------------------------
+
+def test_connection_pool_is_first_come_first_served_and_resizes() -> None:
+    from apf_gunicorn.simulate.capacity import ConnectionPool
+    from apf_gunicorn.simulate.engine import EventLoop
+
+    loop = EventLoop()
+    pool = ConnectionPool(loop, 2)
+    done = {}
+    for name in "abcd":
+        pool.begin(10, lambda n=name: done.setdefault(n, loop.now))
+    loop.run_until(5)
+    pool.set_capacity(1)  # the two holders keep their connections
+    loop.run()
+    assert done == {"a": 10, "b": 10, "c": 20, "d": 30}
+    pool.set_capacity(3)
+    for name in "efg":
+        pool.begin(10, lambda n=name: done.setdefault(n, loop.now))
+    loop.run()
+    assert [done[n] for n in "efg"] == [40, 40, 40]
+
+
+def test_shared_cores_process_sharing_and_the_gil() -> None:
+    from apf_gunicorn.simulate.capacity import SharedCores
+    from apf_gunicorn.simulate.engine import EventLoop
+
+    loop = EventLoop()
+    cores = SharedCores(loop, 2)
+    done = []
+    for _ in range(4):  # 4 requests of 10 ns on 2 cores: each at half speed
+        cores.begin(10, lambda: done.append(loop.now))
+    loop.run()
+    assert done == [20, 20, 20, 20]
+    loop = EventLoop()
+    gil = SharedCores(loop, 8, workers=1)  # one process: one request at a time, 8 cores or not
+    done = []
+    for _ in range(4):
+        gil.begin(10, lambda: done.append(loop.now))
+    loop.run()
+    assert done == [40, 40, 40, 40]
+    loop = EventLoop()
+    cores = SharedCores(loop, 1)
+    done = []
+    cores.begin(10, lambda: done.append(("a", loop.now)))
+    loop.run_until(5)
+    cores.set_capacity(2)  # alone, it never runs faster than one core
+    cores.begin(10, lambda: done.append(("b", loop.now)))
+    loop.run()
+    assert done == [("a", 10), ("b", 15)]
+
+
+def test_with_a_backend_clients_are_closed_loops_that_stop_at_the_last_window() -> None:
+    doc = {"queueSet": {"concurrencyLimit": 4, "queues": 4, "handSize": 2,
+                        "queueLengthLimit": 10},
+           "backend": {"pool": 1},
+           "clients": [{"name": "a", "hash": 1, "calls": 1000, "exec": "10ms", "think": "5ms"}],
+           "evaluate": ["100ms"]}
+    out = run(doc, "kubernetes")
+    # calls at 0, 15, ..., 90 ms: each ends 10 ms later, the next follows 5 ms after that
+    assert out["clients"]["a"]["dispatched"] == 7
+    assert latency(out, 0, "a") == {"completed": 7, "throughput": 70.0, "p50": 0.01,
+                                    "p99": 0.01, "max": 0.01}

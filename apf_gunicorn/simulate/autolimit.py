@@ -13,6 +13,7 @@ average seats executing, whether anything waited) and applies each new limit thr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from apf_gunicorn.flowcontrol.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
 
@@ -36,10 +37,9 @@ class AutoLimit:
                 dispatched.
             settings: the controller's constants (its defaults, bounded by ``spec``).
         """
-        base = settings or AdaptiveSettings()
-        fields = {name: getattr(base, name) for name in AdaptiveSettings.__dataclass_fields__}
-        fields.update(minimum=spec.minimum, maximum=spec.maximum)
-        self.controller = AdaptiveLimit(AdaptiveSettings(**fields), spec.start)
+        bounded = replace(settings or AdaptiveSettings(), minimum=spec.minimum,
+                          maximum=spec.maximum)
+        self.controller = AdaptiveLimit(bounded, spec.start)
         self.tick_ns = spec.tick_ns
         self.bounds = (spec.minimum, spec.maximum)
         self.apply = apply

@@ -322,7 +322,8 @@ def _parse_changes(raw: Any, kind: str) -> tuple[tuple[int, int], ...]:
         if not isinstance(item, dict):
             errs.errors.append(ScenarioError(where, f"must be a mapping {{at: TIME, {kind}: N}}"))
             continue
-        if errs.get(_no_unknown, item, {"at", kind}, where) is None and set(item) - {"at", kind}:
+        errs.get(_no_unknown, item, {"at", kind}, where)
+        if set(item) - {"at", kind}:
             continue
         at = errs.get(_duration, item, "at", where, required=True, minimum=0)
         value = errs.get(_int, item, kind, where, required=True, minimum=1)
