@@ -231,12 +231,11 @@ def parse_scenario(data: Any, base_dir: str = ".", source: str = "") -> Scenario
     clients = errs.get(_parse_clients, data.get("clients"), config_form=not has_qs)
     evaluate = errs.get(_parse_evaluate, data.get("evaluate"))
     backend = errs.get(_parse_backend, data["backend"]) if "backend" in data else None
-    if "backend" not in data and clients:
-        for i, c in enumerate(clients):
-            if c.overhead_ns:
-                errs.errors.append(ScenarioError(f"clients[{i}].overhead",
-                                                 "only meaningful with a backend"))
-                break
+    if "backend" not in data and isinstance(data.get("clients"), list):
+        errs.errors.extend(ScenarioError(f"clients[{i}].overhead", "only meaningful with a "
+                                                                   "backend")
+                           for i, c in enumerate(data["clients"])
+                           if isinstance(c, dict) and "overhead" in c)
     spec = queue_set if has_qs else config
     auto = errs.get(_parse_controller, data.get("controller"), spec)
     if auto is not None and spec is not None:
