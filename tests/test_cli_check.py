@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from apf_gunicorn.cli import main
+from tests.test_cli_explain import health_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "config"
@@ -141,35 +142,23 @@ def test_dangling_schema_exits_1_naming_file_schema_and_field(capsys):
     assert code == 1 and out.startswith("Server concurrency limit") and "batch-jobs" in err
 
 
-PROBES_TO_MANDATORY = """\
-apiVersion: flowcontrol.apiserver.k8s.io/v1
-kind: FlowSchema
-metadata: {{name: probes}}
-spec:
-  priorityLevelConfiguration: {{name: {level}}}
-  matchingPrecedence: 2
-  rules:
-  - subjects: [{{kind: Group, group: {{name: system:unauthenticated}}}}]
-    nonResourceRules: [{{verbs: [get], nonResourceURLs: [/healthz]}}]
-"""
-
-
 @pytest.mark.parametrize("level", ["exempt", "catch-all"])
 def test_schema_naming_an_undefined_mandatory_level_is_fine(capsys, tmp_path, level):
     path = tmp_path / "probes.yaml"
-    path.write_text(PROBES_TO_MANDATORY.format(level=level))
+    path.write_text(health_config(level))
     code, out, err = run_check(capsys, str(path), "--json")
     assert (code, err) == (0, "")
     doc = json.loads(out)
     assert doc["dangling"] == []
     assert [(fs["name"], fs["priorityLevel"]) for fs in doc["flowSchemas"]] == [
-        ("exempt", "exempt"), ("probes", level), ("catch-all", "catch-all")]
+        ("exempt", "exempt"), ("health", level), ("tenants", "tenants"), ("web", "tenants"),
+        ("catch-all", "catch-all")]
 
 
 def test_one_error_is_singular(capsys, tmp_path):
     path = tmp_path / "one.yaml"
-    path.write_text(PROBES_TO_MANDATORY.format(level="exempt").replace("matchingPrecedence: 2",
-                                                                       "matchingPrecedence: 0.5"))
+    path.write_text(health_config("exempt").replace("matchingPrecedence: 100",
+                                                    "matchingPrecedence: 0.5"))
     code, _, err = run_check(capsys, str(path))
     assert code == 1
     assert err.splitlines()[0] == f"{path}: invalid configuration (1 error):"

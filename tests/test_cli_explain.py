@@ -194,42 +194,39 @@ def test_configuration_and_limit_and_where_they_come_from(tmp_path, capsys, monk
     assert exc.value.code == 2 and "must be positive, got 0" in capsys.readouterr().err
 
 
-HEALTHZ_TO = """
-apiVersion: flowcontrol.apiserver.k8s.io/v1
-kind: PriorityLevelConfiguration
-metadata: {{name: web}}
-spec:
-  type: Limited
-  limited:
-    nominalConcurrencyShares: 10
-    limitResponse: {{type: Queue, queuing: {{queues: 8, handSize: 2, queueLengthLimit: 5}}}}
----
+# A probe schema sending GET /healthz to LEVEL, and a schema sending everything else to tenants.
+HEALTH_SCHEMAS = """
 apiVersion: flowcontrol.apiserver.k8s.io/v1
 kind: FlowSchema
-metadata: {{name: health}}
+metadata: {name: health}
 spec:
-  priorityLevelConfiguration: {{name: {level}}}
+  priorityLevelConfiguration: {name: LEVEL}
   matchingPrecedence: 100
   rules:
-  - subjects: [{{kind: Group, group: {{name: system:unauthenticated}}}}]
-    nonResourceRules: [{{verbs: [get], nonResourceURLs: [/healthz]}}]
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: [get], nonResourceURLs: [/healthz]}]
 ---
 apiVersion: flowcontrol.apiserver.k8s.io/v1
 kind: FlowSchema
-metadata: {{name: web}}
+metadata: {name: web}
 spec:
-  priorityLevelConfiguration: {{name: web}}
+  priorityLevelConfiguration: {name: tenants}
   matchingPrecedence: 500
   rules:
-  - subjects: [{{kind: Group, group: {{name: system:unauthenticated}}}}]
-    nonResourceRules: [{{verbs: ["*"], nonResourceURLs: ["*"]}}]
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: ["*"], nonResourceURLs: ["*"]}]
 """
+
+
+def health_config(level: str) -> str:
+    """CUSTOM plus HEALTH_SCHEMAS, the probe schema naming ``level``."""
+    return CUSTOM + "---" + HEALTH_SCHEMAS.replace("LEVEL", level)
 
 
 @pytest.mark.parametrize("level", ["exempt", "catch-all"])
 def test_schema_naming_an_undefined_mandatory_level(tmp_path, capsys, level):
     path = tmp_path / "apf.yaml"
-    path.write_text(HEALTHZ_TO.format(level=level))
+    path.write_text(health_config(level))
     out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
     assert (out["flowSchema"], out["priorityLevel"], out["notes"]) == ("health", level, [])
     assert out["priorityLevelUID"] == derived_uid("PriorityLevelConfiguration", level)
@@ -237,9 +234,9 @@ def test_schema_naming_an_undefined_mandatory_level(tmp_path, capsys, level):
 
 def test_dangling_schema_that_would_have_matched_is_named(tmp_path, capsys):
     path = tmp_path / "apf.yaml"
-    path.write_text(HEALTHZ_TO.format(level="probes"))
+    path.write_text(health_config("probes"))
     out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
-    assert (out["flowSchema"], out["priorityLevel"]) == ("web", "web")
+    assert (out["flowSchema"], out["priorityLevel"]) == ("web", "tenants")
     (note,) = out["notes"]
     assert note.startswith(f"FlowSchema 'health' ({path}, matchingPrecedence 100) matches this "
                            "request but was skipped: This FlowSchema references the "

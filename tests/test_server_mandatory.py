@@ -18,50 +18,42 @@ PL_UID = "X-Kubernetes-PF-PriorityLevel-UID"
 
 # "web" takes every request but the probe; with APF_CONCURRENCY_LIMIT=1 it has one seat and
 # rejects when that seat is held. The probe schema names a level the file does not define.
-CONFIG = """\
+WEB_LEVEL = """\
 apiVersion: flowcontrol.apiserver.k8s.io/v1
 kind: PriorityLevelConfiguration
-metadata: {{name: web, uid: uid-pl-web}}
+metadata: {name: web, uid: uid-pl-web}
 spec:
   type: Limited
   limited:
     nominalConcurrencyShares: 1
     lendablePercent: 0
     borrowingLimitPercent: 0
-    limitResponse: {{type: Reject}}
----
+    limitResponse: {type: Reject}
+"""
+
+
+def schema(name: str, precedence: int, level: str, verbs: str, urls: str) -> str:
+    """A FlowSchema for every client, anonymous or not."""
+    return f"""\
 apiVersion: flowcontrol.apiserver.k8s.io/v1
 kind: FlowSchema
-metadata: {{name: web}}
+metadata: {{name: {name}}}
 spec:
-  matchingPrecedence: 500
-  priorityLevelConfiguration: {{name: web}}
-  rules:
-  - subjects:
-    - {{kind: Group, group: {{name: system:authenticated}}}}
-    - {{kind: Group, group: {{name: system:unauthenticated}}}}
-    nonResourceRules:
-    - {{verbs: ["*"], nonResourceURLs: ["*"]}}
----
-apiVersion: flowcontrol.apiserver.k8s.io/v1
-kind: FlowSchema
-metadata: {{name: health}}
-spec:
-  matchingPrecedence: 100
+  matchingPrecedence: {precedence}
   priorityLevelConfiguration: {{name: {level}}}
   rules:
   - subjects:
     - {{kind: Group, group: {{name: system:authenticated}}}}
     - {{kind: Group, group: {{name: system:unauthenticated}}}}
-    nonResourceRules:
-    - {{verbs: [get], nonResourceURLs: [/healthz]}}
+    nonResourceRules: [{{verbs: {verbs}, nonResourceURLs: {urls}}}]
 """
 
 
 @pytest.mark.parametrize("level", ["exempt", "catch-all"])
 def test_probe_schema_naming_an_undefined_mandatory_level(server_factory, tmp_path, level):
     path = tmp_path / "apf.yaml"
-    path.write_text(CONFIG.format(level=level))
+    path.write_text("---\n".join([WEB_LEVEL, schema("web", 500, "web", '["*"]', '["*"]'),
+                                   schema("health", 100, level, "[get]", "[/healthz]")]))
     env = {"APF_CONCURRENCY_LIMIT": "1"}
     with server_factory(workers=1, threads=4, config=str(path), env=env) as srv:
         assert "no such object" not in srv.log()  # no dangling-schema warning
