@@ -82,9 +82,9 @@ def test_text_output_with_a_given_limit(capsys):
         "48",
         "96",
         "15",
-        "1",
-        "1",
         "12",
+        "3",
+        "1",
     ]
 
 

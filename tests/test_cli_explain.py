@@ -339,6 +339,16 @@ def test_request_address_flows(capsys, monkeypatch):
     assert c["user"] == "addr:127.0.0.1" and "--user ignored" in c["notes"][0]
 
 
+def test_request_address_flows_with_the_builtin_configuration(capsys, monkeypatch):
+    """The built-in anonymous level shuffle-shards clients: no one-queue note, a hand each."""
+    monkeypatch.setenv("APF_USER_FROM", "address")
+    a, b = (explain_json(capsys, "--request", "GET /work", "--remote-addr", addr)
+            for addr in ("203.0.113.1", "203.0.113.2"))
+    assert (a["flowSchema"], a["priorityLevel"], a["notes"]) == ("anonymous", "anonymous", [])
+    assert a["distinguisher"] == "addr:203.0.113.1" and a["flowHash"] != b["flowHash"]
+    assert len(a["hand"]) == len(b["hand"]) == 3 and a["hand"] != b["hand"]
+
+
 def test_request_costs(capsys, monkeypatch):
     apps = ROOT / "tests" / "apps"
     monkeypatch.setenv("APF_ROUTES", str(apps / "seats_routes.yaml"))

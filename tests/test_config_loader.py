@@ -285,6 +285,35 @@ def test_webapp_set_shape():
     assert anonymous.borrowing_limit_percent == 0 and users.lendable_percent == 0
 
 
+def test_webapp_anonymous_clients_are_shuffle_sharded():
+    """With APF_USER_FROM=address each anonymous client is a flow (user addr:..., group
+    system:unauthenticated): one flooding address fills only its own hand of queues, so
+    another address finds a free queue unless its whole hand lies inside the flooder's."""
+    from apf_gunicorn.flowcontrol.matching import Classifier, hand
+    from apf_gunicorn.flowcontrol.objects import RequestAttributes
+
+    cfg = load_configuration(builtin_path("webapp"))
+    classifier = Classifier(cfg)
+
+    def hand_of(address: str) -> set[int]:
+        c = classifier.classify(RequestAttributes(f"addr:{address}",
+                                                  ("system:unauthenticated",), "get", "/work"))
+        assert (c.flow_schema.name, c.priority_level.name) == ("anonymous", "anonymous")
+        return set(hand(c))
+
+    flooder = hand_of("203.0.113.66")
+    q = cfg.priority_levels["anonymous"].queuing
+    assert len(flooder) == q.hand_size == 3
+    blocked = sum(hand_of(f"198.51.{i // 256}.{i % 256}") <= flooder for i in range(2000))
+    assert blocked / 2000 < 0.01  # 1 in C(12, 3) = 220 expected
+    # one client parks at most hand x queueLengthLimit threads; the queues of both levels
+    # together hold what the default 2 x 64 threads park beside the 64 executing seats
+    assert q.hand_size * q.queue_length_limit == 3
+    waiting = sum(pl.queuing.queues * pl.queuing.queue_length_limit
+                  for pl in cfg.priority_levels.values() if pl.queuing is not None)
+    assert waiting == 2 * (64 - 2) - 64
+
+
 def test_mandatory_manifests_match_typed_bootstrap_objects():
     for manifest in mandatory_manifests():
         parsed, errs = parse_object(manifest, BUILTIN_SOURCE)
