@@ -89,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
     if dangling:
         # Kubernetes stores such a schema and marks it Dangling; in one file it is a mistake.
+        skipped = "it" if len(dangling) == 1 else "them"
         print(f"{args.path}: {plural(len(dangling), 'dangling FlowSchema')} (the server would "
-              "start and never match them):", file=sys.stderr)
+              f"start without {skipped}, as Kubernetes does):", file=sys.stderr)
         for err in dangling:
             print(f"  {err}", file=sys.stderr)
     if args.json:
