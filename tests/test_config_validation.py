@@ -347,6 +347,35 @@ def test_wrong_types_are_errors_not_crashes(name, doc, expected):
     assert errors_of(doc) == sorted(expected)
 
 
+ALL_AT_ONCE_CASES = [
+    ("unknown field next to bad values",
+     fs({"matchingPrecidence": 5, "matchingPrecedence": 20000,
+         "distinguisherMethod": {"type": "ByIP"}}),
+     ["spec.matchingPrecidence: unknown field",
+      "spec.matchingPrecedence: Invalid value: 20000: must not be greater than 10000",
+      'spec.distinguisherMethod.type: Unsupported value: "ByIP": supported values: '
+      '"ByNamespace", "ByUser"']),
+    ("misspelt spec: the missing spec is reported too", fs(specs={}) | {"spec": None},
+     ["specs: unknown field",
+      "spec.priorityLevelConfiguration.name: Required value: must reference a priority level"]),
+    ("unknown field and a bad queuing", pl({**queue(queues=512, hand=8), "limted": {}}),
+     ["spec.limted: unknown field",
+      "spec.limited.limitResponse.queuing.handSize: Invalid value: 8: required entropy bits of "
+      "deckSize 512 and handSize 8 should not be greater than 60"]),
+    # a wrong type is not echoed by the checks of its zero value, but other fields still count
+    ("wrong type next to a bad value",
+     fs({"priorityLevelConfiguration": ["a"], "matchingPrecedence": -3}),
+     ['spec.priorityLevelConfiguration: Invalid value: []string{"a"}: must be a map',
+      "spec.matchingPrecedence: Invalid value: -3: must be a positive value"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, doc, expected", ALL_AT_ONCE_CASES,
+                         ids=[c[0] for c in ALL_AT_ONCE_CASES])
+def test_every_error_of_an_object_is_reported_at_once(name, doc, expected):
+    assert errors_of(doc) == sorted(expected)
+
+
 def test_unknown_kind():
     obj, errs = parse_object(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, "f.yaml"

@@ -22,13 +22,18 @@ The attribute form (``--verb`` with ``--path`` for a non-resource request or ``-
 and its fields) skips the resolver and classifies those attributes as they are.
 
 ``--config`` takes what ``check`` takes (a YAML file, a directory, ``builtin:NAME``) and
-defaults to ``APF_CONFIG``, else the built-in configuration. ``--app module:app`` lets
-``@cost`` declarations count; ``APF_ROUTES`` costs and the ``APF_WORK_ESTIMATOR`` hook count
-when set. Seats are clamped to the level's maximum, which depends on the concurrency limit:
-``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the default of apf_gunicorn's
-``conf.py`` (workers x threads / 2).
+defaults to ``APF_CONFIG``, else the built-in configuration (``builtin:webapp``). ``--app
+module:app`` lets ``@cost`` declarations count; ``APF_ROUTES`` costs and the
+``APF_WORK_ESTIMATOR`` hook count when set. Seats are clamped to the level's maximum, which
+depends on the concurrency limit: ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``,
+else the server's default for ``--workers`` x ``--threads`` (workers x threads / 2; both
+default to apf_gunicorn's ``conf.py``, as in ``check``). The output starts with the
+configuration and the limit used, and where each came from. A dangling FlowSchema (one naming
+a level the configuration lacks) that matches the request ahead of the chosen one gets a note.
 
-JSON keys: ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevelUID``,
+JSON keys: ``config`` (the path, or ``builtin:webapp``), ``configSource`` (``from --config``,
+``from APF_CONFIG`` or the default), ``concurrencyLimit`` and ``concurrencyLimitSource``,
+``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevelUID``,
 ``flow`` (who the flow is, by the FlowSchema's distinguisher method, on every level),
 ``distinguisher`` and ``flowHash`` (Kubernetes': empty and 0 unless the level has more than
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
@@ -50,16 +55,19 @@ import os
 import sys
 from typing import Any
 
+from apf_gunicorn.cli.common import add_limit_arguments, config_name, load_or_report, server_limit
 from apf_gunicorn.flowcontrol import fairness, identity
+from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
 from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
     flow_distinguisher,
+    flow_schema_matches,
     hand,
 )
-from apf_gunicorn.flowcontrol.objects import RequestAttributes
+from apf_gunicorn.flowcontrol.objects import FlowSchema, RequestAttributes
 from apf_gunicorn.flowcontrol.requestinfo import (
     ANONYMOUS_USER,
     identity_groups,
@@ -99,9 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "proxy's with --user)")
     parser.add_argument("--app", metavar="MODULE:APP", default=None,
                         help="the WSGI app, for its @cost declarations")
-    parser.add_argument("--concurrency-limit", type=int, metavar="SEATS", default=None,
-                        help="the server's limit, for the seat clamp (default: "
-                             "APF_CONCURRENCY_LIMIT, else conf.py's workers x threads / 2)")
+    add_limit_arguments(parser)
     attrs = parser.add_argument_group("attribute form (instead of --request)")
     attrs.add_argument("--verb", help="Kubernetes verb (get, list, create, ...) or, with "
                                       "--path, the HTTP method")
@@ -297,6 +303,9 @@ def render_text(result: dict[str, Any]) -> str:
     if s["longRunning"]:
         seats += "; held until the app returns its iterable (long-running)"
     lines = [
+        f"configuration: {result['config']} ({result['configSource']})",
+        f"concurrency limit: {result['concurrencyLimit']} seats, "
+        f"{result['concurrencyLimitSource']}",
         f"user: {result['user']}",
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
@@ -316,24 +325,29 @@ def render_text(result: dict[str, Any]) -> str:
 
 # -- run --------------------------------------------------------------------------------------
 
-def _settings(args: argparse.Namespace) -> Any:
-    from apf_gunicorn import conf
+def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
+    """The server's settings as explain uses them, where the configuration comes from and
+    where the concurrency limit comes from."""
     from apf_gunicorn.server.settings import SettingsError, load_settings
 
     env = dict(os.environ)
     if args.config is not None:
         env.pop("APF_CONFIG", None)  # --config wins; the loader reports its problems
     try:
-        settings = load_settings(env, workers=conf.workers, threads=conf.threads)
+        settings = load_settings(env, workers=args.workers, threads=args.threads)
     except SettingsError as e:
         raise UsageError(str(e)) from None
     if args.config is not None:
         settings = dataclasses.replace(settings, config_path=args.config)
-    if args.concurrency_limit is not None:
-        if args.concurrency_limit < 1:
-            raise UsageError("--concurrency-limit must be at least 1")
-        settings = dataclasses.replace(settings, concurrency_limit=args.concurrency_limit)
-    return settings
+        config_source = "from --config"
+    elif settings.config_path is not None:
+        config_source = "from APF_CONFIG"
+    else:
+        config_source = "the default: APF_CONFIG is not set"
+    from_env = (settings.concurrency_limit
+                if env.get("APF_CONCURRENCY_LIMIT", "").strip() else None)
+    limit, limit_source = server_limit(args, from_env)
+    return dataclasses.replace(settings, concurrency_limit=limit), config_source, limit_source
 
 
 def _policy(level: Any, settings: Any) -> tuple[str | None, str]:
@@ -355,8 +369,30 @@ def _check_form(args: argparse.Namespace) -> None:
                      "--resource")
 
 
+def dangling_notes(cfg: Configuration, attrs: RequestAttributes,
+                   chosen: FlowSchema) -> list[str]:
+    """A note for each dangling FlowSchema that matches the request and would have been chosen
+    before ``chosen``: why the request went elsewhere.
+
+    Args:
+        cfg: the configuration.
+        attrs: the request.
+        chosen: the schema the request got.
+
+    Returns:
+        One line per such schema, naming it, its file and the missing level.
+    """
+    rank = (chosen.matching_precedence, chosen.name)
+    notes = []
+    for fs, msg in cfg.dangling:
+        if (fs.matching_precedence, fs.name) < rank and flow_schema_matches(fs, attrs):
+            notes.append(f"FlowSchema {fs.name!r} ({fs.source}, matchingPrecedence "
+                         f"{fs.matching_precedence}) matches this request but was skipped: "
+                         f"{msg} (it is dangling; `apf-gunicorn check` says how to fix it)")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
-    from apf_gunicorn.cli.common import load_or_report
     from apf_gunicorn.server.resolver import ResolverError, build_resolver, token_notes
 
     _check_form(args)
@@ -364,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        settings = _settings(args)
+        settings, config_source, limit_source = _settings(args)
         cfg = load_or_report(settings.config_path, "explain")
         if isinstance(cfg, int):
             return cfg
@@ -386,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.path} as a resource request: ask with --request "
                              f"\"{method} {args.path}\" for the server's answer")
         c = Classifier(cfg).classify(attrs)
+        notes += dangling_notes(cfg, attrs, c.flow_schema)
         limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
         seats = _estimate(args, settings, resolver, environ, attrs, c,
                           settings.concurrency_limit, limits)
@@ -397,7 +434,10 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
     policy, policy_source = _policy(level, settings)
-    result = {**explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
+    result = {"config": config_name(settings.config_path), "configSource": config_source,
+              "concurrencyLimit": settings.concurrency_limit,
+              "concurrencyLimitSource": limit_source,
+              **explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
               "policy": policy, "policySource": policy_source, "notes": notes}

@@ -133,12 +133,35 @@ class ErrorList:
     kind: str = ""
     name: str = ""
     errors: list[ConfigError] = field(default_factory=list)
+    #: fields whose value had the wrong type and was replaced by its zero value while decoding
+    replaced: list[str] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
         self.errors.append(ConfigError(self.file, self.kind, self.name, path, message))
 
     def invalid(self, path: str, value: Any, detail: str) -> None:
         self.add(path, f"Invalid value: {go_value(value)}: {detail}")
+
+    def wrong_type(self, path: str, value: Any, detail: str) -> None:
+        """An ``invalid`` error for a value of the wrong type, which decoding replaces by its
+        zero value: later checks of that field (or of what contains it or lies under it) would
+        only echo this error, see :meth:`drop_echoes`."""
+        self.invalid(path, value, detail)
+        self.replaced.append(path)
+
+    def drop_echoes(self, start: int) -> None:
+        """Drop the errors added since index ``start`` that concern a field replaced by
+        :meth:`wrong_type`, one containing it, or one under it: they describe the zero value,
+        not the user's text. Errors about other fields (an unknown field, a bad value next to
+        it) all stay, so every problem of an object is reported at once.
+
+        Args:
+            start: ``len(self.errors)`` before the checks whose echoes are to go.
+        """
+        if not self.replaced:
+            return
+        self.errors[start:] = [e for e in self.errors[start:]
+                               if not any(_related(e.field, p) for p in self.replaced)]
 
     def required(self, path: str, detail: str = "") -> None:
         self.add(path, f"Required value: {detail}" if detail else "Required value")
@@ -155,6 +178,13 @@ class ErrorList:
 
     def __bool__(self) -> bool:
         return bool(self.errors)
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether field path ``a`` is ``b``, lies under it or contains it (``spec`` and
+    ``spec.rules[0]`` are related; ``spec.rules[0]`` and ``spec.rules[1]`` are not)."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +251,7 @@ class _Str(_Schema):
         if value is None:
             return ""
         if not isinstance(value, str):
-            errs.invalid(path, value, "must be a string")
+            errs.wrong_type(path, value, "must be a string")
             return ""
         return value
 
@@ -239,10 +269,10 @@ class _Int(_Schema):
         if value is None:
             return self.zero()
         if isinstance(value, bool) or not isinstance(value, int):
-            errs.invalid(path, value, "must be an integer")
+            errs.wrong_type(path, value, "must be an integer")
             return self.zero()
         if not _INT32_MIN <= value <= _INT32_MAX:
-            errs.invalid(path, value, "must fit in a 32-bit signed integer")
+            errs.wrong_type(path, value, "must fit in a 32-bit signed integer")
             return self.zero()
         return value
 
@@ -255,7 +285,7 @@ class _Bool(_Schema):
         if value is None:
             return False
         if not isinstance(value, bool):
-            errs.invalid(path, value, "must be a boolean")
+            errs.wrong_type(path, value, "must be a boolean")
             return False
         return value
 
@@ -271,7 +301,7 @@ class _List(_Schema):
         if value is None:
             return []
         if not isinstance(value, list):
-            errs.invalid(path, value, "must be a list")
+            errs.wrong_type(path, value, "must be a list")
             return []
         return [self.item.decode(v, f"{path}[{i}]", errs) for i, v in enumerate(value)]
 
@@ -293,7 +323,7 @@ class _Struct(_Schema):
         if value is None:
             return self.zero()
         if not isinstance(value, dict):
-            errs.invalid(path, value, "must be a map")
+            errs.wrong_type(path, value, "must be a map")
             return self.zero()
         out = {}
         for key, schema in self.fields.items():
