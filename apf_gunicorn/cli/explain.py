@@ -34,7 +34,7 @@ JSON keys: ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevel
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
 (``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
-``maxSeats``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
+``maxSeats``, ``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
 ``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
 apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``notes``.
 Exit status: 0 explained, 1 invalid configuration, 2 unusable arguments, settings or files.
@@ -52,7 +52,7 @@ from typing import Any
 
 from apf_gunicorn.flowcontrol import fairness, identity
 from apf_gunicorn.flowcontrol.gomath import format_duration
-from apf_gunicorn.flowcontrol.limits import compute_limits
+from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
@@ -250,7 +250,8 @@ def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
         "additionalLatency": format_duration(out.additional_latency_ns),
         "longRunning": out.long_running or attrs.verb == "watch", "source": source,
         "requested": {"initial": est.initial_seats, "final": est.final_seats},
-        "maxSeats": widest, "concurrencyLimit": server_limit,
+        "maxSeats": widest, "maxSeatsFrom": max_seats_origin(level),
+        "concurrencyLimit": server_limit,
     }
 
 
@@ -293,7 +294,7 @@ def render_text(result: dict[str, Any]) -> str:
         seats += f", then {s['final']} for {s['additionalLatency']}"
     if (s["requested"]["initial"], s["requested"]["final"]) != (s["initial"], s["final"]):
         seats += (f"; asked {s['requested']['initial']} (final {s['requested']['final']}), "
-                  f"clamped to the level's max {s['maxSeats']}")
+                  f"clamped to the level's max {s['maxSeats']} ({s['maxSeatsFrom']})")
     if s["longRunning"]:
         seats += "; held until the app returns its iterable (long-running)"
     lines = [

@@ -47,6 +47,7 @@ from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
 from gunicorn.http.wsgi import Response as _GunicornResponse
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.limits import max_seats_origin
 from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
@@ -188,6 +189,7 @@ class APFMiddleware:
             hook = EstimatorHook(hook)
         self._hook = hook
         self._clamp_logged: set[tuple] = set()
+        self._max_origin: dict[str, str] = {}  # level -> where its max seats come from
         self._nonexempt_threads = ctx.nonexempt_threads
         self._rejected_total = ctx.ledger.rejected_total
         self._orca = ctx.load_report
@@ -334,9 +336,11 @@ class APFMiddleware:
             if key not in self._clamp_logged and len(self._clamp_logged) < 1024:
                 self._clamp_logged.add(key)
                 log.warning("apf: %s asks for %d seat(s) (final %d) but priority level %r admits "
-                            "at most %d seat(s) per request; clamped to %d (final %d)",
+                            "at most %d seat(s) per request; clamped to %d (final %d); that "
+                            "maximum is %s",
                             source, est.initial_seats, est.final_seats, route.level_name,
-                            route.max_seats, out.initial_seats, out.final_seats)
+                            route.max_seats, out.initial_seats, out.final_seats,
+                            self._max_origin.get(route.level_name, "the level's"))
         return None if out == ONE_SEAT else out
 
     def _route(self, c) -> _Route:
@@ -346,6 +350,7 @@ class APFMiddleware:
                        headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
                        pl.is_exempt, self.ctx.inflight)
         self._routes[fs.name] = route
+        self._max_origin[pl.name] = max_seats_origin(pl)
         return route
 
     def _wait(self, environ, start_response, slot, gen, route, admitted_ns):

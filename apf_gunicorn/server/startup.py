@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
@@ -278,7 +279,7 @@ def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
 
 
 def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, int],
-                exempt: set[str]) -> list[str]:
+                exempt: set[str], annotated: set[str] = frozenset()) -> list[str]:
     """A note for every declared cost some priority level clamps.
 
     Kubernetes clamps a request's seats to its level's widest request (``maxSeats``); which
@@ -289,6 +290,8 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
         costs: :func:`declared_costs`.
         max_seats: level name -> widest request it admits (``generation.level_max_seats``).
         exempt: names of exempt levels (never limited; left out).
+        annotated: names of levels whose max seats the ``apf-gunicorn.io/max-seats``
+            annotation sets (the note says so; the others follow Kubernetes' 15% rule).
 
     Returns:
         Messages such as ``"@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to
@@ -312,8 +315,14 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
             f"clamped to {i}" + (f" (final {f})" if est.final_seats else "")
             + f" on priority level{'s' if len(names) > 1 else ''} {', '.join(names)}"
             for (i, f), names in sorted(by_result.items()))
-        notes.append(f"{where} asks for {asks}: {clamps} (a level's widest request; "
-                     f"see docs/work-estimation.md)")
+        levels = {name for names in by_result.values() for name in names}
+        if levels <= set(annotated):
+            origin = f"set by their {MAX_SEATS_ANNOTATION} annotation"
+        else:
+            origin = (f"Kubernetes' 15% rule unless an {MAX_SEATS_ANNOTATION} annotation "
+                      "sets it")
+        notes.append(f"{where} asks for {asks}: {clamps} (a level's widest request, "
+                     f"{origin}; see docs/work-estimation.md)")
     return notes
 
 
@@ -332,7 +341,8 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
     try:
         levels = generation.configuration.priority_levels
         exempt = {name for name, pl in levels.items() if pl.is_exempt}
-        notes = route_notes(declared_costs(app, routes), max_seats, exempt)
+        annotated = {name for name, pl in levels.items() if pl.max_seats is not None}
+        notes = route_notes(declared_costs(app, routes), max_seats, exempt, annotated)
     except Exception:  # a note is never worth a worker that does not boot
         glog.exception("apf: could not read the declared costs")
         return
