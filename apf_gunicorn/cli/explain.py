@@ -36,7 +36,9 @@ level does not queue), ``user``, ``groups``, ``attributes`` (the resolved reques
 (``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
 ``maxSeats``, ``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
 ``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
-apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``notes``.
+apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``paths`` (whether
+``/api/`` and ``/apis/`` paths are Kubernetes API requests here, and why: ``APF_PATHS`` and the
+FlowSchemas' resource rules; null in the attribute form), ``notes``.
 Exit status: 0 explained, 1 invalid configuration, 2 unusable arguments, settings or files.
 """
 
@@ -64,6 +66,7 @@ from apf_gunicorn.flowcontrol.requestinfo import (
     ANONYMOUS_USER,
     identity_groups,
     parse_kubernetes_path,
+    path_parsing,
 )
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
@@ -301,6 +304,7 @@ def render_text(result: dict[str, Any]) -> str:
         f"user: {result['user']}",
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
+        *([f"paths: /api/ and /apis/ are {result['paths']}"] if result["paths"] else []),
         f"flowSchema: {result['flowSchema']} (uid {result['flowSchemaUID']})",
         f"priorityLevel: {result['priorityLevel']} (uid {result['priorityLevelUID']})",
         f"flow: {result['flow'] or '(one flow for the whole FlowSchema)'}",
@@ -358,7 +362,7 @@ def _check_form(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apf_gunicorn.cli.common import load_or_report
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver
+    from apf_gunicorn.server.resolver import ResolverError, build_resolver, path_parsing_note
 
     _check_form(args)
     # As gunicorn does: the app and the APF_* hooks import from the current directory.
@@ -372,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
         notes: list[str] = []
         environ = resolver = None
         if args.request is not None:
-            resolver = build_resolver(settings)
+            resolver = build_resolver(settings, cfg)
             environ, notes = build_environ(args, settings)
             attrs = resolver(environ)
         else:
@@ -380,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
             method = args.verb.upper()
             if method not in _HTTP_METHODS:
                 method = "GET"
-            if args.path is not None and parse_kubernetes_path(
+            if args.path is not None and path_parsing(
+                    settings.paths, cfg.flow_schemas)[0] and parse_kubernetes_path(
                     method, args.path.partition("?")[0], "") is not None:
                 notes.append(f"--path is a non-resource request here, but the server parses "
                              f"{args.path} as a resource request: ask with --request "
@@ -400,7 +405,9 @@ def run(args: argparse.Namespace) -> int:
     result = {**explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
-              "policy": policy, "policySource": policy_source, "notes": notes}
+              "policy": policy, "policySource": policy_source,
+              "paths": path_parsing_note(settings, cfg) if args.request is not None else None,
+              "notes": notes}
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")
