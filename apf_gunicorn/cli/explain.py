@@ -22,8 +22,10 @@ The attribute form (``--verb`` with ``--path`` for a non-resource request or ``-
 and its fields) skips the resolver and classifies those attributes as they are.
 
 ``--config`` takes what ``check`` takes (a YAML file, a directory, ``builtin:NAME``) and
-defaults to ``APF_CONFIG``, else the built-in configuration. ``--app module:app`` lets
-``@cost`` declarations count; ``APF_ROUTES`` costs and the ``APF_WORK_ESTIMATOR`` hook count
+defaults to ``APF_CONFIG``, else the built-in configuration. ``--app module:app`` (a Flask
+app, or a Django project's ``mysite.wsgi:application``) names the view that serves the request
+and lets its ``@cost`` count; a view cost the app cannot read (Flask's decorator on a Django
+view, or the reverse) becomes a note; ``APF_ROUTES`` costs and the ``APF_WORK_ESTIMATOR`` hook count
 when set. Seats are clamped to the level's maximum, which depends on the concurrency limit:
 ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the default of apf_gunicorn's
 ``conf.py`` (workers x threads / 2).
@@ -33,8 +35,9 @@ JSON keys: ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevel
 ``distinguisher`` and ``flowHash`` (Kubernetes': empty and 0 unless the level has more than
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
-(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
-``maxSeats``, ``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
+(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``view`` (the
+``--app`` view that serves the request, or null), ``requested``, ``maxSeats``,
+``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
 ``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
 apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``paths`` (whether
 ``/api/`` and ``/apis/`` paths are Kubernetes API requests here, and why: ``APF_PATHS`` and the
@@ -101,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the peer address (default {DEFAULT_REMOTE_ADDR}, or a trusted "
                              "proxy's with --user)")
     parser.add_argument("--app", metavar="MODULE:APP", default=None,
-                        help="the WSGI app, for its @cost declarations")
+                        help="the WSGI app (Flask, or Django's mysite.wsgi:application): its "
+                             "views and their @cost declarations")
     parser.add_argument("--concurrency-limit", type=int, metavar="SEATS", default=None,
                         help="the server's limit, for the seat clamp (default: "
                              "APF_CONCURRENCY_LIMIT, else conf.py's workers x threads / 2)")
@@ -223,23 +227,34 @@ def request_attributes(args: argparse.Namespace) -> RequestAttributes:
 
 # -- cost -----------------------------------------------------------------------------------
 
-def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
+def _load_app(spec: str | None) -> Any:
+    """The ``--app`` WSGI application, imported as gunicorn would; None without ``--app``."""
+    if not spec:
+        return None
+    from apf_gunicorn.flowcontrol.hookspec import import_callable
+
+    return import_callable(spec, "--app", UsageError)
+
+
+def _estimate(app, settings, resolver, environ, attrs, c, server_limit: int,
               limits: dict) -> dict[str, Any]:
-    """The seats the server would admit the request with, and where they come from."""
+    """The seats the server would admit the request with, where they come from, and the view
+    of ``app`` that serves it."""
+    from apf_gunicorn.viewcost import view_costs_for_app, view_names_for_app
+
     est: WorkEstimate | None = None
     source = ""
+    view = None
+    if environ is not None and app is not None:
+        names = view_names_for_app(app)
+        view = names.name(environ["REQUEST_METHOD"], attrs.path) if names else None
     if environ is not None and settings.work_estimator:
         est = load_estimator_hook(settings.work_estimator)(environ, attrs, c)
         source = "APF_WORK_ESTIMATOR" if est is not None else ""
     if est is None and environ is not None:
         from apf_gunicorn.server.generation import route_table
 
-        view_costs = None
-        if args.app:
-            from apf_gunicorn.flask import ViewCosts
-            from apf_gunicorn.flowcontrol.hookspec import import_callable
-
-            view_costs = ViewCosts.for_app(import_callable(args.app, "--app", UsageError))
+        view_costs = view_costs_for_app(app) if app is not None else None
         routes = route_table(resolver)
         est, source = declared_estimate(environ["REQUEST_METHOD"], attrs.path, view_costs,
                                         routes if getattr(routes, "has_costs", False) else None)
@@ -252,6 +267,7 @@ def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
         "initial": out.initial_seats, "final": out.final_seats,
         "additionalLatency": format_duration(out.additional_latency_ns),
         "longRunning": out.long_running or attrs.verb == "watch", "source": source,
+        "view": view,
         "requested": {"initial": est.initial_seats, "final": est.final_seats},
         "maxSeats": widest, "maxSeatsFrom": max_seats_origin(level),
         "concurrencyLimit": server_limit,
@@ -305,6 +321,7 @@ def render_text(result: dict[str, Any]) -> str:
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
         *([f"paths: /api/ and /apis/ are {result['paths']}"] if result["paths"] else []),
+        *([f"view: {s['view']}"] if s["view"] else []),
         f"flowSchema: {result['flowSchema']} (uid {result['flowSchemaUID']})",
         f"priorityLevel: {result['priorityLevel']} (uid {result['priorityLevelUID']})",
         f"flow: {result['flow'] or '(one flow for the whole FlowSchema)'}",
@@ -392,8 +409,13 @@ def run(args: argparse.Namespace) -> int:
                              f"\"{method} {args.path}\" for the server's answer")
         c = Classifier(cfg).classify(attrs)
         limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
-        seats = _estimate(args, settings, resolver, environ, attrs, c,
+        app = _load_app(args.app)
+        seats = _estimate(app, settings, resolver, environ, attrs, c,
                           settings.concurrency_limit, limits)
+        if app is not None:
+            from apf_gunicorn.viewcost import unusable_costs
+
+            notes += unusable_costs(app)
     except (UsageError, ResolverError) as e:
         print(f"apf-gunicorn explain: {e}", file=sys.stderr)
         return 2

@@ -9,8 +9,8 @@ iterable (its initial phase). Lingering seats (final seats, additional latency) 
 by the dispatcher.
 
 Work estimate, highest precedence first: the ``APF_WORK_ESTIMATOR`` hook (called per request,
-``None`` or a failure falls through), a Flask view's ``@cost`` (found through the app's
-``url_map``), a cost entry of ``APF_ROUTES``, ``WorkerContext.estimator`` (default: one seat);
+``None`` or a failure falls through), a Flask or Django view's ``@cost`` (found through the
+app's ``url_map`` or URLconf), a cost entry of ``APF_ROUTES``, ``WorkerContext.estimator`` (default: one seat);
 clamped to the level's max seats. Everything but the hook is computed once per request shape
 and kept in the shape cache with the classification, so a request without a cost takes the
 same one-seat fast path as before.
@@ -176,9 +176,9 @@ class APFMiddleware:
         self._estimate = ctx.estimator
         # The default estimator always says one seat, no tail: skip the call and the clamp.
         self._one_seat = ctx.estimator is default_estimator
-        from apf_gunicorn.flask import ViewCosts
+        from apf_gunicorn.viewcost import view_costs_for_app
 
-        self._view_costs = ViewCosts.for_app(app)
+        self._view_costs = view_costs_for_app(app)
         routes = ctx.routes
         self._route_costs = routes if getattr(routes, "has_costs", False) else None
         # Whether any per-shape source can say something other than one seat.
@@ -315,7 +315,7 @@ class APFMiddleware:
                      est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c)
 
     def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
-        """The per-shape cost: Flask ``@cost`` > route file > ctx.estimator; None: one seat."""
+        """The per-shape cost: a view's ``@cost`` > route file > ctx.estimator; None: one seat."""
         get = environ.get
         method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
         path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"

@@ -243,35 +243,20 @@ def log_ready(glog: Any, master: Any, cfg: Any) -> None:
 # -- per-route notes at worker start -------------------------------------------------------------
 
 def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every cost declared up front: Flask ``@cost`` per (method, rule), then the cost entries
-    of ``APF_ROUTES``.
+    """Every cost declared up front: the views' ``@cost`` (Flask per method and rule, Django
+    per view), then the cost entries of ``APF_ROUTES``.
 
     Args:
-        app: the WSGI application (Flask-like apps are read through ``url_map``).
+        app: the WSGI application (Flask and Django apps are read through their URL maps).
         routes: the ``APF_ROUTES`` table (``flowcontrol.routes.RouteTable``) or None.
 
     Returns:
         ``[(where, estimate)]``, ``where`` such as ``"@cost on GET /reports/<int:year>"`` or
         ``"APF_ROUTES routes[0] (/reports/<path:rest>)"``.
     """
-    from apf_gunicorn.flask import is_flask_like, view_cost
+    from apf_gunicorn.viewcost import declared_view_costs
 
-    out: list[tuple[str, WorkEstimate]] = []
-    if is_flask_like(app):
-        try:
-            rules = list(app.url_map.iter_rules())
-        except Exception:
-            rules = []
-        for rule in rules:
-            view = app.view_functions.get(rule.endpoint)
-            if view is None:
-                continue
-            for method in sorted(rule.methods or ()):
-                if method in ("HEAD", "OPTIONS"):
-                    continue
-                est = view_cost(view, method)
-                if est is not None:
-                    out.append((f"@cost on {method} {rule.rule}", est))
+    out = declared_view_costs(app)
     for i, route in enumerate(getattr(routes, "routes", None) or ()):
         if route.cost is not None:
             out.append((f"APF_ROUTES {routes.source}: routes[{i}] ({route.path})", route.cost))
@@ -328,7 +313,9 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
 
 def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, int],
                     generation: Any) -> None:
-    """Log :func:`route_notes` as warnings (``post_worker_init``, first worker).
+    """Log :func:`route_notes` and the view costs that cannot take effect
+    (:func:`apf_gunicorn.viewcost.unusable_costs`) as warnings (``post_worker_init``, first
+    worker).
 
     Args:
         glog: the worker's gunicorn logger (``worker.log``).
@@ -338,11 +325,14 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
         generation: the loaded configuration (``server.state.Generation``): which levels are
             exempt.
     """
+    from apf_gunicorn.viewcost import unusable_costs
+
     try:
         levels = generation.configuration.priority_levels
         exempt = {name for name, pl in levels.items() if pl.is_exempt}
         annotated = {name for name, pl in levels.items() if pl.max_seats is not None}
         notes = route_notes(declared_costs(app, routes), max_seats, exempt, annotated)
+        notes += unusable_costs(app)
     except Exception:  # a note is never worth a worker that does not boot
         glog.exception("apf: could not read the declared costs")
         return
