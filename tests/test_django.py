@@ -115,6 +115,34 @@ def test_declared_and_unusable_costs(app):
         "apf_gunicorn.flask.cost"]
 
 
+def test_first_worker_logs_unusable_and_clamped_costs(app):
+    """What post_worker_init logs for a Django app: the misplaced Flask decorator, and the
+    costs a level would clamp (naming where its maximum comes from)."""
+    from apf_gunicorn.server import startup
+    from apf_gunicorn.server.generation import level_max_seats, load_generation
+    from apf_gunicorn.server.settings import load_settings
+
+    settings = load_settings({"APF_CONFIG": EXAMPLE_CONFIG, "APF_CONCURRENCY_LIMIT": "8"})
+    gen = load_generation(settings)
+    warnings = []
+
+    class Log:
+        def warning(self, fmt, *args):
+            warnings.append(fmt % args)
+
+        def exception(self, msg):
+            raise AssertionError(msg)
+
+    startup.log_route_notes(Log(), app, None, level_max_seats(gen, settings), gen)
+    assert ("apf: @cost from apf_gunicorn.flask on the Django view "
+            "tests.apps.django_urls.misplaced (misplaced/) has no effect: use "
+            "apf_gunicorn.django.cost") in warnings
+    assert (f"apf: @cost on view {REPORT} asks for 4 seat(s): clamped to 1 on priority level "
+            "catch-all; clamped to 2 on priority level web (a level's widest request, "
+            "Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats annotation sets it; see "
+            "docs/work-estimation.md)") in warnings
+
+
 def test_cost_arguments_are_checked_as_flasks():
     with pytest.raises(ValueError, match="seats"):
         apf_django.cost(seats=0)

@@ -146,3 +146,47 @@ def test_live_server_classifies_rest_api_paths_like_other_paths(server_factory, 
     assert api[header] not in ("", derived_uid("FlowSchema", "catch-all"))
     assert ("apf: /api/ and /apis/ paths are paths like any other (APF_PATHS=auto: no "
             "FlowSchema has resource rules)") in log
+
+
+RESOURCE_SCHEMA = """
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: items-api, uid: uid-fs-items-api}
+spec:
+  matchingPrecedence: 200
+  priorityLevelConfiguration: {name: web}
+  rules:
+  - subjects:
+    - {kind: Group, group: {name: system:unauthenticated}}
+    resourceRules:
+    - {verbs: ["list"], apiGroups: [""], resources: ["items"], clusterScope: true}
+"""
+
+
+@pytest.mark.server
+def test_reload_that_adds_resource_rules_turns_kubernetes_paths_on(server_factory, tmp_path):
+    """APF_PATHS=auto follows the configuration across a HUP: the workers forked after a
+    reload that brings a resource rule parse /api/v1/items/ as ``list items``."""
+    import os
+    import shutil
+    import signal
+
+    cfg = tmp_path / "apf.yaml"
+    shutil.copy(REST, cfg)
+    header = "X-Kubernetes-PF-FlowSchema-UID"
+    with server_factory(workers=1, threads=4, config=str(cfg)) as srv:
+        old_workers = set(srv.workers())
+        assert srv.request("/api/v1/items/")[1][header] == "uid-fs-web"
+        with open(cfg, "a") as f:
+            f.write(RESOURCE_SCHEMA)
+        os.kill(srv.pid, signal.SIGHUP)
+        assert srv.wait_for(lambda: "generation 2 applied" in srv.log(), timeout=20)
+        assert srv.wait_for(lambda: srv.workers() and not (old_workers & set(srv.workers())),
+                            timeout=30)
+        assert srv.wait_for(
+            lambda: srv.request("/api/v1/items/")[1][header] == "uid-fs-items-api", timeout=20)
+        assert srv.request("/items/")[1][header] == "uid-fs-web"
+        log = srv.log()
+    assert ("/api/ and /apis/ paths are Kubernetes API requests (APF_PATHS=auto: FlowSchema "
+            "'items-api' has resource rules)") in log
