@@ -20,7 +20,7 @@ The arguments are those of :func:`apf_gunicorn.flask.cost` (checked at import: a
 fails at start). The decorator only sets an attribute and returns the view itself, so it may
 sit above or below Django's decorators (``login_required``, ``require_GET``: they use
 ``functools.wraps``). Flask's decorator on a Django view is not read; it is reported at start
-and by ``apf-gunicorn explain`` (:func:`foreign_costs`).
+and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.viewcost.unusable_costs`).
 
 Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
 WSGI wrapper that keeps it in ``.application``, as WhiteNoise does). Resolution uses the
@@ -41,13 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import (
-    DJANGO_ATTRIBUTE,
-    FLASK_ATTRIBUTE,
-    declares_cost,
-    tag,
-    view_cost,
-)
+from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, tag, view_cost
 
 log = logging.getLogger("apf_gunicorn.django")
 
@@ -200,12 +194,10 @@ def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
     return out
 
 
-def foreign_costs(app: Any) -> list[str]:
-    """A message per Django view that carries ``apf_gunicorn.flask.cost``, which a Django app
-    never reads."""
-    return [f"@cost from apf_gunicorn.flask on the Django view {view_name(view)} ({route}) "
-            "has no effect: use apf_gunicorn.django.cost"
-            for route, view in _views(app) if declares_cost(view, FLASK_ATTRIBUTE)]
+def named_views(app: Any) -> list[tuple[str, Any]]:
+    """(``"mysite.views.report (reports/<int:year>/)"``, view) of every URL pattern of a
+    Django app; empty for any other app."""
+    return [(f"{view_name(view)} ({route})", view) for route, view in _views(app)]
 
 
 def _views(app: Any) -> list[tuple[str, Any]]:

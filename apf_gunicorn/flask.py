@@ -22,7 +22,8 @@ below ``@app.route`` and under decorators that use ``functools.wraps``. Argument
 when the module is imported (a bad cost fails at start, not per request). Nothing here imports
 Flask: the middleware recognises a Flask app by its ``url_map`` and ``view_functions``.
 Django apps have their own decorator, :func:`apf_gunicorn.django.cost`; each module's decorator
-on the other framework's view is reported at start (:func:`foreign_costs`).
+on the other framework's view is reported at start
+(:func:`apf_gunicorn.viewcost.unusable_costs`).
 
 :class:`ViewCosts` is what the middleware uses: ``ViewCosts.for_app(app)`` (None when the app
 is not Flask-like or tags no view), then ``lookup(method, path) -> WorkEstimate | None``.
@@ -38,12 +39,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing.exceptions import RoutingException
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import (
-    DJANGO_ATTRIBUTE,
-    FLASK_ATTRIBUTE,
-    declares_cost,
-    tag,
-)
+from apf_gunicorn.viewcost import FLASK_ATTRIBUTE, declares_cost, tag
 from apf_gunicorn.viewcost import view_cost as _view_cost
 
 log = logging.getLogger("apf_gunicorn.flask")
@@ -148,12 +144,10 @@ def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
     return out
 
 
-def foreign_costs(app: Any) -> list[str]:
-    """A message per Flask view that carries ``apf_gunicorn.django.cost``, which a Flask app
-    never reads."""
-    return [f"@cost from apf_gunicorn.django on the Flask view {rule.endpoint!r} "
-            f"({rule.rule}) has no effect: use apf_gunicorn.flask.cost"
-            for rule, view in _rules(app) if declares_cost(view, DJANGO_ATTRIBUTE)]
+def named_views(app: Any) -> list[tuple[str, Any]]:
+    """(``"'endpoint' (/rule)"``, view function) of every rule of a Flask app; empty for any
+    other app."""
+    return [(f"{rule.endpoint!r} ({rule.rule})", view) for rule, view in _rules(app)]
 
 
 def _rules(app: Any) -> list[tuple[Any, Any]]:

@@ -125,4 +125,12 @@ def unusable_costs(app: Any) -> list[str]:
     ``@cost`` on a Django view, Django's on a Flask view."""
     from apf_gunicorn import django, flask
 
-    return flask.foreign_costs(app) + django.foreign_costs(app)
+    out = []
+    for framework, views, wrong, right in (
+            ("Flask", flask.named_views(app), "django", "flask"),
+            ("Django", django.named_views(app), "flask", "django")):
+        attribute = DJANGO_ATTRIBUTE if wrong == "django" else FLASK_ATTRIBUTE
+        out += [f"@cost from apf_gunicorn.{wrong} on the {framework} view {name} has no "
+                f"effect: use apf_gunicorn.{right}.cost"
+                for name, view in views if declares_cost(view, attribute)]
+    return out
