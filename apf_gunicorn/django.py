@@ -51,8 +51,10 @@ COST_ATTRIBUTE = DJANGO_ATTRIBUTE
 CACHE_SIZE = 4096
 #: Longest path whose resolution is cached (longer ones are resolved per request shape).
 MAX_CACHED_PATH = 1024
-#: How many WSGI wrappers (``.application``) are looked through to find Django's handler.
+#: How many WSGI wrappers are looked through to find Django's handler, and the attributes
+#: they keep the wrapped app in (WhiteNoise: ``application``; Sentry's middleware: ``app``).
 _MAX_WRAPPERS = 4
+_WRAPPED = ("application", "app")
 
 F = TypeVar("F")
 
@@ -78,15 +80,17 @@ def cost(seats: int = 1, final_seats: int = 0, additional_latency: Any = 0,
 
 
 def django_handler(app: Any) -> Any:
-    """Django's ``WSGIHandler`` behind ``app`` (itself, or kept in ``.application`` by a WSGI
-    wrapper), or None. Never imports Django: an app is Django's only if Django is loaded."""
+    """Django's ``WSGIHandler`` behind ``app`` (itself, or kept in ``.application`` or
+    ``.app`` by WSGI wrappers), or None. Never imports Django: an app is Django's only if
+    Django is loaded."""
     module = sys.modules.get("django.core.handlers.wsgi")
     if module is None:
         return None
     for _ in range(_MAX_WRAPPERS + 1):
         if isinstance(app, module.WSGIHandler):
             return app
-        app = getattr(app, "application", None)
+        app = next((w for w in (getattr(app, a, None) for a in _WRAPPED) if w is not None),
+                   None)
         if app is None:
             return None
     return None
@@ -198,6 +202,28 @@ def named_views(app: Any) -> list[tuple[str, Any]]:
     """(``"mysite.views.report (reports/<int:year>/)"``, view) of every URL pattern of a
     Django app; empty for any other app."""
     return [(f"{view_name(view)} ({route})", view) for route, view in _views(app)]
+
+
+def unreachable_costs(app: Any) -> list[str]:
+    """A message when Django views declare a cost but ``app`` does not lead to Django's
+    handler (a WSGI wrapper that keeps it elsewhere): the costs could not be read. A Flask
+    app in the same process is not suspected (its own ``@cost`` is what it reads)."""
+    from apf_gunicorn.flask import is_flask_like
+
+    if django_handler(app) is not None or is_flask_like(app):
+        return []
+    conf = sys.modules.get("django.conf")
+    try:
+        if conf is None or not conf.settings.configured:
+            return []
+        if not any(declares_cost(v, COST_ATTRIBUTE) for _, v in iter_views()):
+            return []
+    except Exception:
+        return []
+    return [f"Django views declare @cost, but the WSGI app ({type(app).__module__}."
+            f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
+            f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
+            "reachable, or declare the costs in APF_ROUTES)"]
 
 
 def _views(app: Any) -> list[tuple[str, Any]]:

@@ -122,10 +122,11 @@ def declared_view_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
 
 def unusable_costs(app: Any) -> list[str]:
     """A message for each declared cost that cannot take effect on this app: Flask's
-    ``@cost`` on a Django view, Django's on a Flask view."""
+    ``@cost`` on a Django view, Django's on a Flask view, Django costs behind a WSGI wrapper
+    that hides the Django handler."""
     from apf_gunicorn import django, flask
 
-    out = []
+    out = django.unreachable_costs(app)
     for framework, views, wrong, right in (
             ("Flask", flask.named_views(app), "django", "flask"),
             ("Django", django.named_views(app), "flask", "django")):

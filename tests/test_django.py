@@ -91,6 +91,17 @@ def test_only_django_apps_get_django_costs(app):
     assert view_costs_for_app(lambda environ, start_response: []) is None
     assert apf_django.DjangoViewCosts.for_app(Flask("x")) is None
 
+    class Hiding:  # keeps the app where nobody looks: its costs cannot be read, and that is said
+        def __init__(self, inner):
+            self._inner = inner
+
+    assert view_costs_for_app(Hiding(app)) is None
+    (hidden,) = unusable_costs(Hiding(app))
+    assert hidden.startswith("Django views declare @cost, but the WSGI app (")
+    assert hidden.endswith("Hiding) is not Django's WSGIHandler and keeps none in .application "
+                           "or .app: the costs have no effect (keep the handler reachable, or "
+                           "declare the costs in APF_ROUTES)")
+
 
 def test_declared_and_unusable_costs(app):
     declared = dict(apf_django.declared_costs(app))
