@@ -23,7 +23,8 @@ sit above or below Django's decorators (``login_required``, ``require_GET``: the
 and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.viewcost.unusable_costs`).
 
 Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
-WSGI wrapper that keeps it in ``.application``, as WhiteNoise does). Resolution uses the
+WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
+wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
 project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
 is not seen; ``i18n_patterns`` resolve in ``LANGUAGE_CODE``. Each (method, path) is resolved
 once and kept in a bounded LRU (:data:`CACHE_SIZE` entries; paths longer than
