@@ -379,7 +379,12 @@ def _check_form(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apf_gunicorn.cli.common import load_or_report
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver, path_parsing_note
+    from apf_gunicorn.server.resolver import (
+        ResolverError,
+        build_resolver,
+        path_parsing_note,
+        token_notes,
+    )
 
     _check_form(args)
     # As gunicorn does: the app and the APF_* hooks import from the current directory.
@@ -396,6 +401,7 @@ def run(args: argparse.Namespace) -> int:
             resolver = build_resolver(settings, cfg)
             environ, notes = build_environ(args, settings)
             attrs = resolver(environ)
+            notes += token_notes(resolver, environ)
         else:
             attrs = request_attributes(args)
             method = args.verb.upper()

@@ -18,12 +18,17 @@ default ``proxy,remote_user`` is:
 3. otherwise ``system:anonymous`` in group ``system:unauthenticated``.
 
 A verified user also gets ``system:authenticated`` (Kubernetes' AuthenticatedGroupAdder).
-The unverified sources (``header:NAME``, ``jwt-sub``, ``address``) give a prefixed user name
-(``key:``, ``jwt:``, ``addr:``) in group ``system:unauthenticated`` only: they name the flow,
-never a real user.
+The unverified sources (``header:NAME``, ``jwt-sub`` without a key, ``address``) give a
+prefixed user name (``key:``, ``jwt:``, ``addr:``) in group ``system:unauthenticated`` only:
+they name the flow, never a real user. With a ``jwt_verifier`` (``APF_JWT_KEY``,
+:mod:`.jwtauth`), ``jwt-sub`` is verified: a token that verifies is the user ``sub`` with its
+groups; any other value names nobody and the next source answers.
 
 :attr:`RequestInfoResolver.environ_keys` lists every environ key the result depends on, and
 ``shape_key(environ.get)`` reads them: the middleware's per-shape cache keys on exactly those.
+Secret values (API keys, bearer tokens) enter the shape key only as digests, and a verified
+token as the identity it verifies to at that instant, so a cached shape never outlives the
+token's ``exp``.
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
@@ -46,12 +51,15 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from . import identity as sources
 from .hookspec import import_callable
 from .objects import RequestAttributes
+
+if TYPE_CHECKING:
+    from .jwtauth import JWTVerifier
 
 log = logging.getLogger(__name__)
 
@@ -285,15 +293,36 @@ def path_parsing(mode: str, flow_schemas: Iterable[Any]) -> tuple[bool, str]:
     return False, "APF_PATHS=auto: no FlowSchema has resource rules"
 
 
-def key_function(keys: Iterable[str]) -> Callable[[Callable[[str], Any]], tuple]:
+def key_function(keys: Iterable[str],
+                 transforms: Mapping[str, Callable[[Any], Any]] | None = None,
+                 ) -> Callable[[Callable[[str], Any]], tuple]:
     """A function ``get -> (get(k0), get(k1), ...)`` for a fixed set of keys.
 
     It is compiled from a tuple display of calls with the keys as constants: the per-request
     shape key is read with no loop and no iterator (``tuple(map(get, keys))`` costs ~1,000
     more instructions for four keys). The keys enter the source only as ``repr()`` literals.
+
+    Args:
+        keys: the environ keys, in order.
+        transforms: for some keys, a function applied to the value (``f(get(k))``), e.g. a
+            digest so that a secret value is never part of the key.
+
+    Returns:
+        The function.
     """
-    body = "".join(f"get({key!r}), " for key in keys if isinstance(key, str))
-    return eval(f"lambda get: ({body})", {"__builtins__": {}})  # noqa: S307 - literals only
+    transforms = transforms or {}
+    names: dict[str, Any] = {"__builtins__": {}}
+    body = ""
+    for key in keys:
+        if not isinstance(key, str):
+            continue
+        if key in transforms:
+            name = f"t{len(names)}"
+            names[name] = transforms[key]
+            body += f"{name}(get({key!r})), "
+        else:
+            body += f"get({key!r}), "
+    return eval(f"lambda get: ({body})", names)  # noqa: S307 - literals only
 
 
 class RequestInfoResolver:
@@ -306,15 +335,18 @@ class RequestInfoResolver:
         group_header: str = "X-Remote-Group",
         routes: Any = None,
         user_from: Iterable[str] = sources.DEFAULT_USER_FROM,
+        jwt_verifier: JWTVerifier | None = None,
         kubernetes_paths: bool = True,
     ) -> None:
         """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
         and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
         ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
         None. ``user_from``: identity sources in order (:func:`.identity.parse_user_from`
-        output; a bad one raises ValueError). ``kubernetes_paths``: parse ``/api/`` and
-        ``/apis/`` paths as Kubernetes API requests (:func:`path_parsing` decides it for the
-        server); False: they are non-resource requests like any other path."""
+        output; a bad one raises ValueError). ``jwt_verifier``: verifies ``jwt-sub`` tokens
+        (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified.
+        ``kubernetes_paths``: parse ``/api/`` and ``/apis/`` paths as Kubernetes API requests
+        (:func:`path_parsing` decides it for the server); False: they are non-resource requests
+        like any other path."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -336,11 +368,13 @@ class RequestInfoResolver:
         self._trust_cache: dict[str, bool] = {}
         # (raw user header, raw group header) -> (user, groups): clients repeat themselves
         self._identity_cache: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self.jwt_verifier = jwt_verifier
         self.user_from = sources.parse_user_from(",".join(user_from))
         self._sources = tuple(self._source(name) for name in self.user_from)
         self.environ_keys = self._environ_keys()
-        #: ``shape_key(environ.get)``: the values of :attr:`environ_keys`, as a tuple
-        self.shape_key = key_function(self.environ_keys)
+        #: ``shape_key(environ.get)``: what the result depends on, as a tuple: the values of
+        #: :attr:`environ_keys`, secret ones as digests and a verified token as its identity
+        self.shape_key = key_function(self.environ_keys, self._secret_keys())
 
     def _source(self, name: str) -> Callable[[Environ], tuple[str, tuple[str, ...]] | None]:
         if name == sources.PROXY:
@@ -370,6 +404,23 @@ class RequestInfoResolver:
             else:
                 keys.append(sources.header_environ_key(name.split(":", 1)[1]))
         return tuple(dict.fromkeys(keys))
+
+    def _secret_keys(self) -> dict[str, Callable[[Any], Any]]:
+        """The environ keys whose values are secrets, and what the shape key keeps of each."""
+        secret: dict[str, Callable[[Any], Any]] = {}
+        for name in self.user_from:
+            if name.startswith(sources.HEADER + ":"):
+                secret[sources.header_environ_key(name.split(":", 1)[1])] = sources.value_digest
+        if sources.JWT_SUB in self.user_from:
+            auth = "HTTP_AUTHORIZATION"
+            if self.jwt_verifier is None:
+                secret[auth] = sources.value_digest
+            elif auth in secret:  # also an API-key header: both what it names and its digest
+                identity = self.jwt_verifier.identity
+                secret[auth] = lambda value: (identity(value), sources.value_digest(value))
+            else:
+                secret[auth] = self.jwt_verifier.identity
+        return secret
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
@@ -438,6 +489,8 @@ class RequestInfoResolver:
         return sources.KEY_PREFIX + sources.key_digest(value), _ANONYMOUS_GROUPS
 
     def _from_jwt(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        if self.jwt_verifier is not None:
+            return self.jwt_verifier.identity(environ.get("HTTP_AUTHORIZATION"))
         sub = sources.jwt_subject(environ.get("HTTP_AUTHORIZATION"))
         if not sub:
             return None

@@ -10,8 +10,8 @@ turn the same WSGI environ into the same request attributes:
 
 It is the built-in :class:`~apf_gunicorn.flowcontrol.requestinfo.RequestInfoResolver`
 (Kubernetes API paths as ``APF_PATHS`` and the configuration say, ``APF_ROUTES``,
-``APF_TRUSTED_PROXIES``, ``APF_USER_HEADER``/``APF_GROUP_HEADER``, ``APF_USER_FROM``), behind
-the ``APF_REQUEST_INFO`` hook when one is set.
+``APF_TRUSTED_PROXIES``, ``APF_USER_HEADER``/``APF_GROUP_HEADER``, ``APF_USER_FROM``, the
+``APF_JWT_*`` token verifier), behind the ``APF_REQUEST_INFO`` hook when one is set.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def build_resolver(settings: Any, configuration: Any = None
 
     Args:
         settings: validated settings; ``routes``, ``trusted_proxies``, ``user_header``,
-            ``group_header``, ``user_from``, ``paths`` and ``request_info`` are read.
+            ``group_header``, ``user_from``, ``paths``, ``request_info`` and the ``jwt_*``
+            fields are read.
         configuration: the loaded configuration: with ``APF_PATHS=auto`` its FlowSchemas
             decide whether ``/api/`` paths are Kubernetes API requests. None (a caller without
             one): only ``APF_PATHS=plain`` turns the Kubernetes parsing off.
@@ -59,7 +60,8 @@ def build_resolver(settings: Any, configuration: Any = None
     builtin = RequestInfoResolver(trusted_proxies=[str(n) for n in settings.trusted_proxies],
                                   user_header=settings.user_header,
                                   group_header=settings.group_header, routes=routes,
-                                  user_from=settings.user_from)
+                                  user_from=settings.user_from,
+                                  jwt_verifier=_jwt_verifier(settings))
     if configuration is not None:
         apply_path_parsing(builtin, settings, configuration)
     elif settings.paths == PATHS_PLAIN:
@@ -98,3 +100,39 @@ def path_parsing_note(settings: Any, configuration: Any) -> str:
     kubernetes, reason = path_parsing(settings.paths, configuration.flow_schemas)
     how = "Kubernetes API requests" if kubernetes else "paths like any other"
     return f"{how} ({reason})"
+
+
+def _jwt_verifier(settings: Any) -> Any:
+    """The ``jwt-sub`` token verifier of ``settings`` (a ``JWTVerifier``), None without a key.
+
+    PyJWT and cryptography are imported only when a key is set."""
+    if getattr(settings, "jwt_key", None) is None:
+        return None
+    from apf_gunicorn.flowcontrol.jwtauth import JWTVerifier
+
+    return JWTVerifier(settings.jwt_key, audience=settings.jwt_audience,
+                       issuer=settings.jwt_issuer, groups_claim=settings.jwt_groups_claim)
+
+
+def token_notes(resolver: Any, environ: Any) -> list[str]:
+    """What ``explain`` says about the request's bearer token when ``jwt-sub`` verifies tokens.
+
+    Args:
+        resolver: what :func:`build_resolver` returned.
+        environ: the request's WSGI environ.
+
+    Returns:
+        One note saying whether the token verified and, if not, why (the next identity source
+        answered then); none without a verifier or without a bearer token.
+    """
+    builtin = getattr(resolver, "fallback", resolver)
+    verifier = getattr(builtin, "jwt_verifier", None)
+    if verifier is None:
+        return []
+    found, reason = verifier.check(environ.get("HTTP_AUTHORIZATION"))
+    if found is not None:
+        return [f"bearer token verified (APF_JWT_KEY): user {found[0]!r}"]
+    if not reason:
+        return []
+    return [f"bearer token ignored, {reason}: jwt-sub names nobody and the next APF_USER_FROM "
+            "source answers"]
