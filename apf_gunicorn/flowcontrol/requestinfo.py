@@ -56,6 +56,7 @@ from urllib.parse import parse_qsl
 
 from . import identity as sources
 from .hookspec import import_callable
+from .matching import resource_rules_schema
 from .objects import RequestAttributes
 
 if TYPE_CHECKING:
@@ -279,8 +280,6 @@ def path_parsing(mode: str, flow_schemas: Iterable[Any]) -> tuple[bool, str]:
     Raises:
         ValueError: ``mode`` is not one of :data:`PATH_MODES`.
     """
-    from .matching import resource_rules_schema
-
     if mode == PATHS_KUBERNETES:
         return True, "APF_PATHS=kubernetes"
     if mode == PATHS_PLAIN:
