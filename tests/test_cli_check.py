@@ -254,3 +254,21 @@ def test_fairness_annotation_shown(tmp_path, capsys):
     assert code == 0 and err == ""
     assert ("Dispatch policy by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
             "other levels: APF_FAIRNESS (default maxmin).") in out.splitlines()
+
+
+def test_max_seats_annotation_shown(tmp_path, capsys):
+    """A level's apf-gunicorn.io/max-seats replaces Kubernetes' 15% in MAX SEATS, and check
+    says which levels set it."""
+    path = tmp_path / "apf.yaml"
+    path.write_text(ANNOTATED.replace("{apf-gunicorn.io/fairness: maxmin}",
+                                      '{apf-gunicorn.io/max-seats: "4"}'))
+    code, out, err = run_check(capsys, str(path), "--concurrency-limit", "8", "--json")
+    assert code == 0 and err == ""
+    levels = {lv["name"]: (lv["maxSeats"], lv["maxSeatsAnnotation"])
+              for lv in json.loads(out)["priorityLevels"]}
+    assert levels["tenants"] == (4, 4)  # 15% of its 7 nominal seats would be 2
+    assert levels["catch-all"] == (None, None)
+    code, out, err = run_check(capsys, str(path), "--concurrency-limit", "8")
+    assert code == 0 and err == ""
+    assert ("Max seats by annotation (apf-gunicorn.io/max-seats): tenants 4; other queuing "
+            "levels: Kubernetes' 15% of nominal.") in out.splitlines()

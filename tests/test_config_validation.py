@@ -575,7 +575,7 @@ FAIRNESS_CASES = [
       "the PriorityLevelConfiguration"]),
     ("misspelt key", pl(queue()), {"apf-gunicorn.io/fairnes": "maxmin"},
      ["metadata.annotations[apf-gunicorn.io/fairnes]: unknown annotation (known: "
-      "apf-gunicorn.io/fairness)"]),
+      "apf-gunicorn.io/fairness, apf-gunicorn.io/max-seats)"]),
 ]  # fmt: skip
 
 
@@ -593,3 +593,57 @@ def test_fairness_annotation_error_in_a_file(tmp_path):
     assert [str(e) for e in errs] == [
         'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
         f'{FAIRNESS_KEY}: Unsupported value: "fifo": supported values: "kubernetes", "maxmin"']
+
+
+# -- apf-gunicorn.io/max-seats: a priority level's widest request ----------------------------
+
+MAX_SEATS_KEY = "metadata.annotations[apf-gunicorn.io/max-seats]"
+
+
+def test_max_seats_annotation_sets_the_level_max_seats():
+    obj, errs = parse_object(annotated(pl(queue()), {"apf-gunicorn.io/max-seats": "4"}), "f")
+    assert errs == [] and obj.obj.max_seats == 4
+    reject = {"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}
+    obj, errs = parse_object(annotated(pl(reject), {"apf-gunicorn.io/max-seats": " 12 "}), "f")
+    assert errs == [] and obj.obj.max_seats == 12
+    obj, errs = parse_object(pl(queue()), "f")
+    assert errs == [] and obj.obj.max_seats is None
+
+
+MAX_SEATS_CASES = [
+    ("zero", pl(queue()), {"apf-gunicorn.io/max-seats": "0"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "0": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("not a number", pl(queue()), {"apf-gunicorn.io/max-seats": "four"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "four": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("negative", pl(queue()), {"apf-gunicorn.io/max-seats": "-2"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "-2": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("unquoted", pl(queue()), {"apf-gunicorn.io/max-seats": 4},
+     [f"{MAX_SEATS_KEY}: Invalid value: 4: must be a string"]),
+    ("exempt level", pl({"type": "Exempt", "exempt": {}}, name="exempt"),
+     {"apf-gunicorn.io/max-seats": "4"},
+     [f"{MAX_SEATS_KEY}: Forbidden: an exempt priority level never queues, so it has no "
+      "max seats"]),
+    ("on a FlowSchema", fs(), {"apf-gunicorn.io/max-seats": "4"},
+     [f"{MAX_SEATS_KEY}: Forbidden: the widest request (max seats) is chosen per priority "
+      "level: annotate the PriorityLevelConfiguration"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, doc, annotations, expected", MAX_SEATS_CASES,
+                         ids=[c[0] for c in MAX_SEATS_CASES])
+def test_max_seats_annotation_errors_name_the_field(name, doc, annotations, expected):
+    assert errors_of(annotated(doc, annotations)) == expected
+
+
+def test_max_seats_annotation_error_in_a_file():
+    """The loader's text names the file, the object and the annotation."""
+    text = yaml.safe_dump(annotated(pl(queue(), name="tenants"),
+                                    {"apf-gunicorn.io/max-seats": "1.5"}))
+    _objs, errs = load_text(text, "config/tenants.yaml")
+    assert [str(e) for e in errs] == [
+        'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
+        f'{MAX_SEATS_KEY}: Invalid value: "1.5": must be a positive integer of seats, at most '
+        '1000000 (e.g. "4")']

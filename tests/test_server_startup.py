@@ -165,7 +165,8 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     notes = re.findall(STAMP + r"\[WARNING\] apf: (.* asks for .*)$", log, re.M)
     # at 8 seats, "narrow" (4 nominal, hand size 1) and catch-all admit 1 seat per request
     assert ("@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority levels "
-            "catch-all, narrow (a level's widest request; see docs/work-estimation.md)"
+            "catch-all, narrow (a level's widest request, Kubernetes' 15% rule unless an "
+            "apf-gunicorn.io/max-seats annotation sets it; see docs/work-estimation.md)"
             in notes), log
     assert any(n.startswith(f"APF_ROUTES {APPS / 'seats_routes.yaml'}: routes[0] (/wide) asks "
                             "for 4 seat(s)") for n in notes), notes

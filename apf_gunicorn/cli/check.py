@@ -34,7 +34,12 @@ from typing import Any
 from apf_gunicorn.cli.common import add_limit_arguments, load_or_report, plural, server_limit
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.configuration import Configuration
-from apf_gunicorn.flowcontrol.limits import LevelLimits, compute_limits, nominal_sum
+from apf_gunicorn.flowcontrol.limits import (
+    MAX_SEATS_ANNOTATION,
+    LevelLimits,
+    compute_limits,
+    nominal_sum,
+)
 from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
 
@@ -128,6 +133,7 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
                 "handSize": q.hand_size if q else None,
                 "queueLengthLimit": q.queue_length_limit if q else None,
                 "fairness": pl.fairness,
+                "maxSeatsAnnotation": pl.max_seats,
                 "uid": pl.uid,
                 "source": pl.source,
             }
@@ -197,6 +203,11 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
         out.append(f"Dispatch policy by annotation ({fairness.ANNOTATION}): "
                    f"{', '.join(chosen)}; "
                    f"other levels: APF_FAIRNESS (default {fairness.SERVER_DEFAULT}).\n")
+    widest = [f"{name} {pl.max_seats}" for name, pl in cfg.priority_levels.items()
+              if pl.max_seats is not None]
+    if widest:
+        out.append(f"Max seats by annotation ({MAX_SEATS_ANNOTATION}): {', '.join(widest)}; "
+                   "other queuing levels: Kubernetes' 15% of nominal.\n")
     fs_rows = [["FLOW SCHEMA", "PRECEDENCE", "PRIORITY LEVEL", "DISTINGUISHER", "SOURCE"]]
     for fs in cfg.flow_schemas:
         fs_rows.append([fs.name, str(fs.matching_precedence), fs.priority_level,

@@ -23,7 +23,9 @@ and its fields) skips the resolver and classifies those attributes as they are.
 
 ``--config`` takes what ``check`` takes (a YAML file, a directory, ``builtin:NAME``) and
 defaults to ``APF_CONFIG``, else the built-in configuration (``builtin:webapp``). ``--app
-module:app`` lets ``@cost`` declarations count; ``APF_ROUTES`` costs and the
+module:app`` (a Flask app, or a Django project's ``mysite.wsgi:application``) names the view
+that serves the request and lets its ``@cost`` count; a view cost the app cannot read (Flask's
+decorator on a Django view, or the reverse) becomes a note; ``APF_ROUTES`` costs and the
 ``APF_WORK_ESTIMATOR`` hook count when set. Seats are clamped to the level's maximum, which
 depends on the concurrency limit: ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``,
 else the server's default for ``--workers`` x ``--threads`` (workers x threads / 2; both
@@ -38,10 +40,13 @@ JSON keys: ``config`` (the path, or ``builtin:webapp``), ``configSource`` (``fro
 ``distinguisher`` and ``flowHash`` (Kubernetes': empty and 0 unless the level has more than
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
-(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
-``maxSeats``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
+(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``view`` (the
+``--app`` view that serves the request, or null), ``requested``, ``maxSeats``,
+``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
 ``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
-apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``notes``.
+apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``paths`` (whether
+``/api/`` and ``/apis/`` paths are Kubernetes API requests here, and why: ``APF_PATHS`` and the
+FlowSchemas' resource rules; null in the attribute form), ``notes``.
 Exit status: 0 explained, 1 invalid configuration, 2 unusable arguments, settings or files.
 """
 
@@ -59,7 +64,7 @@ from apf_gunicorn.cli.common import add_limit_arguments, config_name, load_or_re
 from apf_gunicorn.flowcontrol import fairness, identity
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
-from apf_gunicorn.flowcontrol.limits import compute_limits
+from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
@@ -72,6 +77,7 @@ from apf_gunicorn.flowcontrol.requestinfo import (
     ANONYMOUS_USER,
     identity_groups,
     parse_kubernetes_path,
+    path_parsing,
 )
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
@@ -106,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the peer address (default {DEFAULT_REMOTE_ADDR}, or a trusted "
                              "proxy's with --user)")
     parser.add_argument("--app", metavar="MODULE:APP", default=None,
-                        help="the WSGI app, for its @cost declarations")
+                        help="the WSGI app (Flask, or Django's mysite.wsgi:application): its "
+                             "views and their @cost declarations")
     add_limit_arguments(parser)
     attrs = parser.add_argument_group("attribute form (instead of --request)")
     attrs.add_argument("--verb", help="Kubernetes verb (get, list, create, ...) or, with "
@@ -226,23 +233,34 @@ def request_attributes(args: argparse.Namespace) -> RequestAttributes:
 
 # -- cost -----------------------------------------------------------------------------------
 
-def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
+def _load_app(spec: str | None) -> Any:
+    """The ``--app`` WSGI application, imported as gunicorn would; None without ``--app``."""
+    if not spec:
+        return None
+    from apf_gunicorn.flowcontrol.hookspec import import_callable
+
+    return import_callable(spec, "--app", UsageError)
+
+
+def _estimate(app, settings, resolver, environ, attrs, c, server_limit: int,
               limits: dict) -> dict[str, Any]:
-    """The seats the server would admit the request with, and where they come from."""
+    """The seats the server would admit the request with, where they come from, and the view
+    of ``app`` that serves it."""
+    from apf_gunicorn.viewcost import view_costs_for_app, view_names_for_app
+
     est: WorkEstimate | None = None
     source = ""
+    view = None
+    if environ is not None and app is not None:
+        names = view_names_for_app(app)
+        view = names.name(environ["REQUEST_METHOD"], attrs.path) if names else None
     if environ is not None and settings.work_estimator:
         est = load_estimator_hook(settings.work_estimator)(environ, attrs, c)
         source = "APF_WORK_ESTIMATOR" if est is not None else ""
     if est is None and environ is not None:
         from apf_gunicorn.server.generation import route_table
 
-        view_costs = None
-        if args.app:
-            from apf_gunicorn.flask import ViewCosts
-            from apf_gunicorn.flowcontrol.hookspec import import_callable
-
-            view_costs = ViewCosts.for_app(import_callable(args.app, "--app", UsageError))
+        view_costs = view_costs_for_app(app) if app is not None else None
         routes = route_table(resolver)
         est, source = declared_estimate(environ["REQUEST_METHOD"], attrs.path, view_costs,
                                         routes if getattr(routes, "has_costs", False) else None)
@@ -255,8 +273,10 @@ def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
         "initial": out.initial_seats, "final": out.final_seats,
         "additionalLatency": format_duration(out.additional_latency_ns),
         "longRunning": out.long_running or attrs.verb == "watch", "source": source,
+        "view": view,
         "requested": {"initial": est.initial_seats, "final": est.final_seats},
-        "maxSeats": widest, "concurrencyLimit": server_limit,
+        "maxSeats": widest, "maxSeatsFrom": max_seats_origin(level),
+        "concurrencyLimit": server_limit,
     }
 
 
@@ -299,7 +319,7 @@ def render_text(result: dict[str, Any]) -> str:
         seats += f", then {s['final']} for {s['additionalLatency']}"
     if (s["requested"]["initial"], s["requested"]["final"]) != (s["initial"], s["final"]):
         seats += (f"; asked {s['requested']['initial']} (final {s['requested']['final']}), "
-                  f"clamped to the level's max {s['maxSeats']}")
+                  f"clamped to the level's max {s['maxSeats']} ({s['maxSeatsFrom']})")
     if s["longRunning"]:
         seats += "; held until the app returns its iterable (long-running)"
     lines = [
@@ -309,6 +329,8 @@ def render_text(result: dict[str, Any]) -> str:
         f"user: {result['user']}",
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
+        *([f"paths: /api/ and /apis/ are {result['paths']}"] if result["paths"] else []),
+        *([f"view: {s['view']}"] if s["view"] else []),
         f"flowSchema: {result['flowSchema']} (uid {result['flowSchemaUID']})",
         f"priorityLevel: {result['priorityLevel']} (uid {result['priorityLevelUID']})",
         f"flow: {result['flow'] or '(one flow for the whole FlowSchema)'}",
@@ -393,7 +415,12 @@ def dangling_notes(cfg: Configuration, attrs: RequestAttributes,
 
 
 def run(args: argparse.Namespace) -> int:
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver, token_notes
+    from apf_gunicorn.server.resolver import (
+        ResolverError,
+        build_resolver,
+        path_parsing_note,
+        token_notes,
+    )
 
     _check_form(args)
     # As gunicorn does: the app and the APF_* hooks import from the current directory.
@@ -407,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         notes: list[str] = []
         environ = resolver = None
         if args.request is not None:
-            resolver = build_resolver(settings)
+            resolver = build_resolver(settings, cfg)
             environ, notes = build_environ(args, settings)
             attrs = resolver(environ)
             notes += token_notes(resolver, environ)
@@ -416,7 +443,8 @@ def run(args: argparse.Namespace) -> int:
             method = args.verb.upper()
             if method not in _HTTP_METHODS:
                 method = "GET"
-            if args.path is not None and parse_kubernetes_path(
+            if args.path is not None and path_parsing(
+                    settings.paths, cfg.flow_schemas)[0] and parse_kubernetes_path(
                     method, args.path.partition("?")[0], "") is not None:
                 notes.append(f"--path is a non-resource request here, but the server parses "
                              f"{args.path} as a resource request: ask with --request "
@@ -424,8 +452,13 @@ def run(args: argparse.Namespace) -> int:
         c = Classifier(cfg).classify(attrs)
         notes += dangling_notes(cfg, attrs, c.flow_schema)
         limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
-        seats = _estimate(args, settings, resolver, environ, attrs, c,
+        app = _load_app(args.app)
+        seats = _estimate(app, settings, resolver, environ, attrs, c,
                           settings.concurrency_limit, limits)
+        if app is not None:
+            from apf_gunicorn.viewcost import unusable_costs
+
+            notes += unusable_costs(app)
     except (UsageError, ResolverError) as e:
         print(f"apf-gunicorn explain: {e}", file=sys.stderr)
         return 2
@@ -440,7 +473,9 @@ def run(args: argparse.Namespace) -> int:
               **explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
-              "policy": policy, "policySource": policy_source, "notes": notes}
+              "policy": policy, "policySource": policy_source,
+              "paths": path_parsing_note(settings, cfg) if args.request is not None else None,
+              "notes": notes}
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

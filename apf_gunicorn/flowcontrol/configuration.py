@@ -216,7 +216,8 @@ def _subject(s: dict[str, Any]) -> Subject:
 
 
 def priority_level_from_spec(
-    name: str, spec: dict[str, Any], uid: str = "", source: str = "", fairness: str | None = None
+    name: str, spec: dict[str, Any], uid: str = "", source: str = "", fairness: str | None = None,
+    max_seats: int | None = None,
 ) -> PriorityLevel:
     if spec["type"] == TYPE_EXEMPT:
         exempt = spec["exempt"] or {}
@@ -249,4 +250,5 @@ def priority_level_from_spec(
         uid=uid,
         source=source,
         fairness=fairness,
+        max_seats=max_seats,
     )

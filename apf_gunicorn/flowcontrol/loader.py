@@ -274,11 +274,11 @@ def parse_object(
         spec, v1beta3=v1beta3, preserve_zero=V1BETA3_PRESERVE_ZERO in annotations
     )
     validate_priority_level(name, spec, status, errs)
-    fairness = validate_annotations(annotations, kind, spec, errs)
+    ours = validate_annotations(annotations, kind, spec, errs)
     errs.drop_echoes(decoded)
     if errs:
         return None, errs.errors
-    pl = priority_level_from_spec(name, spec, uid, source, fairness)
+    pl = priority_level_from_spec(name, spec, uid, source, ours.fairness, ours.max_seats)
     return ParsedObject(kind, name, source, pl, broken_reason(name, spec)), []
 
 

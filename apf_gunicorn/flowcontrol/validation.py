@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from apf_gunicorn.flowcontrol.bootstrap import (
     MANDATORY_FLOW_SCHEMA_SPECS,
@@ -728,7 +728,15 @@ def _validate_queuing(q: dict, path: str, errs: ErrorList) -> None:
 # apf_gunicorn's own annotations (metadata.annotations["apf-gunicorn.io/..."])
 
 
-def validate_annotations(annotations: dict, kind: str, spec: dict, errs: ErrorList) -> str | None:
+class Annotations(NamedTuple):
+    """What apf_gunicorn's own annotations of an object ask for (None: nothing)."""
+
+    fairness: str | None = None  # apf-gunicorn.io/fairness: the level's dispatch policy
+    max_seats: int | None = None  # apf-gunicorn.io/max-seats: the level's widest request
+
+
+def validate_annotations(annotations: dict, kind: str, spec: dict,
+                         errs: ErrorList) -> Annotations:
     """Check the ``apf-gunicorn.io/`` annotations of an object; other annotations are ignored
     as Kubernetes ignores them.
 
@@ -736,33 +744,57 @@ def validate_annotations(annotations: dict, kind: str, spec: dict, errs: ErrorLi
         annotations: ``metadata.annotations`` (a dict).
         kind: ``FlowSchema`` or ``PriorityLevelConfiguration``.
         spec: the object's normalized spec (a priority level's ``type`` decides whether it may
-            choose a policy).
+            choose a policy or a max seats).
         errs: where problems go, each on the field ``metadata.annotations[KEY]``.
 
     Returns:
-        The policy a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names, or None
-        when it names none (or names a bad one, which is in ``errs``).
+        The policy a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names and the
+        seats its ``apf-gunicorn.io/max-seats`` gives; None for what it does not set (or sets
+        badly, which is in ``errs``).
     """
-    fairness = None
+    fairness = max_seats = None
     for key, value in annotations.items():
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
         path = f"metadata.annotations[{key}]"
-        if key != ANNOTATION:  # the only one so far (KNOWN_ANNOTATIONS)
+        if key not in KNOWN_ANNOTATIONS:
             errs.add(path, f"unknown annotation (known: {', '.join(KNOWN_ANNOTATIONS)})")
-        elif kind != KIND_PRIORITY_LEVEL:
-            errs.forbidden(path, "the dispatch policy is chosen per priority level: annotate "
-                                 "the PriorityLevelConfiguration")
+            continue
+        what = ("the dispatch policy" if key == ANNOTATION
+                else "the widest request (max seats)")
+        if kind != KIND_PRIORITY_LEVEL:
+            errs.forbidden(path, f"{what} is chosen per priority level: annotate the "
+                                 "PriorityLevelConfiguration")
         elif not isinstance(value, str):
             errs.invalid(path, value, "must be a string")
-        elif value not in POLICIES:
-            errs.not_supported(path, value, POLICIES)
         elif spec["type"] == TYPE_EXEMPT:
             errs.forbidden(path, "an exempt priority level never queues, so it has no "
-                                 "dispatch policy")
+                                 + ("dispatch policy" if key == ANNOTATION else "max seats"))
+        elif key == ANNOTATION:
+            if value not in POLICIES:
+                errs.not_supported(path, value, POLICIES)
+            else:
+                fairness = value
         else:
-            fairness = value
-    return fairness
+            seats = _positive_int(value)
+            if seats is None:
+                errs.invalid(path, value, f"must be a positive integer of seats, at most "
+                                          f"{MAX_ANNOTATED_SEATS} (e.g. \"4\")")
+            else:
+                max_seats = seats
+    return Annotations(fairness, max_seats)
+
+
+#: Largest ``apf-gunicorn.io/max-seats`` accepted (the server's limit is at most 1000000).
+MAX_ANNOTATED_SEATS = 1_000_000
+
+
+def _positive_int(text: str) -> int | None:
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ANNOTATED_SEATS else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -807,6 +839,7 @@ __all__ = [
     "dns1123_subdomain_errors",
     "go_value",
     "non_resource_url_error",
+    "Annotations",
     "validate_annotations",
     "validate_flow_schema",
     "validate_priority_level",

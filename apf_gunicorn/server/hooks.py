@@ -43,7 +43,12 @@ from apf_gunicorn.server.generation import (
 )
 from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
 from apf_gunicorn.server.metrics import mark_process_dead
-from apf_gunicorn.server.resolver import ResolverError, build_resolver
+from apf_gunicorn.server.resolver import (
+    ResolverError,
+    apply_path_parsing,
+    build_resolver,
+    path_parsing_note,
+)
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
 log = logging.getLogger("apf_gunicorn")
@@ -81,7 +86,6 @@ def on_starting(server) -> None:
     except SettingsError as e:
         _fail(server, [str(e)])
     startup.warn_unknown_variables(server.log)
-    resolver = _build_resolver(server, settings)
     if settings.work_estimator:
         try:
             load_estimator_hook(settings.work_estimator)  # fail at start, not in the workers
@@ -92,6 +96,7 @@ def on_starting(server) -> None:
     except Exception as e:  # the loader's ConfigErrors, or any reading problem
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_path or '<built-in>'}):", *config_error_lines(e)])
+    resolver = _build_resolver(server, settings, gen.configuration)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)
@@ -120,11 +125,14 @@ def on_starting(server) -> None:
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
 
 
-def _build_resolver(server, settings):
+def _build_resolver(server, settings, configuration):
     try:
-        return build_resolver(settings)
+        resolver = build_resolver(settings, configuration)
     except ResolverError as e:
         _fail(server, [str(e)])
+    server.log.info("apf: /api/ and /apis/ paths are %s",
+                    path_parsing_note(settings, configuration))
+    return resolver
 
 
 def when_ready(server) -> None:
@@ -202,6 +210,8 @@ def on_reload(server) -> None:
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
             m.settings = settings
+            # the workers forked from now on inherit it (APF_PATHS=auto follows the schemas)
+            apply_path_parsing(m.resolver, settings, gen.configuration)
     except Exception as e:
         m.reload_errors += 1
         lines = config_error_lines(e)
@@ -210,8 +220,9 @@ def on_reload(server) -> None:
         for line in lines:
             server.log.error("apf:   %s", line)
         return
-    server.log.info("apf: configuration generation %d applied: %d priority levels",
-                    gen.number, len(gen.level_index))
+    server.log.info("apf: configuration generation %d applied: %d priority levels; /api/ and "
+                    "/apis/ paths are %s", gen.number, len(gen.level_index),
+                    path_parsing_note(settings, gen.configuration))
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, JWT_SUB, parse_user_from
-from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
+from apf_gunicorn.flowcontrol.requestinfo import PATH_MODES, PATHS_AUTO, UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 if TYPE_CHECKING:
@@ -98,6 +98,9 @@ class Settings:
     jwt_groups_claim: str = "groups"  # APF_JWT_GROUPS_CLAIM: the claim listing the groups
     # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
     dispatch_policy: str = fairness.SERVER_DEFAULT
+    # APF_PATHS: whether /api/ and /apis/ are Kubernetes API paths (kubernetes), never (plain)
+    # or when the configuration's FlowSchemas have resource rules (auto)
+    paths: str = PATHS_AUTO
     # -- load balancer exports (docs/load-balancers.md) --
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
@@ -256,6 +259,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "fair between flows): the dispatch policy of every priority level "
                             "without an apf-gunicorn.io/fairness annotation")
 
+    raw = get("APF_PATHS")
+    paths = PATHS_AUTO if raw is None else raw.lower()
+    if paths not in PATH_MODES:
+        raise SettingsError("APF_PATHS", raw or "",
+                            "must be 'auto' (parse /api/ and /apis/ paths as Kubernetes API "
+                            "requests only when a FlowSchema has resource rules), 'kubernetes' "
+                            "(always) or 'plain' (never: they are paths like any other)")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -278,6 +289,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
         dispatch_policy=policy,
+        paths=paths,
         **_load_balancer_settings(get),
         **_jwt_settings(get, user_from),
     )
