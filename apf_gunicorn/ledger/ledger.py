@@ -88,7 +88,7 @@ from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
 
-__all__ = [  # what ledger.py exported before the split, for its importers
+__all__ = [  # the names importers take from here (defined in the mixin modules)
     "DEFAULT_SERVICE_ESTIMATE_NS", "EXECUTE", "MAX_SERVICE_ESTIMATE_NS", "QUEUED", "REJECTED",
     "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger",
     "LedgerPort", "LevelLoad", "LevelSnapshot", "LevelSpec", "QueueSnapshot",
