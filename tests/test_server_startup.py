@@ -31,6 +31,22 @@ def test_sync_worker_is_refused(server_factory):
         assert "gthread" in log
 
 
+@pytest.mark.parametrize("worker_class, name", [("sync", "SyncWorker"),
+                                                 ("gthread", "ThreadWorker")])
+def test_a_worker_class_not_ours_is_refused_whatever_threads_says(server_factory, worker_class,
+                                                                 name):
+    """With --threads > 1 gunicorn silently runs its stock gthread worker for ``sync``: that
+    is refused too, as is stock gthread asked for by name (neither has our worker's
+    protections), naming the class the user asked for."""
+    with server_factory(workers=1, threads=64, args=("-k", worker_class),
+                        expect_fail=True) as srv:
+        assert srv.proc.returncode != 0
+        log = srv.log()
+        assert f"worker class '{name}' is not supported" in log, log
+        assert "ApfThreadWorker" in log
+        assert "Booting worker" not in log
+
+
 def test_bad_setting_names_variable_value_and_allowed(server_factory):
     with server_factory(env={"APF_QUEUE_WAIT_LIMIT": "soon"}, expect_fail=True) as srv:
         assert srv.proc.returncode == 1

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.util import load_class
 
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.layout import Capacity
@@ -45,6 +45,7 @@ from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
 from apf_gunicorn.server.metrics import mark_process_dead
 from apf_gunicorn.server.resolver import ResolverError, build_resolver
 from apf_gunicorn.server.settings import SettingsError, load_settings
+from apf_gunicorn.server.worker import ApfThreadWorker
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -55,13 +56,29 @@ def _fail(server, lines: list[str]) -> None:
     raise SystemExit(1)
 
 
-def check_worker_class(worker_class) -> str | None:
-    """An error message if ``worker_class`` is not gunicorn's gthread worker (or a subclass)."""
-    if isinstance(worker_class, type) and issubclass(worker_class, ThreadWorker):
+def check_worker_class(worker_class, cfg=None) -> str | None:
+    """An error message if ``worker_class`` is not our ``ApfThreadWorker`` (or a subclass).
+
+    Args:
+        worker_class: the class gunicorn runs (``server.worker_class``: after its own switch
+            from ``sync`` to its stock gthread worker when ``--threads`` > 1).
+        cfg: gunicorn's config, to name the class the user asked for in the message.
+    Returns:
+        None, or the message to refuse the server with.
+    """
+    if isinstance(worker_class, type) and issubclass(worker_class, ApfThreadWorker):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
-    return (f"worker class {name!r} is not supported: apf_gunicorn needs gunicorn's threaded "
-            "worker (worker_class = 'gthread' or apf_gunicorn.server.worker.ApfThreadWorker); "
+    asked = cfg.settings["worker_class"].get() if cfg is not None else worker_class
+    if isinstance(asked, str) and asked != worker_class:
+        try:
+            name = getattr(load_class(asked), "__name__", asked)
+        except Exception:
+            name = asked
+    return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
+            "worker, a gthread (worker_class = 'apf_gunicorn.server.worker.ApfThreadWorker', "
+            "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
+            "with --threads > 1, lacks its protections); "
             "requests park a thread while they wait in a queue")
 
 
@@ -73,7 +90,7 @@ def check_worker_class(worker_class) -> str | None:
 
 def on_starting(server) -> None:
     startup.route_logs(server.log)
-    problem = check_worker_class(server.worker_class)
+    problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])
     try:
