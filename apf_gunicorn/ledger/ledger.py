@@ -125,6 +125,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         self._fp = None  # the C fast paths, once bound (_accelerate)
         self._queueset = KubernetesQueueSet(self)  # the dispatch policies (policy.py)
         self._maxmin = MaxMinPolicy(self)
+        self._snapshot_copies: list = []  # snapshot.py's private copies, kept for reuse
 
     # -- construction -------------------------------------------------------------------------
 
