@@ -5,6 +5,8 @@ ledger, at start and on every HUP.
     level_specs(gen)
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
     warning = thread_budget(gen, settings, workers, threads)
+    before = level_seats(ledger, old_gen)      # on a reload, around configure_ledger:
+    seat_change_lines(before, level_seats(ledger, gen))   # each level's seats before/after
 
 Workers take the per-level request widths (``level_max_seats``) and the route cost table
 (``route_table``) from the generation they inherit.
@@ -74,6 +76,46 @@ def configure_ledger(ledger: Ledger, gen: Generation, now: int) -> None:
     levels, schemas = ledger.configure(level_specs(gen), fs_names, now)
     gen.level_index = dict(levels)
     gen.fs_index = dict(schemas)
+
+
+def level_seats(ledger: Ledger, gen: Generation) -> dict[str, tuple[int, int]]:
+    """Each level's seats as ``gen`` and the ledger have them (read without the ledger lock).
+
+    Args:
+        ledger: the master's ledger; gen: the generation applied to it last.
+    Returns:
+        ``{level name: (nominal seats, current seats)}``: nominal from ``gen``'s limits,
+        current the ledger's C (after borrowing); levels the ledger does not hold are left out.
+    """
+    current = {load.index: load.concurrency_limit for load in ledger.load()}
+    return {name: (int(gen.limits[name].nominal), current[index])
+            for name, index in gen.level_index.items()
+            if index in current and name in gen.limits}
+
+
+def seat_change_lines(before: dict[str, tuple[int, int]],
+                      after: dict[str, tuple[int, int]]) -> list[str]:
+    """One log line per level for a reload: its nominal and current seats before and after.
+
+    Args:
+        before, after: :func:`level_seats` before and after the new generation was applied.
+    Returns:
+        Lines such as ``level 'work': nominal 8 -> 4 seats, current 8 -> 4``, by name; a level
+        only in ``before`` is said to drain, one only in ``after`` to be new.
+    """
+    lines = []
+    for name in sorted(before.keys() | after.keys()):
+        if name not in after:
+            nominal, current = before[name]
+            lines.append(f"level {name!r}: removed (drains its requests); it had nominal "
+                         f"{nominal} seats, current {current}")
+        elif name not in before:
+            nominal, current = after[name]
+            lines.append(f"level {name!r}: new, nominal {nominal} seats, current {current}")
+        else:
+            (n0, c0), (n1, c1) = before[name], after[name]
+            lines.append(f"level {name!r}: nominal {n0} -> {n1} seats, current {c0} -> {c1}")
+    return lines
 
 
 def config_error_lines(exc: BaseException) -> list[str]:

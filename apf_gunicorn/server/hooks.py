@@ -38,7 +38,9 @@ from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
     config_error_lines,
     configure_ledger,
+    level_seats,
     load_generation,
+    seat_change_lines,
     thread_budget,
 )
 from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
@@ -216,6 +218,7 @@ def on_reload(server) -> None:
     try:
         gen = load_generation(settings, m.generation.number + 1)
         with SERVICE_LOCK:
+            seats_before = level_seats(m.ledger, m.generation)
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
             m.settings = settings
@@ -229,6 +232,8 @@ def on_reload(server) -> None:
         return
     server.log.info("apf: configuration generation %d applied: %d priority levels",
                     gen.number, len(gen.level_index))
+    for line in seat_change_lines(seats_before, level_seats(m.ledger, gen)):
+        server.log.info("apf:   %s", line)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)
