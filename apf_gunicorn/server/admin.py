@@ -16,7 +16,8 @@ metrics prefix). Paths:
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
   text; ``?includeFairness=1`` appends each level's dispatch policy and virtual time to the
-  first two; ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
+  first two, ``?includeSeats=1`` its nominal, current and used seats to the first;
+  ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
   at least one worker has registered, else 503;
 * anything else: 404.
@@ -412,7 +413,8 @@ class AdminServer:
             snap = view.ledger.snapshot(view.clock())
             fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":
-                text = dumps.dump_priority_levels(snap, include_fairness=fairness)
+                seats = (view.level_limits or {}) if _flag(query, "includeSeats") else None
+                text = dumps.dump_priority_levels(snap, include_fairness=fairness, seats=seats)
             elif name == "dump_queues":
                 text = dumps.dump_queues(snap, include_fairness=fairness)
             elif name == "dump_flows":

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.util import load_class
 
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.layout import Capacity
@@ -38,7 +38,9 @@ from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
     config_error_lines,
     configure_ledger,
+    level_seats,
     load_generation,
+    seat_change_lines,
     thread_budget,
 )
 from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
@@ -50,6 +52,7 @@ from apf_gunicorn.server.resolver import (
     path_parsing_note,
 )
 from apf_gunicorn.server.settings import SettingsError, load_settings
+from apf_gunicorn.server.worker import ApfThreadWorker
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -60,13 +63,29 @@ def _fail(server, lines: list[str]) -> None:
     raise SystemExit(1)
 
 
-def check_worker_class(worker_class) -> str | None:
-    """An error message if ``worker_class`` is not gunicorn's gthread worker (or a subclass)."""
-    if isinstance(worker_class, type) and issubclass(worker_class, ThreadWorker):
+def check_worker_class(worker_class, cfg=None) -> str | None:
+    """An error message if ``worker_class`` is not our ``ApfThreadWorker`` (or a subclass).
+
+    Args:
+        worker_class: the class gunicorn runs (``server.worker_class``: after its own switch
+            from ``sync`` to its stock gthread worker when ``--threads`` > 1).
+        cfg: gunicorn's config, to name the class the user asked for in the message.
+    Returns:
+        None, or the message to refuse the server with.
+    """
+    if isinstance(worker_class, type) and issubclass(worker_class, ApfThreadWorker):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
-    return (f"worker class {name!r} is not supported: apf_gunicorn needs gunicorn's threaded "
-            "worker (worker_class = 'gthread' or apf_gunicorn.server.worker.ApfThreadWorker); "
+    asked = cfg.settings["worker_class"].get() if cfg is not None else worker_class
+    if isinstance(asked, str) and asked != worker_class:
+        try:
+            name = getattr(load_class(asked), "__name__", asked)
+        except Exception:
+            name = asked
+    return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
+            "worker, a gthread (worker_class = 'apf_gunicorn.server.worker.ApfThreadWorker', "
+            "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
+            "with --threads > 1, lacks its protections); "
             "requests park a thread while they wait in a queue")
 
 
@@ -78,7 +97,7 @@ def check_worker_class(worker_class) -> str | None:
 
 def on_starting(server) -> None:
     startup.route_logs(server.log)
-    problem = check_worker_class(server.worker_class)
+    problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])
     try:
@@ -207,6 +226,7 @@ def on_reload(server) -> None:
     try:
         gen = load_generation(settings, m.generation.number + 1)
         with SERVICE_LOCK:
+            seats_before = level_seats(m.ledger, m.generation)
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
             m.settings = settings
@@ -223,6 +243,8 @@ def on_reload(server) -> None:
     server.log.info("apf: configuration generation %d applied: %d priority levels; /api/ and "
                     "/apis/ paths are %s", gen.number, len(gen.level_index),
                     path_parsing_note(settings, gen.configuration))
+    for line in seat_change_lines(seats_before, level_seats(m.ledger, gen)):
+        server.log.info("apf:   %s", line)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)

@@ -86,6 +86,8 @@ class Settings:
     # connection handling by the accept-gated worker (server/worker.py, server/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
+    # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
+    concurrency_limit_set: bool = False
     accept_slack: int = 0  # connections accepted beyond the worker's threads
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
@@ -129,7 +131,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "must be an existing YAML file, a directory of *.yaml/*.yml files, "
                             "or builtin:<name> (webapp, kubernetes, mandatory)")
 
-    raw = get("APF_CONCURRENCY_LIMIT")
+    raw = raw_limit = get("APF_CONCURRENCY_LIMIT")
     if raw is None:
         limit = default_concurrency_limit(workers, threads)
     else:
@@ -285,6 +287,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         learn_service=learn,
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
+        concurrency_limit_set=raw_limit is not None,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
