@@ -27,13 +27,17 @@ def test_grant_wakes_matching_generation_only():
     assert len(p) == 0
 
 
-def test_grant_before_park_is_kept():
+def test_a_grant_before_park_is_not_kept_the_ledger_is_asked_instead():
+    """A grant for a request that has not parked yet is dropped (a table of them let any sender
+    fill memory with made-up slots); the thread asks the ledger when it parks."""
     p = Parking()
     p.grant(5, 1)
     w = p.park(5, 1)
-    assert w.outcome == GRANTED
-    w2 = p.park(5, 2)  # consumed: a new generation waits
-    assert not w2.outcome
+    assert w.outcome == 0
+    dispatched = {(5, 1)}
+    assert p.wait(w, time.monotonic_ns() + 10**9, time.monotonic_ns,
+                  lambda s, g: (s, g) in dispatched) == GRANTED
+    assert len(p) == 0 and p.false_wakeups == 0
 
 
 def test_stop_all_answers_parked_and_later_requests():

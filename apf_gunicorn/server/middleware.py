@@ -102,6 +102,9 @@ class WorkerContext:
     inflight: list | None = None
     nonexempt_threads: int = 0
     load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
+    # Finishes (slot, gen) on another thread without taking any lock here (the dispatcher's
+    # finish_later): what a response body's finalizer calls. None: a finalizer returns nothing.
+    finish_later: Callable[[int, int], None] | None = None
 
 
 
@@ -370,14 +373,10 @@ class APFMiddleware:
                     fd = -1
         parking = ctx.parking
         w = parking.park(slot, gen, fd)
-        try:
-            if not w.outcome and ctx.alive():
-                w.event.wait(max(0, deadline - self._clock()) / 1e9)
-            elif not w.outcome:
-                parking._wake(w, STOPPING)
-        finally:
-            parking.unpark(w)
-        outcome = w.outcome
+        if not ctx.alive():
+            parking._wake(w, STOPPING)
+        # runs only once the ledger says it was dispatched, whatever woke it
+        outcome = parking.wait(w, deadline, self._clock, ctx.ledger.dispatched)
         if outcome == GRANTED:
             return None
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
@@ -514,11 +513,15 @@ class _Body:
                         mw.ctx.add_linger(linger_until, slot, gen)
 
     def __del__(self):
-        # A server that never calls close() must not leak seats.
+        # A server that never calls close() must not leak seats. A finalizer may run on any
+        # thread, one inside a ledger call included (the lock is not reentrant): hand the
+        # finish to the dispatcher thread, never take the ledger lock here.
         mw = self._mw
         if mw is not None:
             self._mw = None
-            mw._finish(self._slot, self._gen)
+            finish_later = mw.ctx.finish_later
+            if finish_later is not None:
+                finish_later(self._slot, self._gen)
 
 
 _new_body = object.__new__
