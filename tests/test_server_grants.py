@@ -50,8 +50,10 @@ def test_forged_grant_datagrams_neither_exceed_the_seats_nor_leak(server_factory
     with server_factory(workers=2, threads=16, env={"APF_CONCURRENCY_LIMIT": "8"}) as srv:
         seats = srv.level("work").concurrency_limit
         assert seats < 8, seats
-        targets = _grant_sockets(srv.instance)
-        assert len(targets) == 2, targets
+        # (the second worker may still be booting when the first answers)
+        targets = srv.wait_for(lambda: len(_grant_sockets(srv.instance)) == 2 and
+                               _grant_sockets(srv.instance), 20)
+        assert targets, _grant_sockets(srv.instance)
         srv.reset_counters()
         n = 24
         stop = threading.Event()
