@@ -23,7 +23,7 @@ Usage::
 
 Sending never blocks and never raises: a full or missing receiver, or any other send error, drops
 the datagram (counted in ``dropped``, each errno logged once), and the receiver's 100 ms ledger
-scan (the backstop) picks the grant up. Generations make stale grants harmless.
+scan (the backstop) picks the grant up.
 """
 
 from __future__ import annotations
