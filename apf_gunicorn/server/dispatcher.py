@@ -214,6 +214,28 @@ class Parking:
                     if not w.outcome and w.since_ns < older_than_ns}
 
 
+def finish_request(finish: Callable[[int, int, int], tuple[list, int]],
+                   deliver: Callable[[list], None], add_linger: Callable[[int, int, int], None],
+                   slot: int, gen: int, now: int) -> None:
+    """End a request's main phase in the ledger and hand on what that frees.
+
+    Args:
+        finish: ``Ledger.finish``; deliver: wakes the requests it dispatched; add_linger:
+            schedules the release of its lingering seats (``Dispatcher.add_linger``).
+        slot, gen: the request; now: monotonic ns.
+    Never raises: a failed finish is logged (the seats stay taken until the worker's reap).
+    """
+    try:
+        granted, linger_until = finish(slot, gen, now)
+    except Exception:
+        log.exception("apf: finish failed for slot %d", slot)
+        return
+    if granted:
+        deliver(granted)
+    if linger_until:
+        add_linger(linger_until, slot, gen)
+
+
 def granted_slots(ledger: LedgerPort, owner: int) -> dict[int, int]:
     """{slot: gen} of this owner's slots the ledger has dispatched (the backstop scan)."""
     return {slot: gen for slot, gen, st in ledger.owned_slots(owner) if st != "waiting"}
@@ -330,15 +352,8 @@ class Dispatcher(threading.Thread):
         finishes = self._finishes
         while finishes:
             slot, gen = finishes.popleft()
-            try:
-                granted, linger_until = self.ledger.finish(slot, gen, self.clock())
-            except Exception:
-                log.exception("apf: finish failed for slot %d", slot)
-                continue
-            if granted:
-                self.deliver(granted)
-            if linger_until:
-                self.add_linger(linger_until, slot, gen)
+            finish_request(self.ledger.finish, self.deliver, self.add_linger, slot, gen,
+                           self.clock())
 
     def _due_lingers(self) -> None:
         now = self.clock()

@@ -57,7 +57,13 @@ from apf_gunicorn.flowcontrol.workestimate import (
     default_estimator,
 )
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
-from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
+from apf_gunicorn.server.dispatcher import (
+    CANCELLED,
+    GRANTED,
+    STOPPING,
+    Parking,
+    finish_request,
+)
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -469,15 +475,8 @@ class APFMiddleware:
         return result
 
     def _finish(self, slot: int, gen: int) -> None:
-        try:
-            granted, linger_until = self._finish_ledger(slot, gen, self._clock())
-        except Exception:
-            log.exception("apf: finish failed for slot %d", slot)
-            return
-        if granted:
-            self._deliver(granted)
-        if linger_until:
-            self.ctx.add_linger(linger_until, slot, gen)
+        finish_request(self._finish_ledger, self._deliver, self.ctx.add_linger, slot, gen,
+                       self._clock())
 
 
 class _Body:
