@@ -354,8 +354,11 @@ class Dispatcher(threading.Thread):
 
     def _due_finishes(self) -> None:
         finishes = self._finishes
-        while finishes:
-            slot, gen = finishes.popleft()
+        while True:
+            try:  # (worker_exit drains it from another thread as well)
+                slot, gen = finishes.popleft()
+            except IndexError:
+                return
             finish_request(self.ledger.finish, self.deliver, self.add_linger, slot, gen,
                            self.clock())
 
