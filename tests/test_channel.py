@@ -56,7 +56,7 @@ def test_datagrams_from_processes_outside_the_server_are_refused(caplog):
 
     token = _token()
     allowed = {12345}  # this test process is not one of "the server's" pids
-    inbox = GrantInbox(token, 0, trusted=PeerCheck(lambda: allowed, refresh_s=0.0))
+    inbox = GrantInbox(token, 0, trusted=PeerCheck(1, lambda: allowed, refresh_s=0.0))
     sender = GrantSender(token)
     try:
         assert sender.send(0, [[1, 1]])
@@ -81,8 +81,9 @@ def test_peer_check_refuses_other_uids_and_rereads_pids_at_most_every_refresh():
         reads.append(now[0])
         return {7}
 
-    check = PeerCheck(pids, uid=1000, refresh_s=0.1, clock=lambda: now[0])
-    assert not check(7, 0)  # right pid, wrong uid
+    check = PeerCheck(5, pids, uid=1000, refresh_s=0.1, clock=lambda: now[0])
+    assert check(5, 0)  # the master, whatever its uid (gunicorn --user: workers drop to 1000)
+    assert not check(7, 0)  # a worker's pid, another uid
     assert not check(0, 1000)  # pid 0: a sender outside our pid namespace
     assert check(7, 1000) and reads == [0.0]
     for _ in range(100):  # a flood of unknown pids costs one read per refresh period

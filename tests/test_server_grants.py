@@ -5,6 +5,7 @@ leave anything executing or waiting in the ledger once the traffic ends."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import socket
 import threading
 
@@ -74,4 +75,7 @@ def test_forged_grant_datagrams_neither_exceed_the_seats_nor_leak(server_factory
         snap = srv.idle(20)
         assert snap is not None, [(lv.name, lv.requests_executing, lv.requests_waiting)
                                   for lv in srv.ledger_snapshot().levels]
-        assert "not a process of this server" in srv.log()
+        refused = {int(pid) for pid in
+                   re.findall(r"grant datagrams from pid (\d+) .*not a process", srv.log())}
+        assert refused, "no forged datagram was refused"
+        assert not refused & {srv.pid, *srv.workers()}, "the server's own grants were refused"

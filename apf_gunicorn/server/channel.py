@@ -16,7 +16,7 @@ leak a slot.
 
 Usage::
 
-    inbox = GrantInbox(token, index, trusted=PeerCheck(pids))   # in the worker
+    inbox = GrantInbox(token, index, trusted=PeerCheck(master_pid, worker_pids))  # worker
     for slot, gen in inbox.receive():  ...                      # (dispatcher thread)
     sender = GrantSender(token)                 # any process, any thread
     sender.send_grants(granted, my_index)       # granted: [(slot, gen, owner), ...]
@@ -61,17 +61,21 @@ def address(token: str, index: int) -> bytes:
 
 
 class PeerCheck:
-    """Which senders a worker's inbox accepts: this process's own uid and a pid among
-    ``pids()`` (the master and the workers of this server, from the ledger's worker table).
+    """Which senders a worker's inbox accepts: the master (``master_pid``, whatever its uid:
+    with gunicorn's ``--user`` the workers drop to another uid, the master does not), and a
+    process of this worker's own uid among ``worker_pids()`` (the ledger's worker table).
 
-    ``pids()`` is read again when an unknown pid sends, at most every ``refresh_s`` (a worker
-    that booted since the last read is found; a flood of forged datagrams costs one read per
-    ``refresh_s``, and a grant refused meanwhile is picked up by the receiver's backstop scan).
+    ``worker_pids()`` is read again when an unknown pid sends, at most every ``refresh_s`` (a
+    worker that booted since the last read is found; a flood of forged datagrams costs one read
+    per ``refresh_s``, and a grant refused meanwhile is picked up by the receiver's backstop
+    scan).
     """
 
-    def __init__(self, pids: Callable[[], Iterable[int]], uid: int | None = None,
-                 refresh_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
-        self._pids_of = pids
+    def __init__(self, master_pid: int, worker_pids: Callable[[], Iterable[int]],
+                 uid: int | None = None, refresh_s: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic):
+        self._master = master_pid
+        self._pids_of = worker_pids
         self._uid = os.getuid() if uid is None else uid
         self._refresh_s = refresh_s
         self._clock = clock
@@ -80,7 +84,11 @@ class PeerCheck:
 
     def __call__(self, pid: int, uid: int) -> bool:
         """Whether a datagram from process ``pid`` (running as ``uid``) is accepted."""
-        if uid != self._uid or pid <= 0:
+        if pid <= 0:
+            return False
+        if pid == self._master:
+            return True
+        if uid != self._uid:
             return False
         if pid in self._pids:
             return True

@@ -50,7 +50,8 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
     gen = m.generation
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=make_lock())
     ledger.register_worker(index, os.getpid(), time.monotonic_ns())
-    inbox = GrantInbox(m.token, index, trusted=PeerCheck(_server_pids(ledger, m.master_pid)))
+    peers = PeerCheck(m.master_pid or os.getppid(), _worker_pids(ledger))
+    inbox = GrantInbox(m.token, index, trusted=peers)
     os.register_at_fork(after_in_child=_close_grant_socket_in_child)
     sender = GrantSender(m.token)
     parking = Parking()
@@ -81,14 +82,12 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
                              middleware=middleware, worker=worker)
 
 
-def _server_pids(ledger: Ledger, master_pid: int) -> Callable[[], list[int]]:
-    """The pids whose grant datagrams this worker accepts: the master (borrowing, reaping) and
-    every process in the ledger's worker table (a reaped worker's record keeps its pid until
-    the index is reused: its exit hook sends the grants its reap dispatched)."""
-    master = master_pid or os.getppid()
-
+def _worker_pids(ledger: Ledger) -> Callable[[], list[int]]:
+    """The workers whose grant datagrams this worker accepts: every process in the ledger's
+    worker table (a reaped worker's record keeps its pid until the index is reused: its exit
+    hook sends the grants its reap dispatched)."""
     def pids() -> list[int]:
-        return [master, *(pid for _, pid, _, _ in ledger.workers())]
+        return [pid for _, pid, _, _ in ledger.workers()]
 
     return pids
 
