@@ -58,7 +58,13 @@ from apf_gunicorn.flowcontrol.workestimate import (
     default_estimator,
 )
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
-from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
+from apf_gunicorn.server.dispatcher import (
+    CANCELLED,
+    GRANTED,
+    STOPPING,
+    Parking,
+    finish_request,
+)
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -103,6 +109,9 @@ class WorkerContext:
     inflight: list | None = None
     nonexempt_threads: int = 0
     load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
+    # Finishes (slot, gen) on another thread without taking any lock here (the dispatcher's
+    # finish_later): what a response body's finalizer calls. None: a finalizer returns nothing.
+    finish_later: Callable[[int, int], None] | None = None
 
 
 
@@ -375,14 +384,10 @@ class APFMiddleware:
                     fd = -1
         parking = ctx.parking
         w = parking.park(slot, gen, fd)
-        try:
-            if not w.outcome and ctx.alive():
-                w.event.wait(max(0, deadline - self._clock()) / 1e9)
-            elif not w.outcome:
-                parking._wake(w, STOPPING)
-        finally:
-            parking.unpark(w)
-        outcome = w.outcome
+        if not ctx.alive():
+            parking._wake(w, STOPPING)
+        # runs only once the ledger says it was dispatched, whatever woke it
+        outcome = parking.wait(w, deadline, self._clock, ctx.ledger.dispatched)
         if outcome == GRANTED:
             return None
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
@@ -475,15 +480,8 @@ class APFMiddleware:
         return result
 
     def _finish(self, slot: int, gen: int) -> None:
-        try:
-            granted, linger_until = self._finish_ledger(slot, gen, self._clock())
-        except Exception:
-            log.exception("apf: finish failed for slot %d", slot)
-            return
-        if granted:
-            self._deliver(granted)
-        if linger_until:
-            self.ctx.add_linger(linger_until, slot, gen)
+        finish_request(self._finish_ledger, self._deliver, self.ctx.add_linger, slot, gen,
+                       self._clock())
 
 
 class _Body:
@@ -519,11 +517,15 @@ class _Body:
                         mw.ctx.add_linger(linger_until, slot, gen)
 
     def __del__(self):
-        # A server that never calls close() must not leak seats.
+        # A server that never calls close() must not leak seats. A finalizer may run on any
+        # thread, one inside a ledger call included (the lock is not reentrant): hand the
+        # finish to the dispatcher thread, never take the ledger lock here.
         mw = self._mw
         if mw is not None:
             self._mw = None
-            mw._finish(self._slot, self._gen)
+            finish_later = mw.ctx.finish_later
+            if finish_later is not None:
+                finish_later(self._slot, self._gen)
 
 
 _new_body = object.__new__
