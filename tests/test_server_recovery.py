@@ -10,7 +10,6 @@ check with stand-ins for gunicorn's Arbiter and Worker; the others run a real gu
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import signal
 import threading
@@ -21,12 +20,10 @@ import urllib.request
 import pytest
 
 from apf_gunicorn.ledger import LevelSpec
-from apf_gunicorn.ledger.layout import Capacity
-from apf_gunicorn.ledger.ledger import Ledger
-from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.server import hookcheck, hooks, reclaim, state
+from apf_gunicorn.server import hookcheck, hooks, reclaim
 from apf_gunicorn.server.master import MasterServices
 from tests.conftest import free_port
+from tests.test_server_review import master  # noqa: F401 - the fixture
 
 RECIPE = ("-c", "python:tests.apps.prometheus_conf")
 
@@ -34,14 +31,11 @@ RECIPE = ("-c", "python:tests.apps.prometheus_conf")
 # -- unit: the master's check against stand-ins ----------------------------------------------
 
 @pytest.fixture
-def master(monkeypatch):
-    cap = Capacity(levels=4, queues=16, slots=32, workers=8, flow_schemas=8, stats_entries=16)
-    ledger = Ledger.create(mmap.mmap(-1, Ledger.size(cap)), cap, lock=ProcessLock(),
-                           owner_pid=os.getpid())
-    m = state.MasterState(settings=None, token="recovery", segment=None, ledger=ledger,
-                          capacity=cap, resolver=None, generation=None, master_pid=os.getpid())
-    ledger.configure([LevelSpec("l", 8, 2, 8, 2)], ["fs"], 0)
-    monkeypatch.setattr(state, "MASTER", m)
+def configured(request):
+    """test_server_review's ``master`` fixture (a MasterState over an in-memory ledger) with
+    one level of 2 seats."""
+    m = request.getfixturevalue("master")
+    m.ledger.configure([LevelSpec("l", 8, 2, 8, 2)], ["fs"], 0)
     return m
 
 
@@ -73,73 +67,77 @@ def _seats(m):
     return m.ledger.snapshot(time.monotonic_ns()).levels[0].seats_in_use
 
 
-def test_the_master_reclaims_a_worker_whose_child_exit_was_replaced(master, caplog):
+def _reaped_by_gunicorn_only(m):
+    """A worker (pid 1001) that holds a seat, then leaves gunicorn's table, and the master's
+    check that has seen it missing once. Returns (arbiter, services, worker)."""
     arb = Arbiter()
-    services = MasterServices(master, arb.log, arbiter=arb)
+    services = MasterServices(m, arb.log, arbiter=arb)
     worker = arb.fork(1001)
-    _hold_a_seat(master, worker)
-    assert _seats(master) == 1
+    _hold_a_seat(m, worker)
     del arb.WORKERS[1001]  # gunicorn reaped it; the config's child_exit did not call ours
     services.reclaim_gone()  # first seen missing: not yet (it might be a fork in progress)
-    assert _seats(master) == 1
-    services._suspects = {i: (w, t - reclaim.CONFIRM_S) for i, (w, t) in
-                          services._suspects.items()}  # as if checked CONFIRM_S ago
+    assert _seats(m) == 1
+    return arb, services, worker
+
+
+def _later(services, seconds):
+    """As if the check had first seen its suspects ``seconds`` earlier."""
+    services._suspects = {i: (w, t - seconds) for i, (w, t) in services._suspects.items()}
+
+
+def test_the_master_reclaims_a_worker_whose_child_exit_was_replaced(configured, caplog):
+    m = configured
+    arb, services, _worker = _reaped_by_gunicorn_only(m)
+    _later(services, reclaim.CONFIRM_S)
     with caplog.at_level(logging.WARNING, "test.recovery"):
         services.reclaim_gone()
-    assert _seats(master) == 0
+    assert _seats(m) == 0
     assert services.reclaimed == 1
     assert "the master reclaimed its seats" in caplog.text
     assert arb.fork(1002).apf_index == 0, "the dead worker's index was not freed"
 
 
-def test_a_worker_not_yet_in_gunicorns_table_is_not_reclaimed(master):
+def test_a_worker_not_yet_in_gunicorns_table_is_not_reclaimed(configured):
     """Between the fork and ``WORKERS[pid] = worker`` a live worker is missing from the table:
     one check must not reclaim it."""
-    arb = Arbiter()
-    services = MasterServices(master, arb.log, arbiter=arb)
-    worker = arb.fork(1001)
-    _hold_a_seat(master, worker)
-    del arb.WORKERS[1001]
-    services.reclaim_gone()
+    m = configured
+    arb, services, worker = _reaped_by_gunicorn_only(m)
     arb.WORKERS[1001] = worker  # recorded now
-    services._suspects = {i: (w, t - 10) for i, (w, t) in services._suspects.items()}
+    _later(services, 10)
     services.reclaim_gone()
-    assert _seats(master) == 1 and services.reclaimed == 0
+    assert _seats(m) == 1 and services.reclaimed == 0
 
 
-def test_child_exit_and_the_check_reclaim_once_and_never_a_successor(master):
-    arb = Arbiter()
-    services = MasterServices(master, arb.log, arbiter=arb)
-    first = arb.fork(1001)
-    _hold_a_seat(master, first)
-    del arb.WORKERS[1001]
-    services.reclaim_gone()  # suspects the dead one
+def test_child_exit_and_the_check_reclaim_once_and_never_a_successor(configured):
+    m = configured
+    arb, services, first = _reaped_by_gunicorn_only(m)
     hooks.child_exit(arb, first)  # our hook runs after all (a chained config)
-    assert _seats(master) == 0
+    assert _seats(m) == 0
     second = arb.fork(1002)  # takes the freed index
     assert second.apf_index == first.apf_index
-    _hold_a_seat(master, second)
-    services._suspects = {i: (w, t - 10) for i, (w, t) in services._suspects.items()}
+    _hold_a_seat(m, second)
+    _later(services, 10)
     services.reclaim_gone()
     hooks.child_exit(arb, first)  # a late duplicate
-    assert _seats(master) == 1, "the successor's seat was reaped"
+    assert _seats(m) == 1, "the successor's seat was reaped"
     assert services.reclaimed == 0
 
 
-def test_concurrent_reclaims_reap_once(master, monkeypatch):
+def test_concurrent_reclaims_reap_once(configured, monkeypatch):
+    m = configured
     arb = Arbiter()
     worker = arb.fork(1001)
-    _hold_a_seat(master, worker)
+    _hold_a_seat(m, worker)
     calls = []
-    real = master.ledger.reap_worker
+    real = m.ledger.reap_worker
 
     def slow_reap(index, now):
         calls.append(index)
         time.sleep(0.05)
         return real(index, now)
 
-    monkeypatch.setattr(master.ledger, "reap_worker", slow_reap)
-    threads = [threading.Thread(target=reclaim.reclaim_worker, args=(master, worker))
+    monkeypatch.setattr(m.ledger, "reap_worker", slow_reap)
+    threads = [threading.Thread(target=reclaim.reclaim_worker, args=(m, worker))
                for _ in range(4)]
     for t in threads:
         t.start()
