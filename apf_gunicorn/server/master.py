@@ -137,12 +137,13 @@ class MasterServices(threading.Thread):
                     done = reclaim_worker(self.state, worker, self.glog)
                 if done:
                     self.reclaimed += 1
-                    self.glog.warning(
+                    # a warning the first time; then each one at info (max_requests restarts)
+                    (self.glog.warning if self.reclaimed == 1 else self.glog.info)(
                         "apf: worker %s (pid %s) is gone and apf_gunicorn's child_exit did not "
                         "run for it (the config's child_exit hook replaces it without calling "
-                        "it): the master reclaimed its seats now. Call apf_gunicorn.server."
-                        "hooks.child_exit(server, worker) from your child_exit to do it at once.",
-                        worker.apf_index, worker.pid)
+                        "it): the master reclaimed its seats now (%d so far). Call apf_gunicorn."
+                        "server.hooks.child_exit(server, worker) from your child_exit to do it "
+                        "at once.", worker.apf_index, worker.pid, self.reclaimed)
         except Exception:
             self.glog.exception("apf: checking for dead workers failed")
 

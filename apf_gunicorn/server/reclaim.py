@@ -11,8 +11,8 @@ keep its seat for ever. So two paths reclaim, and whichever runs first does the 
 * :func:`find_gone` from the master services thread every second (``MasterServices.run``):
   a worker index that ``pre_fork`` handed out whose gunicorn ``Worker`` is no longer in the
   arbiter's worker table (``arbiter.WORKERS``) at two checks at least :data:`CONFIRM_S` apart
-  is reclaimed, and the miss is logged (the config's ``child_exit`` does not call ours). So a dead worker's seats come
-  back within about 2 s whatever the config does with ``child_exit``.
+  is reclaimed, and the miss is logged (the config's ``child_exit`` does not call ours). So a
+  dead worker's seats come back within about 2 s whatever the config does with ``child_exit``.
 
 Why the arbiter's table and not something else: a pid leaves ``WORKERS`` exactly when gunicorn
 has reaped it (``waitpid`` in ``Arbiter.reap_workers``, or ``kill`` finding it gone), which is
@@ -20,9 +20,9 @@ gunicorn's own truth about its workers. Calling ``waitpid`` ourselves would stea
 gunicorn (it would never replace the worker); ``os.kill(pid, 0)`` answers yes for a zombie and
 for an unrelated process that reused the pid. Wrapping gunicorn's reap path or its
 ``cfg.child_exit`` would not survive a HUP (the config, and with it ``cfg``, is loaded again)
-and depends on more of gunicorn's internals. The two checks cover the instant between
-the fork and gunicorn recording the new pid (``worker.pid`` is set just before
-``WORKERS[pid]``), when a live worker is not in the table yet.
+and depends on more of gunicorn's internals. The two checks cover the instant between the fork
+and gunicorn recording the new pid (``worker.pid`` is set just before ``WORKERS[pid]``), when a
+live worker is not in the table yet.
 
 Both paths decide and reap under one lock, and recognise a worker by its ``Worker`` object,
 never by its index alone: a reused index belongs to the new worker.
