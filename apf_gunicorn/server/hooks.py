@@ -3,7 +3,8 @@
 Master: ``on_starting`` validates settings and the configuration, removes stale segments,
 creates and configures the shared ledger; ``when_ready`` starts the master services thread
 (borrowing, admin endpoint); ``pre_fork`` gives each worker a small index (its owner id in the
-ledger and the name of its grant socket); ``child_exit`` reclaims everything a dead worker held;
+ledger and the name of its grant socket); ``child_exit`` reclaims everything a dead worker held
+(``reclaim.py``; the master's 1 s check does it too when a config replaced this hook);
 ``on_reload`` (HUP) loads the configuration again and reconfigures the ledger in place, or keeps
 the running one and logs every error; ``on_exit`` unlinks the segment.
 
@@ -11,7 +12,8 @@ Worker: ``post_fork`` closes what the child must not hold; ``post_worker_init`` 
 ledger, binds the grant socket, starts the dispatcher thread and wraps ``worker.wsgi`` in the
 middleware; ``worker_exit`` answers parked requests 503 and releases what the worker holds.
 
-A user config that defines its own hook of the same name should call ours from it::
+A user config that defines its own hook of the same name should call ours from it (at start,
+``on_starting`` logs each of ours that was replaced and what that loses: ``hookcheck.py``)::
 
     from apf_gunicorn.conf import *
     from apf_gunicorn.server import hooks
@@ -43,8 +45,9 @@ from apf_gunicorn.server.generation import (
     seat_change_lines,
     thread_budget,
 )
+from apf_gunicorn.server.hookcheck import log_replaced_hooks
 from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
-from apf_gunicorn.server.metrics import mark_process_dead
+from apf_gunicorn.server.reclaim import reclaim_worker
 from apf_gunicorn.server.resolver import (
     ResolverError,
     apply_path_parsing,
@@ -97,6 +100,7 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
 
 def on_starting(server) -> None:
     startup.route_logs(server.log)
+    log_replaced_hooks(server.cfg, server.log)
     problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])
@@ -158,7 +162,7 @@ def when_ready(server) -> None:
     m = state.MASTER
     if m is None or m.services is not None:
         return
-    m.services = MasterServices(m, server.log)
+    m.services = MasterServices(m, server.log, arbiter=server)
     m.services.start_admin()
     m.services.start_agent(server)  # APF_AGENT_BIND (off by default)
     m.services.start()
@@ -178,6 +182,7 @@ def pre_fork(server, worker) -> None:
         worker.apf_index = None
         return
     m.workers[index] = 0
+    m.forked[index] = worker  # reclaim.py: how the master tells that this worker is gone
     worker.apf_index = index
     # A booting worker counts as having room, so the running ones do not answer 429 for
     # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
@@ -187,31 +192,11 @@ def pre_fork(server, worker) -> None:
 
 def child_exit(server, worker) -> None:
     m = state.MASTER
-    index = getattr(worker, "apf_index", None)
-    if m is None or index is None or getattr(worker, "apf_reaped", False):
+    if m is None:
         return
-    # Once per worker: the index is this worker's until now (pre_fork gave it, nothing else
-    # frees it), so free it whatever pid the master thread learned for it; a second call
-    # (gunicorn's worker_exit in the master, then child_exit) must not reap a successor.
-    worker.apf_reaped = True
-    try:
-        granted = m.ledger.reap_worker(index, time.monotonic_ns())
-        if granted:
-            m.sender.send_grants(granted)
-    except Exception:
-        server.log.exception("apf: reclaiming the seats of worker %s (pid %s) failed",
-                             index, worker.pid)
-    finally:
-        m.workers.pop(index, None)
-    _metrics_process_dead(worker.pid)
-
-
-def _metrics_process_dead(pid) -> None:
-    """The application's multiprocess metric files of a dead worker (if it uses them)."""
-    try:
-        mark_process_dead(pid)
-    except Exception:
-        log.exception("apf: metrics cleanup for pid %s failed", pid)
+    # Once per worker (reclaim.py): gunicorn's worker_exit in the master then child_exit, or
+    # the master's 1 s check, must not reap the index again once a successor holds it.
+    reclaim_worker(m, worker, server.log)
 
 
 def on_reload(server) -> None:
