@@ -87,7 +87,7 @@ def test_endpoints(served) -> None:
     status, text = get(admin, "/debug/api_priority_and_fairness/dump_queues")
     assert status == 200 and len(text.splitlines()) == 1 + 8
 
-    # the policy columns only when asked (any non-empty value, as includeRequestDetails)
+    # the fairness columns only when asked (any non-empty value, as includeRequestDetails)
     plain = get(admin, "/debug/api_priority_and_fairness/dump_priority_levels")[1]
     assert get(admin, "/debug/api_priority_and_fairness/dump_priority_levels"
                       "?includeFairness=")[1] == plain
@@ -96,7 +96,7 @@ def test_endpoints(served) -> None:
     rows = [r.replace(" ", "").split(",") for r in text.splitlines()]
     assert status == 200 and rows[0][10:] == ["Fairness", "VirtualTime", "ActiveFlows",
                                               "ReservedFlow", "Reservations"]
-    # no policy on the exempt and the Reject-type (no queues) levels
+    # no fairness on the exempt and the Reject-type (no queues) levels
     assert {r[0]: r[10] for r in rows[1:]} == {"catch-all": "", "exempt": "",
                                                "workload-low": "kubernetes"}
     assert [r[:10] for r in rows] == [r.replace(" ", "").split(",") for r in plain.splitlines()]
@@ -183,7 +183,7 @@ def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PriorityLevelName,") and "workload-low" in out
-    assert "Fairness" in out.splitlines()[0]  # the policy columns by default
+    assert "Fairness" in out.splitlines()[0]  # the fairness columns by default
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels", "--kubernetes"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("CancelledRequests")  # Kubernetes' exact layout

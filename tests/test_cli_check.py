@@ -242,7 +242,7 @@ spec:
 
 
 def test_fairness_annotation_shown(tmp_path, capsys):
-    """Each level's policy annotation is reported, in the JSON and in the text."""
+    """Each level's fairness annotation is reported, in the JSON and in the text."""
     path = tmp_path / "apf.yaml"
     path.write_text(ANNOTATED)
     code, out, err = run_check(capsys, str(path), "--json")
@@ -252,7 +252,7 @@ def test_fairness_annotation_shown(tmp_path, capsys):
     path.write_text(ANNOTATED.replace("maxmin", "kubernetes"))
     code, out, err = run_check(capsys, str(path))
     assert code == 0 and err == ""
-    assert ("Dispatch policy by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
+    assert ("Fairness by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
             "other levels: APF_FAIRNESS (default maxmin).") in out.splitlines()
 
 

@@ -31,7 +31,7 @@ def _no_apf_environment(monkeypatch):
 
 
 def core(out: dict) -> dict:
-    """The classification keys (the others: identity, attributes, seats, policy, notes)."""
+    """The classification keys (the others: identity, attributes, seats, fairness, notes)."""
     return {k: out[k] for k in CORE}
 
 
@@ -94,7 +94,7 @@ def test_human_output(capsys):
         f"flowSchema: exempt (uid {uid_fs})", f"priorityLevel: exempt (uid {uid_pl})",
         "flow: (one flow for the whole FlowSchema)", "distinguisher: ", "flowHash: 0",
         "hand: (no queues)", "seats: 1 (default) (limit 64 seats)",
-        "policy: none (exempt: never queued, so no dispatch policy)"]
+        "fairness: none (exempt: never queued)"]
 
 
 CUSTOM = """
@@ -138,30 +138,31 @@ def test_custom_config_file(tmp_path, capsys):
                    "flowHash": 0, "hand": []}
 
 
-def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
-    """The level's annotation wins over APF_FAIRNESS; explain names the policy and its
+def test_fairness_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
+    """The level's annotation wins over APF_FAIRNESS; explain names the fairness and its
     source."""
     argv = ("--user", "bob", "--verb", "create", "--resource", "orders", "--api-group", "shop",
             "--namespace", "acme")
     path = tmp_path / "apf.yaml"
     path.write_text(CUSTOM)
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("maxmin", "default", [])
+    assert (out["fairness"], out["fairnessSource"], out["notes"]) == ("maxmin", "default", [])
     monkeypatch.setenv("APF_FAIRNESS", "kubernetes")
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "APF_FAIRNESS", [])
+    assert (out["fairness"], out["fairnessSource"], out["notes"]) == ("kubernetes",
+                                                                       "APF_FAIRNESS", [])
     path.write_text(CUSTOM.replace("metadata: {name: tenants}\nspec:\n  type: Limited",
                                    "metadata:\n  name: tenants\n  annotations: "
                                    "{apf-gunicorn.io/fairness: kubernetes}\nspec:\n"
                                    "  type: Limited", 1))
     assert main(["explain", "--config", str(path), *argv]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "policy: kubernetes (annotation apf-gunicorn.io/fairness)" in lines
+    assert "fairness: kubernetes (annotation apf-gunicorn.io/fairness)" in lines
     assert not [line for line in lines if line.startswith("note:")]
     out = explain_json(capsys, "--config", "builtin:kubernetes", "--user", "admin", "--group",
                        "system:masters", "--verb", "get", "--path", "/")
-    assert (out["priorityLevel"], out["policy"], out["policySource"]) == ("exempt", None,
-                                                                          "exempt")
+    assert (out["priorityLevel"], out["fairness"], out["fairnessSource"]) == ("exempt", None,
+                                                                              "exempt")
 
 
 def test_configuration_and_limit_and_where_they_come_from(tmp_path, capsys, monkeypatch):
@@ -290,7 +291,7 @@ def test_request_resource_path_as_the_server(capsys, monkeypatch):
                                  "name": ""}
     assert (out["user"], out["groups"]) == ("bob", ["system:authenticated"])
     assert out["notes"] == ["--user sent as X-Remote-User by a trusted proxy"]
-    assert out["policy"] == "maxmin"  # the server's default
+    assert out["fairness"] == "maxmin"  # the server's default
     assert out["seats"]["initial"] == 1 and out["seats"]["source"] == "default"
     watch = explain_json(capsys, *K8S, "--request", "GET /api/v1/pods?watch=true", "--user", "b")
     assert watch["attributes"]["verb"] == "watch" and watch["seats"]["longRunning"] is True

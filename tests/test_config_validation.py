@@ -534,7 +534,7 @@ def test_arbitrary_documents_never_crash(value):
                    for e in errs)
 
 
-# -- apf-gunicorn.io/fairness: a priority level's dispatch policy ----------------------------
+# -- apf-gunicorn.io/fairness: a priority level's fairness -----------------------------------
 
 FAIRNESS_KEY = "metadata.annotations[apf-gunicorn.io/fairness]"
 
@@ -546,7 +546,7 @@ def annotated(doc, annotations):
 
 
 @pytest.mark.parametrize("value", ["maxmin", "kubernetes"])
-def test_fairness_annotation_sets_the_level_policy(value):
+def test_fairness_annotation_sets_the_level_fairness(value):
     obj, errs = parse_object(annotated(pl(queue()), {"apf-gunicorn.io/fairness": value}), "f")
     assert errs == [] and obj.obj.fairness == value
     reject = {"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}
@@ -560,7 +560,7 @@ def test_without_the_annotation_the_level_follows_the_server():
 
 
 FAIRNESS_CASES = [
-    ("unknown policy", pl(queue()), {"apf-gunicorn.io/fairness": "fair"},
+    ("unknown fairness", pl(queue()), {"apf-gunicorn.io/fairness": "fair"},
      [f'{FAIRNESS_KEY}: Unsupported value: "fair": supported values: "kubernetes", "maxmin"']),
     ("case matters", pl(queue()), {"apf-gunicorn.io/fairness": "MaxMin"},
      [f'{FAIRNESS_KEY}: Unsupported value: "MaxMin": supported values: "kubernetes", "maxmin"']),
@@ -569,9 +569,9 @@ FAIRNESS_CASES = [
     ("exempt level", pl({"type": "Exempt", "exempt": {}}, name="exempt"),
      {"apf-gunicorn.io/fairness": "maxmin"},
      [f"{FAIRNESS_KEY}: Forbidden: an exempt priority level never queues, so it has no "
-      "dispatch policy"]),
+      "fairness"]),
     ("on a FlowSchema", fs(), {"apf-gunicorn.io/fairness": "maxmin"},
-     [f"{FAIRNESS_KEY}: Forbidden: the dispatch policy is chosen per priority level: annotate "
+     [f"{FAIRNESS_KEY}: Forbidden: fairness is chosen per priority level: annotate "
       "the PriorityLevelConfiguration"]),
     ("misspelt key", pl(queue()), {"apf-gunicorn.io/fairnes": "maxmin"},
      ["metadata.annotations[apf-gunicorn.io/fairnes]: unknown annotation (known: "

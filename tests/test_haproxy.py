@@ -64,7 +64,7 @@ def test_haproxy_follows_the_agent_weights_and_drains(tmp_path):
     # ... so the small server turns fewer away than under round robin. (The total of 429s is
     # not asserted: the weights are 100 ms samples, and server a's own bursts of 429s moved
     # it between 9 and 20 against round robin's 15 to 18 in one afternoon's runs, under
-    # either dispatch policy: docs/load-balancers.md.)
+    # either fairness: docs/load-balancers.md.)
     assert agent["429_by_server"]["b"] < rr["429_by_server"]["b"], (agent, rr)
     # The agent port answered every query during the flood, with a weight.
     assert agent["agent_ms"]["n"] >= 5 and all(k.endswith("%") for k in agent["agent_replies"])

@@ -1,6 +1,6 @@
-"""The ledger's ``maxmin`` policy against its reference model, decision by decision.
+"""The ledger's ``maxmin`` fairness against its reference model, decision by decision.
 
-``tests/maxmin_model.py`` states the policy; ``apf_gunicorn/ledger/maxmin.py`` implements it over
+``tests/maxmin_model.py`` states it; ``apf_gunicorn/ledger/maxmin.py`` implements it over
 the shared buffer. Both are driven with the same operations (through the simulator's harness,
 and by random streams with cancels, lingering, final-seat caps and too-wide requests over two
 levels), and after every operation they must agree on the outcome, the slot, the requests
@@ -272,7 +272,7 @@ def test_a_parked_flow_competes_again_when_its_worker_dies(accelerate):
     assert repair.verify(led) == []
 
 
-def test_switching_policy_keeps_waiting_requests():
+def test_switching_fairness_keeps_waiting_requests():
     cap = Capacity(slots=32, levels=4, queues=64)
     led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
     names, _ = led.configure([LevelSpec("l", 8, 2, 8, 2)], ["fs"], 0)

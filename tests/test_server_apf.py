@@ -42,7 +42,7 @@ def test_limit_holds_across_processes(server_factory):
 def test_fairness_light_client_keeps_its_share(server_factory, fairness):
     """A light client (2 connections, 100 ms pause after each answer) keeps at least 90% of the
     throughput it gets alone while a heavy client floods the same level with 48 connections;
-    95% under a policy that claims max-min fairness (``APF_FAIRNESS``, tests/apps/fairness.py).
+    95% under a fairness that is max-min fair (``APF_FAIRNESS``, tests/apps/fairness.py).
 
     The flood runs in a process of its own and has 1 s to reach its steady state before the
     light client is measured: the measure is the server's, not the load generator's GIL, and

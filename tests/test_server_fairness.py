@@ -9,11 +9,11 @@ app records each request's width, flow, start and end; from those records alone 
 computes each flow's average executing seats over a 4 s window (after 1.5 s to settle) and
 compares it with the max-min fair split (:func:`tests.apps.fairness.maxmin_split`).
 
-Parametrized by ``APF_FAIRNESS`` (tests/apps/fairness.py ``FAIRNESS``). For a policy that
-claims max-min fairness (``MAXMIN``) each flow must be within 10% of its share. For
+Parametrized by ``APF_FAIRNESS`` (tests/apps/fairness.py ``FAIRNESS``). For a fairness that
+is max-min fair (``MAXMIN``) each flow must be within 10% of its share. For
 ``kubernetes`` the split is printed, not asserted (Kubernetes' queueset is fair between
 queues, not flows, and idles seats behind a wide head: issue 12); what is asserted holds for
-any policy: the app never runs more than the limit in seats, every flow is served, every flow
+any fairness: the app never runs more than the limit in seats, every flow is served, every flow
 stayed backlogged (else the comparison means nothing), nothing fails, and the ledger drains.
 
 Run with ``-s`` to see the numbers.
@@ -35,7 +35,7 @@ LIMIT = 24  # tests/apps/fair.yaml with APF_CONCURRENCY_LIMIT=24
 CONNECTIONS = 12  # per flow
 MS = 100  # every request's service time
 SETTLE_S, MEASURE_S, SAMPLE_S = 1.5, 4.0, 0.25
-BOUND = 0.10  # max-min policies: each flow within 10% of its fair share
+BOUND = 0.10  # max-min fairnesses: each flow within 10% of its fair share
 
 
 def _flow(width: int) -> str:

@@ -336,7 +336,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
         assert still_waiting == 1, "the wide request ran before the views were read"
         assert all(c.statuses == [200] for c in [*narrow, wide])
 
-    # Kubernetes' text by default; the policy columns only when asked
+    # Kubernetes' text by default; the fairness columns only when asked
     assert plain.splitlines()[0] == LEVEL_HEADER
     assert tabwriter(parse_dump(levels)) == levels
     rows = parse_dump(levels)
@@ -348,7 +348,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
     assert int(fair[col["Reservations"]]) >= 1
     assert fair[col["VirtualTime"]].endswith("ss")
     exempt = next(r for r in rows if r[0] == "exempt")
-    assert exempt[col["Fairness"]] == ""  # exempt levels have no dispatch policy
+    assert exempt[col["Fairness"]] == ""  # exempt levels have no fairness
 
     frows = parse_dump(flows)
     fcol = {name: i for i, name in enumerate(frows[0])}
@@ -365,7 +365,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
         assert (n[fcol["ExecutingRequests"]], n[fcol["SeatsInUse"]], n[fcol["Reserved"]]) == \
             ("1", "1", "false")
 
-    assert m[("apf_dispatch_policy_info", (("fairness", "maxmin"),
+    assert m[("apf_fairness_info", (("fairness", "maxmin"),
                                            ("priority_level", "fair")))] == 1
     assert gauge(m, "apf_active_flows", "fair") == 23
     assert m[("apf_virtual_time_seat_seconds", (("fairness", "maxmin"),

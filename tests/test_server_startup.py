@@ -67,7 +67,7 @@ def test_invalid_configuration_lists_every_error(server_factory, tmp_path):
 
 
 def test_apf_fairness_maxmin_serves_and_is_named(server_factory):
-    """APF_FAIRNESS=maxmin: the ready line names the policy and where it came from, and the
+    """APF_FAIRNESS=maxmin: the ready line names the fairness and where it came from, and the
     server serves."""
     with server_factory(workers=1, threads=4, env={"APF_FAIRNESS": "maxmin"}) as srv:
         assert srv.wait_for(lambda: "fairness maxmin (APF_FAIRNESS)" in srv.log(),
@@ -78,8 +78,8 @@ def test_apf_fairness_maxmin_serves_and_is_named(server_factory):
 
 def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
     """A HUP whose configuration annotates a level maxmin is applied in place, the level keeps
-    serving under its new policy, and the admin endpoint says so: the dump's Fairness column
-    (also through `apf-gunicorn dump levels`) and the dispatch-policy series change from
+    serving under its new fairness, and the admin endpoint says so: the dump's Fairness column
+    (also through `apf-gunicorn dump levels`) and the fairness series change from
     kubernetes to maxmin for that level only."""
     import os
     import shutil
@@ -90,14 +90,14 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
     from tests.conftest import APPS, free_port
     from tests.test_server_observability import DUMP, admin_get, parse_dump, scrape
 
-    def policies() -> dict[str, str]:
+    def fairnesses() -> dict[str, str]:
         rows = parse_dump(admin_get(aport, DUMP + "dump_priority_levels?includeFairness=1"))
         col = rows[0].index("Fairness")
         return {r[0]: r[col] for r in rows[1:]}
 
     def info(level: str) -> set[str]:
         return {dict(labels)["fairness"] for (name, labels), v in scrape(aport).items()
-                if name == "apf_dispatch_policy_info" and dict(labels)["priority_level"] == level
+                if name == "apf_fairness_info" and dict(labels)["priority_level"] == level
                 and v == 1}
 
     aport = free_port()
@@ -106,7 +106,7 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
     with server_factory(workers=1, threads=4, config=str(cfg),
                         env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}",
                              "APF_FAIRNESS": "kubernetes"}) as srv:
-        before = policies()
+        before = fairnesses()
         assert before["work"] == "kubernetes" and info("work") == {"kubernetes"}
         text = cfg.read_text()
         marked = "metadata: {name: work, uid: uid-pl-work}"
@@ -120,7 +120,7 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
         for _ in range(3):
             status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
             assert status == 200 and headers["X-Kubernetes-PF-PriorityLevel-UID"] == "uid-pl-work"
-        after = policies()
+        after = fairnesses()
         assert after["work"] == "maxmin" and info("work") == {"maxmin"}
         assert {k: v for k, v in after.items() if k != "work"} == \
             {k: v for k, v in before.items() if k != "work"}  # the other levels unchanged

@@ -71,8 +71,8 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
 
 
-def test_ready_line_names_the_policy_and_annotated_levels(tmp_path) -> None:
-    """APF_FAIRNESS is named with where it came from; a level that chooses its own policy by
+def test_ready_line_names_the_fairness_and_annotated_levels(tmp_path) -> None:
+    """APF_FAIRNESS is named with where it came from; a level that chooses its own fairness by
     annotation says so (here kubernetes, the one this build runs)."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(

@@ -1,7 +1,7 @@
 """``apf-gunicorn check PATH [--concurrency-limit N | --workers W --threads T] [--json]``.
 
 Validates a configuration and prints every priority level with the seats it gets (and the
-dispatch policy of levels that choose one by annotation) and the FlowSchemas in matching order;
+fairness of levels that choose one by annotation) and the FlowSchemas in matching order;
 broken or repaired levels are warnings and dangling FlowSchemas errors (on stderr).
 ``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
 ``mandatory``).
@@ -200,7 +200,7 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
     chosen = [f"{name} {pl.fairness}" for name, pl in cfg.priority_levels.items()
               if pl.fairness is not None]
     if chosen:
-        out.append(f"Dispatch policy by annotation ({fairness.ANNOTATION}): "
+        out.append(f"Fairness by annotation ({fairness.ANNOTATION}): "
                    f"{', '.join(chosen)}; "
                    f"other levels: APF_FAIRNESS (default {fairness.SERVER_DEFAULT}).\n")
     widest = [f"{name} {pl.max_seats}" for name, pl in cfg.priority_levels.items()

@@ -1,7 +1,7 @@
 """`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests|flows [--details] [--kubernetes]`.
 
 Fetches one of the debug dumps from a running server's admin endpoint and prints it. ``levels``
-and ``queues`` end with each level's dispatch policy and virtual time (``?includeFairness=1``),
+and ``queues`` end with each level's fairness and virtual time (``?includeFairness=1``),
 and ``levels`` with its nominal, current and used seats (``&includeSeats=1``), unless
 ``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
 ``maxmin`` levels. The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--details", action="store_true",
                         help="requests: add user, verb, path and resource columns")
     parser.add_argument("--kubernetes", action="store_true",
-                        help="levels, queues: Kubernetes' exact columns, without the dispatch "
-                             "policy, virtual time and seats appended")
+                        help="levels, queues: Kubernetes' exact columns, without the fairness, "
+                             "virtual time and seats appended")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
 
 

@@ -9,7 +9,7 @@ build and resolves it with the server's own resolver (:mod:`apf_gunicorn.server.
 Kubernetes API paths, ``APF_ROUTES``, ``APF_REQUEST_INFO``, ``APF_TRUSTED_PROXIES``,
 ``APF_USER_HEADER``/``APF_GROUP_HEADER``, ``APF_USER_FROM``), read from the environment as the
 server reads it. Then it classifies the request and estimates its cost as the server does:
-FlowSchema, priority level, flow (distinguisher and hash), hand, seats and the dispatch policy.
+FlowSchema, priority level, flow (distinguisher and hash), hand, seats and the fairness.
 
 Who sends it: ``--header "K: V"`` (repeatable; repeated names are joined with ``,`` as
 gunicorn joins them) and ``--remote-addr IP`` (default 127.0.0.1) are sent as given.
@@ -42,8 +42,8 @@ one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
 (``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``view`` (the
 ``--app`` view that serves the request, or null), ``requested``, ``maxSeats``,
-``maxSeatsFrom``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
-``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
+``maxSeatsFrom``, ``concurrencyLimit``), ``fairness`` (the level's fairness,
+``kubernetes`` or ``maxmin``; null on the exempt level), ``fairnessSource`` (``annotation
 apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``paths`` (whether
 ``/api/`` and ``/apis/`` paths are Kubernetes API requests here, and why: ``APF_PATHS`` and the
 FlowSchemas' resource rules; null in the attribute form), ``notes``.
@@ -338,8 +338,8 @@ def render_text(result: dict[str, Any]) -> str:
         f"flowHash: {result['flowHash']}",
         f"hand: {' '.join(map(str, result['hand'])) or '(no queues)'}",
         f"seats: {seats} (limit {s['concurrencyLimit']} seats)",
-        "policy: " + (f"{result['policy']} ({result['policySource']})" if result["policy"]
-                      else "none (exempt: never queued, so no dispatch policy)"),
+        "fairness: " + (f"{result['fairness']} ({result['fairnessSource']})"
+                        if result["fairness"] else "none (exempt: never queued)"),
     ]
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
@@ -372,12 +372,11 @@ def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
     return dataclasses.replace(settings, concurrency_limit=limit), config_source, limit_source
 
 
-def _policy(level: Any, settings: Any) -> tuple[str | None, str]:
-    """The dispatch policy of ``level`` and where it comes from (the annotation, else
+def _fairness(level: Any, settings: Any) -> tuple[str | None, str]:
+    """The fairness of ``level`` and where it comes from (the annotation, else
     APF_FAIRNESS, else the server's default); None for the exempt level."""
     source = "APF_FAIRNESS" if os.environ.get("APF_FAIRNESS", "").strip() else "default"
-    policy, source = fairness.level_policy(level, settings.dispatch_policy, source)
-    return policy, source
+    return fairness.level_fairness(level, settings.fairness, source)
 
 
 def _check_form(args: argparse.Namespace) -> None:
@@ -466,14 +465,14 @@ def run(args: argparse.Namespace) -> int:
     if args.request is not None and level.queuing is not None and level.queuing.queues <= 1:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
-    policy, policy_source = _policy(level, settings)
+    fairness_name, fairness_source = _fairness(level, settings)
     result = {"config": config_name(settings.config_path), "configSource": config_source,
               "concurrencyLimit": settings.concurrency_limit,
               "concurrencyLimitSource": limit_source,
               **explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
-              "policy": policy, "policySource": policy_source,
+              "fairness": fairness_name, "fairnessSource": fairness_source,
               "paths": path_parsing_note(settings, cfg) if args.request is not None else None,
               "notes": notes}
     if args.json:

@@ -231,7 +231,7 @@ def priority_level_from_spec(
             queuing=None,
             uid=uid,
             source=source,
-        )  # an exempt level has no dispatch policy (the loader refuses the annotation)
+        )  # an exempt level has no fairness (the loader refuses the annotation)
     limited = spec["limited"]
     lr = limited["limitResponse"]
     q = lr["queuing"]

@@ -119,7 +119,7 @@ class PriorityLevel:
 
     For ``Exempt`` levels ``nominal_concurrency_shares`` and ``lendable_percent`` come from
     ``spec.exempt`` (0 when absent) and ``borrowing_limit_percent`` is None. ``fairness`` is the
-    ``apf-gunicorn.io/fairness`` annotation's policy name, or None when the level does not
+    ``apf-gunicorn.io/fairness`` annotation's value, or None when the level does not
     choose one (see :mod:`apf_gunicorn.flowcontrol.fairness`). ``max_seats`` is the
     ``apf-gunicorn.io/max-seats`` annotation's value (:mod:`apf_gunicorn.flowcontrol.limits`),
     or None.

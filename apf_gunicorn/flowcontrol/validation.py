@@ -34,7 +34,7 @@ from apf_gunicorn.flowcontrol.fairness import (
     ANNOTATION,
     ANNOTATION_PREFIX,
     KNOWN_ANNOTATIONS,
-    POLICIES,
+    NAMES,
 )
 from apf_gunicorn.flowcontrol.objects import (
     EXEMPT,
@@ -731,7 +731,7 @@ def _validate_queuing(q: dict, path: str, errs: ErrorList) -> None:
 class Annotations(NamedTuple):
     """What apf_gunicorn's own annotations of an object ask for (None: nothing)."""
 
-    fairness: str | None = None  # apf-gunicorn.io/fairness: the level's dispatch policy
+    fairness: str | None = None  # apf-gunicorn.io/fairness: the level's fairness
     max_seats: int | None = None  # apf-gunicorn.io/max-seats: the level's widest request
 
 
@@ -744,11 +744,11 @@ def validate_annotations(annotations: dict, kind: str, spec: dict,
         annotations: ``metadata.annotations`` (a dict).
         kind: ``FlowSchema`` or ``PriorityLevelConfiguration``.
         spec: the object's normalized spec (a priority level's ``type`` decides whether it may
-            choose a policy or a max seats).
+            choose a fairness or a max seats).
         errs: where problems go, each on the field ``metadata.annotations[KEY]``.
 
     Returns:
-        The policy a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names and the
+        The fairness a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names and the
         seats its ``apf-gunicorn.io/max-seats`` gives; None for what it does not set (or sets
         badly, which is in ``errs``).
     """
@@ -760,7 +760,7 @@ def validate_annotations(annotations: dict, kind: str, spec: dict,
         if key not in KNOWN_ANNOTATIONS:
             errs.add(path, f"unknown annotation (known: {', '.join(KNOWN_ANNOTATIONS)})")
             continue
-        what = ("the dispatch policy" if key == ANNOTATION
+        what = ("fairness" if key == ANNOTATION
                 else "the widest request (max seats)")
         if kind != KIND_PRIORITY_LEVEL:
             errs.forbidden(path, f"{what} is chosen per priority level: annotate the "
@@ -769,10 +769,10 @@ def validate_annotations(annotations: dict, kind: str, spec: dict,
             errs.invalid(path, value, "must be a string")
         elif spec["type"] == TYPE_EXEMPT:
             errs.forbidden(path, "an exempt priority level never queues, so it has no "
-                                 + ("dispatch policy" if key == ANNOTATION else "max seats"))
+                                 + ("fairness" if key == ANNOTATION else "max seats"))
         elif key == ANNOTATION:
-            if value not in POLICIES:
-                errs.not_supported(path, value, POLICIES)
+            if value not in NAMES:
+                errs.not_supported(path, value, NAMES)
             else:
                 fairness = value
         else:

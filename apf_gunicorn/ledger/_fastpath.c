@@ -415,7 +415,7 @@ mm_finish(FastPath *self, int64_t level, int64_t slot, int64_t f, int64_t held, 
 /* -- maxmin: the pairing heap of backlogged flows (flowheap.py), for the general path ---------
  * The same words written in the same order as flowheap.py's _meld, _merge_pairs, _cut,
  * _heap_insert, _heap_remove and _heap_decrease; ``FastPaths._accelerate`` binds the methods
- * below over those of the policy object (tests/test_ledger_accelerator.py compares them). */
+ * below over those of the fairness object (tests/test_ledger_accelerator.py compares them). */
 
 /* flow a before flow b (flowheap._less): smaller tag, fewer seats held, longer backlogged */
 static inline int

@@ -65,12 +65,12 @@ LEVEL_WORDS = 40
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
 
 MODE_EXEMPT, MODE_REJECT, MODE_QUEUE = "exempt", "reject", "queue"
-# L_FAIRNESS: the level's dispatch policy (configuration: LevelSpec.fairness)
+# L_FAIRNESS: the level's fairness (configuration: LevelSpec.fairness)
 FAIRNESS_KUBERNETES, FAIRNESS_MAXMIN = 0, 1
 FAIRNESS_NAMES = {FAIRNESS_KUBERNETES: "kubernetes", FAIRNESS_MAXMIN: "maxmin"}
 FAIRNESS_CODES = {name: code for code, name in FAIRNESS_NAMES.items()}
 
-# -- the maxmin policy (maxmin.py, docs/fairness.md) ----------------------------------------------
+# -- the maxmin fairness (maxmin.py, docs/fairness.md) --------------------------------------------
 # per level (Layout.maxmin_base + level * MM_WORDS): the virtual time V (uint64 seat-ns), the
 # backlog sequence, the pairing heap's root flow, the parked flows' list, the reserved flow
 (M_V, M_SEQ, M_ROOT, M_PARK_HEAD, M_PARK_TAIL, M_RESERVE, M_NFLOWS, M_RESERVES) = range(8)
@@ -185,7 +185,7 @@ class Layout:
         # per-request stats: stats_entries entries plus one catch-all (see stats.py)
         self.stats_base = pos
         pos += (cap.stats_entries + 1) * ENTRY_WORDS
-        # the maxmin policy: per-level words, the flow table (as many entries as slots: an
+        # the maxmin fairness: per-level words, the flow table (as many entries as slots: an
         # active flow holds a slot), its open-addressing index (entry + 1, 0 empty; a power of
         # two at least twice the entries), per-slot words
         self.maxmin_base = pos

@@ -4,7 +4,7 @@ Each operation takes the lock, passes the ledger's funnel (``Ledger._begin_locke
 the dirty mark), then runs. ``admit`` and ``finish`` first try their fast paths
 (``fastpath.py``, mirrored by ``_fastpath.c``); what those decline comes here, to the general
 path, which is the reference every fast path is tested against. Which queue a request waits in
-and which waits next is the level's dispatch policy (``queueset.py``, reached through the
+and which waits next is the level's fairness (``queueset.py``, reached through the
 ``Ledger`` routers); this module owns slots, seats, counters, lingering and queue attrition::
 
     res = led.admit(level, flow_hash, 1, 0, 0, owner=0, now=now)
@@ -196,7 +196,7 @@ class RequestPath:
 
     def _wait_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int,
                      watch: int) -> tuple[int, int, int, int, int] | None:
-        """Kubernetes' admission of a request that waits, which both dispatch policies use:
+        """Kubernetes' admission of a request that waits, which both fairnesses use:
         the queue chosen by shuffle sharding (the least waiting work in the flow's hand, visiting
         from the rotating offset), ``queue-full`` when every seat is busy and that queue holds
         its length limit, else a slot waiting at the queue's tail (the level's waiting counts
@@ -248,7 +248,7 @@ class RequestPath:
 
     def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
         """A waiting request, already out of its queue's FIFO, starts executing (what both
-        dispatch policies do once they have chosen it): the final-seat cap (preserving the
+        fairnesses do once they have chosen it): the final-seat cap (preserving the
         tail's area), the level's and the queue's counts and the wait observed as one event,
         then the seat demand.
 
@@ -362,7 +362,7 @@ class RequestPath:
 
     def _end_main_phase_locked(self, lb: int, sa: int, now: int, learn: bool = True) -> None:
         """``finishRequestLocked``'s bookkeeping for a request whose main phase ended (finished,
-        or its worker died): one fewer executing, then the policy corrects its queue's charge
+        or its worker died): one fewer executing, then the fairness corrects its queue's charge
         by the time it really ran."""
         w = self._w
         w[lb + L_EXECUTING] -= 1

@@ -15,7 +15,7 @@ metrics prefix). Paths:
   ``PROMETHEUS_MULTIPROC_DIR`` is set;
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
-  text; ``?includeFairness=1`` appends each level's dispatch policy and virtual time to the
+  text; ``?includeFairness=1`` appends each level's fairness and virtual time to the
   first two, ``?includeSeats=1`` its nominal, current and used seats to the first;
   ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and

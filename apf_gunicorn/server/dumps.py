@@ -1,4 +1,4 @@
-"""The Kubernetes APF debug dumps, and our dispatch policies' state, from a ledger snapshot.
+"""The Kubernetes APF debug dumps, and our fairness state, from a ledger snapshot.
 
 ``dump_priority_levels``, ``dump_queues`` and ``dump_requests`` produce exactly the text of
 kube-apiserver's ``/debug/api_priority_and_fairness/dump_*`` endpoints (``apf_controller_debug.go``):
@@ -7,7 +7,7 @@ comma-terminated cells aligned as Go's ``text/tabwriter`` (minwidth 8, padding 1
     snap = ledger.snapshot(time.monotonic_ns())
     print(dump_priority_levels(snap), end="")
 
-The dispatch policy of each level (``kubernetes`` or ``maxmin``, docs/fairness.md) and the
+The fairness of each level (``kubernetes`` or ``maxmin``, docs/fairness.md) and the
 virtual time it orders by are added the way Kubernetes adds request details: columns appended
 after Kubernetes' own, only when asked (``include_fairness=True``, the endpoint's
 ``?includeFairness=1``), so the default text stays Kubernetes' byte for byte. Kubernetes' dumps
@@ -182,27 +182,27 @@ def _sorted_levels(snapshot: Any) -> list:
     return sorted(snapshot.levels, key=lambda lv: lv.name)
 
 
-# -- the dispatch policies' state --------------------------------------------------------------
+# -- the fairness state ------------------------------------------------------------------------
 
 def level_fairness(lv: Any) -> str:
-    """The dispatch policy of a level's snapshot: ``"kubernetes"`` or ``"maxmin"``, or ``""``
-    for a level that never queues (exempt, or ``limitResponse.type: Reject``), which has no
-    policy to run."""
+    """The fairness of a level's snapshot: ``"kubernetes"`` or ``"maxmin"``, or ``""`` for a
+    level that never queues (exempt, or ``limitResponse.type: Reject``), which has no fairness
+    to run."""
     if getattr(lv, "desired_queues", 0) <= 0:
         return ""
     return getattr(lv, "fairness", None) or "kubernetes"
 
 
 def virtual_time(lv: Any) -> int | None:
-    """The virtual time a level's policy orders by, in SeatSeconds units (1e-8 seat-seconds):
+    """The virtual time a level's fairness orders by, in SeatSeconds units (1e-8 seat-seconds):
     Kubernetes' R under ``kubernetes`` (as of the level's last operation), V under ``maxmin``
     (the start tag in service; seat-ns modulo 2^64, shown to 1e-8); None on a level without a
-    policy or without ``maxmin`` state in the snapshot."""
-    policy = level_fairness(lv)
-    if policy == MAXMIN:
+    fairness or without ``maxmin`` state in the snapshot."""
+    fairness = level_fairness(lv)
+    if fairness == MAXMIN:
         mm = getattr(lv, "maxmin", None)
         return None if mm is None else (mm["v"] & _U64) // _NS_PER_SS_UNIT
-    return lv.current_r if policy else None
+    return lv.current_r if fairness else None
 
 
 def tag_minus_v_ns(tag: int, v: int) -> int:
@@ -239,11 +239,11 @@ def reserved_head_seats(lv: Any) -> int:
 
 
 def _level_fairness_cells(lv: Any) -> list[str]:
-    policy = level_fairness(lv)
+    fairness = level_fairness(lv)
     vt = virtual_time(lv)
-    cells = [policy, "" if vt is None else format_seat_seconds(vt)]
+    cells = [fairness, "" if vt is None else format_seat_seconds(vt)]
     mm = getattr(lv, "maxmin", None)
-    if policy == MAXMIN and mm is not None:
+    if fairness == MAXMIN and mm is not None:
         reserved = mm.get("reserved")
         cells += [str(len(mm["flows"])), "" if reserved is None else format_flow_hash(reserved),
                   str(mm.get("reservations", 0))]
@@ -260,7 +260,7 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
 
     Args:
         snapshot: a :class:`~apf_gunicorn.ledger.records.Snapshot`.
-        include_fairness: append ``Fairness`` (the level's policy; empty on exempt and reject
+        include_fairness: append ``Fairness`` (the level's fairness; empty on exempt and reject
             levels), ``VirtualTime`` (R or V, :func:`virtual_time`), and under ``maxmin``
             ``ActiveFlows``, ``ReservedFlow`` (hash of the flow seats are held for, empty when
             none) and ``Reservations`` (reservations made so far).
@@ -295,7 +295,7 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
 def dump_queues(snapshot: Any, include_fairness: bool = False) -> str:
     """Kubernetes' ``dump_queues``: one row per queue of each queuing level.
 
-    ``NextDispatchR`` is empty on ``maxmin`` levels (that policy orders flows, not queues, and
+    ``NextDispatchR`` is empty on ``maxmin`` levels (that fairness orders flows, not queues, and
     does not keep the word; see :func:`dump_flows`).
 
     Args:

@@ -40,33 +40,33 @@ def load_generation(settings: Settings, number: int = 1) -> Generation:
     cfg = load_configuration(settings.config_path)
     limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
     return Generation(cfg, limits, Classifier(cfg), {}, {}, number,
-                      fairness=settings.dispatch_policy)
+                      fairness=settings.fairness)
 
 
-def level_policies(gen: Generation) -> dict[str, tuple[str | None, str]]:
-    """Per priority level, the dispatch policy it runs and where that came from.
+def fairness_by_level(gen: Generation) -> dict[str, tuple[str | None, str]]:
+    """Per priority level, the fairness it runs and where that came from.
 
     Returns:
-        ``{level name: (policy, source)}``: ``(None, "exempt")`` for the exempt level, else the
-        annotation's policy or ``gen.fairness`` (``APF_FAIRNESS``), see
-        :func:`apf_gunicorn.flowcontrol.fairness.level_policy`.
+        ``{level name: (fairness, source)}``: ``(None, "exempt")`` for the exempt level, else the
+        annotation's fairness or ``gen.fairness`` (``APF_FAIRNESS``), see
+        :func:`apf_gunicorn.flowcontrol.fairness.level_fairness`.
     """
-    return {name: fairness.level_policy(pl, gen.fairness, "APF_FAIRNESS")
+    return {name: fairness.level_fairness(pl, gen.fairness, "APF_FAIRNESS")
             for name, pl in gen.configuration.priority_levels.items()}
 
 
 def level_specs(gen: Generation) -> list[LevelSpec]:
     """The ledger's view of each priority level (queues, hand, queue length, nominal seats,
-    and the dispatch policy).
+    and the fairness).
     """
-    policies = level_policies(gen)
+    by_level = fairness_by_level(gen)
     specs = []
     for name, pl in sorted(gen.configuration.priority_levels.items()):
         q = pl.queuing
-        policy, source = policies[name]
+        fairness_name, source = by_level[name]
         specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
                                q.queue_length_limit if q else 0, int(gen.limits[name].nominal),
-                               fairness=policy))
+                               fairness=fairness_name))
     return specs
 
 

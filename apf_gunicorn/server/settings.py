@@ -43,7 +43,8 @@ DEFAULT_EXEMPT_THREADS = 2
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
 #: How the ledger picks the next request to dispatch (APF_FAIRNESS; flowcontrol/fairness.py):
 #: "kubernetes" (Kubernetes' queueset) or "maxmin"; a level's annotation overrides it.
-DISPATCH_POLICIES = fairness.POLICIES
+FAIRNESS_NAMES = fairness.NAMES
+DEFAULT_FAIRNESS = fairness.SERVER_DEFAULT
 DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -98,8 +99,8 @@ class Settings:
     jwt_audience: str | None = None  # APF_JWT_AUDIENCE: a token's aud must contain it
     jwt_issuer: str | None = None  # APF_JWT_ISSUER: a token's iss must be it
     jwt_groups_claim: str = "groups"  # APF_JWT_GROUPS_CLAIM: the claim listing the groups
-    # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
-    dispatch_policy: str = fairness.SERVER_DEFAULT
+    # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
+    fairness: str = DEFAULT_FAIRNESS
     # APF_PATHS: whether /api/ and /apis/ are Kubernetes API paths (kubernetes), never (plain)
     # or when the configuration's FlowSchemas have resource rules (auto)
     paths: str = PATHS_AUTO
@@ -254,11 +255,11 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "default proxy,remote_user)") from None
 
     raw = get("APF_FAIRNESS")
-    policy = fairness.SERVER_DEFAULT if raw is None else raw.lower()
-    if policy not in fairness.POLICIES:
+    fairness_name = DEFAULT_FAIRNESS if raw is None else raw.lower()
+    if fairness_name not in FAIRNESS_NAMES:
         raise SettingsError("APF_FAIRNESS", raw or "",
                             "must be 'kubernetes' (Kubernetes' fair queuing) or 'maxmin' (max-min "
-                            "fair between flows): the dispatch policy of every priority level "
+                            "fair between flows): the fairness of every priority level "
                             "without an apf-gunicorn.io/fairness annotation")
 
     raw = get("APF_PATHS")
@@ -291,7 +292,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
-        dispatch_policy=policy,
+        fairness=fairness_name,
         paths=paths,
         **_load_balancer_settings(get),
         **_jwt_settings(get, user_from),

@@ -167,10 +167,10 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         e.g. ``"ready: configuration builtin:webapp (default), limit 64 seats (default: 2
         workers x 64 threads / 2), fairness maxmin (default), 4 priority levels: exempt
         (exempt), users 49 (fairness maxmin by annotation), anonymous 12, catch-all 3; admin
-        http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` policy named
+        http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` named
         first unless its ``apf-gunicorn.io/fairness`` annotation is shown.
     """
-    from apf_gunicorn.server.generation import level_policies
+    from apf_gunicorn.server.generation import fairness_by_level
     from apf_gunicorn.server.settings import default_concurrency_limit
 
     if settings.config_path is None:
@@ -188,7 +188,7 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
     levels = generation.configuration.priority_levels
     default = generation.fairness
     fairness_src = "APF_FAIRNESS" if env.get("APF_FAIRNESS", "").strip() else "default"
-    policies = level_policies(generation)
+    by_level = fairness_by_level(generation)
     parts = []
     for name, pl in levels.items():
         lim = generation.limits.get(name)
@@ -196,9 +196,9 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
             parts.append(f"{name} (exempt)")
             continue
         part = f"{name} {int(lim.nominal) if lim is not None else '?'}"
-        policy, _source = policies[name]
+        level_fairness, _source = by_level[name]
         if pl.fairness is not None:  # the annotation: name it even when it agrees
-            part += f" (fairness {policy} by annotation)"
+            part += f" (fairness {level_fairness} by annotation)"
         parts.append(part)
     if admin_state == "off":
         admin = "admin endpoint off (APF_ADMIN_BIND=off)"

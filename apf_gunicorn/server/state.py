@@ -29,7 +29,7 @@ class Generation:
     level_index: dict[str, int]
     fs_index: dict[str, int]
     number: int = 1
-    # APF_FAIRNESS: the policy of levels without an apf-gunicorn.io/fairness annotation
+    # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
     fairness: str = "kubernetes"
 
 
