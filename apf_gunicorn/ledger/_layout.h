@@ -37,6 +37,8 @@ enum {
     HEADER_WORDS = 32,
     UNDO_PAIRS = 32,
     C_HEAD_TIMEOUTS = 0,
+    C_DROPPED_HEAD_CONNECTIONS = 1,
+    C_DROPPED_HEAD_BUFFER = 2,
     COUNTER_WORDS = 8,
     L_USED = 0,
     L_QUIESCING = 1,
@@ -171,6 +173,6 @@ enum {
 };
 
 #define MAGIC UINT64_C(0x3152474c46504100)
-#define LAYOUT_DIGEST "8cf4947549d91707"
+#define LAYOUT_DIGEST "47f38daa9b65ceb8"
 
 #endif

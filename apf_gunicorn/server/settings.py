@@ -34,6 +34,13 @@ DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_EXEMPT_THREADS = 2
+# per worker: connections reading their head in the poller, and the bytes their heads buffer
+DEFAULT_HEAD_CONNECTIONS = 512
+DEFAULT_HEAD_BUFFER_LIMIT = 16 * 1024 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2,
+               "mb": 1000 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "gib": 1024 ** 3}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
 # Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
 # master reclaims), not the master (which owns the ledger)
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
@@ -83,6 +90,10 @@ class Settings:
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
     accept_slack: int = 0  # connections accepted beyond the worker's threads
+    # APF_HEAD_CONNECTIONS: reading connections a worker holds (then the oldest idle dropped)
+    head_connections: int = DEFAULT_HEAD_CONNECTIONS
+    # APF_HEAD_BUFFER_LIMIT: bytes of incomplete heads a worker buffers (then the largest 431)
+    head_buffer_limit: int = DEFAULT_HEAD_BUFFER_LIMIT
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
@@ -222,6 +233,21 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "must be an integer from 0 to 100000 (connections a worker may "
                             "accept beyond its threads)")
 
+    raw = get("APF_HEAD_CONNECTIONS")
+    head_conns = DEFAULT_HEAD_CONNECTIONS if raw is None else _int(raw)
+    if head_conns is None or not (1 <= head_conns <= 1_000_000):
+        raise SettingsError("APF_HEAD_CONNECTIONS", raw or "",
+                            "must be an integer from 1 to 1000000: connections per worker that "
+                            "may be sending their request head (then the oldest idle is closed)")
+
+    raw = get("APF_HEAD_BUFFER_LIMIT")
+    head_bytes = DEFAULT_HEAD_BUFFER_LIMIT if raw is None else _size(raw)
+    if head_bytes is None or not (64 * 1024 <= head_bytes <= 1 << 40):
+        raise SettingsError("APF_HEAD_BUFFER_LIMIT", raw or "",
+                            "must be a size from 64KiB to 1TiB, in bytes or with a unit (16MiB, "
+                            "500k): the request-head bytes a worker buffers for connections "
+                            "still sending their head (then the largest is answered 431)")
+
     raw = get("APF_WORKER_OOM_SCORE_ADJ")
     oom_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     if raw is not None:
@@ -266,6 +292,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
         accept_slack=slack,
+        head_connections=head_conns,
+        head_buffer_limit=head_bytes,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
         dispatch_policy=policy,
@@ -295,6 +323,14 @@ def _load_balancer_settings(get) -> dict:
                        "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _size(raw: str) -> int | None:
+    """A byte count such as ``16777216``, ``16MiB``, ``16M`` or ``500k``; None if it is not."""
+    m = _SIZE.match(raw.lower())
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        return None
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
 
 
 def _number(get: Callable[[str], str | None], var: str, default: float,
