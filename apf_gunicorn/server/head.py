@@ -225,17 +225,20 @@ class HeadScan:
             if n < 12:  # gunicorn reads 12 bytes before it looks
                 return -1 - MORE
             # gunicorn's own code decides, on a copy, only once it can: when the v1 line has
-            # ended or the v2 header is whole (so a trickled header is not parsed per read)
+            # ended or the v2 header is whole (so a trickled header is not parsed per read);
+            # before that only whether the peer may send one (gunicorn checks it first)
+            probe = _Probe(rules.cfg, self.peer)
+            wait = False
             if buf[:6] == b"PROXY " and rules.proxy in ("v1", "auto"):
-                if buf.find(b"\n", max(12, self.searched - 1)) < 0:
-                    self.searched = n
-                    return -1 - MORE
+                wait = buf.find(b"\n", max(6, self.searched - 1)) < 0
+                self.searched = n
             elif (buf[:12] == message.PP_V2_SIGNATURE and rules.proxy in ("v2", "auto")
                   and n >= _PROXY_V2_PREFIX):
-                if n < _PROXY_V2_PREFIX + int.from_bytes(buf[14:16], "big"):
-                    return -1 - MORE
-            probe = _Probe(rules.cfg, self.peer)
+                wait = n < _PROXY_V2_PREFIX + int.from_bytes(buf[14:16], "big")
             try:
+                if wait:
+                    probe.proxy_protocol_access_check()
+                    return -1 - MORE
                 rest = probe._handle_proxy_protocol(_NO_SOURCE, bytearray(buf), rules.proxy)
             except NoMoreData:  # the PROXY header is not complete yet
                 return -1 - MORE

@@ -5,6 +5,10 @@ scrape of the admin endpoint's ``/metrics``.
     with SlowHeads(port, 60, every=0.5) as slow:   # 60 connections, a header line each 0.5 s
         ...
     slow.replies                                   # what each connection got back, once closed
+    SlowHeads(port, 250, every=0.05, pad=8000, until=630_000)   # big heads, then silence
+
+    with IdleConnections(port, per_second=30):     # connect, never send a byte
+        ...
 
     probe = Prober(port, "/healthz", every=0.1)    # a fresh connection per probe
     probe.run(seconds=10)
@@ -30,8 +34,12 @@ class SlowHeads:
     never finish it, until stopped or the server closes them; one thread drives them all."""
 
     def __init__(self, port: int, n: int, *, every: float = 0.5, path: str = "/hello",
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", pad: int = 10, until: int | None = None) -> None:
+        """``pad``: bytes of each header line's value; ``until``: stop sending (but keep the
+        connection open) once a head has this many bytes."""
         self.port, self.n, self.every, self.path, self.host = port, n, every, path, host
+        self.pad, self.until = pad, until
+        self.sent = [0] * n
         self.replies: list[bytes] = [b""] * n
         self.closed_at: list[float | None] = [None] * n
         self.opened_at = 0.0
@@ -66,8 +74,10 @@ class SlowHeads:
                 except OSError:
                     self.closed_at[i] = time.monotonic()
                     continue
+                if self.until is not None and self.sent[i] >= self.until:
+                    continue
                 try:
-                    s.send(f"X-Slow-{line}: {'a' * 10}\r\n".encode())
+                    self.sent[i] += s.send(f"X-Slow-{line}: {'a' * self.pad}\r\n".encode())
                 except OSError:
                     pass
             self._stop.wait(self.every)
@@ -78,6 +88,42 @@ class SlowHeads:
         while time.monotonic() < deadline and any(t is None for t in self.closed_at):
             time.sleep(0.05)
         return all(t is not None for t in self.closed_at)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for s in self.socks:
+            s.close()
+
+
+class IdleConnections:
+    """Connections opened at ``per_second`` from a thread that never send a byte, kept open
+    until the server closes them or the block ends; ``opened`` counts them."""
+
+    def __init__(self, port: int, per_second: float, *, host: str = "127.0.0.1") -> None:
+        self.port, self.per_second, self.host = port, per_second, host
+        self.opened = 0
+        self.socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> IdleConnections:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        nxt = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex((self.host, self.port))  # (completes in the backlog, unaccepted)
+                self.socks.append(s)
+                self.opened += 1
+            except OSError:
+                pass
+            nxt += 1.0 / self.per_second
+            self._stop.wait(max(0.0, nxt - time.monotonic()))
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
