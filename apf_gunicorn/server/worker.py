@@ -13,8 +13,11 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
   kept-alive connection, not per read: a late head is answered ``408`` and closed (a
   connection that sent nothing is just closed) and counted in the ledger. So a slow or silent
-  client costs a socket, never a thread. TLS, HTTP/2 prior knowledge and uWSGI connections keep
-  gthread's own handling.
+  client costs a socket, never a thread, nor the accept gate. A worker holds at most
+  ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
+  oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
+  (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
+  knowledge and uWSGI connections keep gthread's own handling.
 * **Accepting stops at the thread count.** While the connections handed to threads (open
   connections less those in the poller: kept alive, pending, or reading their head) reach
   ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
