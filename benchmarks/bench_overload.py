@@ -154,12 +154,7 @@ def slow_heads(srv, admin: int, seconds: float) -> None:
           f"every 3 s)  ({load_note()})")
     before = scrape(admin)
     with SlowHeads(srv.port, 60, every=3.0) as slow:
-        stop = threading.Event()
-        alice = Client(srv.port, "/other", user="alice", stop=stop, timeout=5)
-        alice.start()
-        probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
-        stop.set()
-        alice.join(10)
+        probe, alice = probes_beside_alice(srv, seconds)
         closed = slow.wait_closed(timeout=max(0.0, HEADER_TIMEOUT_S + 3 - (time.monotonic()
                                                                          - slow.opened_at)))
     after = scrape(admin)
@@ -174,6 +169,18 @@ def slow_heads(srv, admin: int, seconds: float) -> None:
              f"looks every 3 s)" if ends else "")
           + ("" if closed else f", {60 - len(ends)} still open")
           + f"; apf_request_head_timeouts_total +{counted:.0f}")
+
+
+def probes_beside_alice(srv, seconds: float) -> tuple[Prober, Client]:
+    """``/healthz`` every 100 ms for ``seconds`` while user alice requests ``/other`` in a
+    loop on one connection."""
+    stop = threading.Event()
+    alice = Client(srv.port, "/other", user="alice", stop=stop, timeout=5)
+    alice.start()
+    probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
+    stop.set()
+    alice.join(10)
+    return probe, alice
 
 
 def user_line(alice: Client, target_p99: float | None = None) -> str:
@@ -196,19 +203,18 @@ def idle_connections(srv, admin: int, seconds: float) -> None:
           f"never send a byte)  ({load_note()})")
     before = scrape(admin)
     with IdleConnections(srv.port, per_second=30) as idle:
-        stop = threading.Event()
-        alice = Client(srv.port, "/other", user="alice", stop=stop, timeout=5)
-        alice.start()
-        probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
-        stop.set()
-        alice.join(10)
+        probe, alice = probes_beside_alice(srv, seconds)
     after = scrape(admin)
     print(probe_line("probes", probe))
     print(user_line(alice, target_p99=0.5))
-    name = "apf_connections_dropped_total"
-    dropped = total(after, name, reason="head-connections") - total(
-        before, name, reason="head-connections")
+    dropped = dropped_between(before, after, "head-connections")
     print(f"idle: {idle.opened} opened; dropped past APF_HEAD_CONNECTIONS +{dropped:.0f}")
+
+
+def dropped_between(before: dict, after: dict, reason: str) -> float:
+    """apf_connections_dropped_total{reason} between two scrapes."""
+    name = "apf_connections_dropped_total"
+    return total(after, name, reason=reason) - total(before, name, reason=reason)
 
 
 def _rss(pid: int) -> int:
@@ -240,8 +246,7 @@ def big_slow_heads(srv, admin: int, seconds: float) -> None:
     after = scrape(admin)
     grown = (peak[0] - base) / 2**20
     print(probe_line("probes", probe))
-    name = "apf_connections_dropped_total"
-    dropped = total(after, name, reason="head-buffer") - total(before, name, reason="head-buffer")
+    dropped = dropped_between(before, after, "head-buffer")
     ends = collections.Counter(r[9:12].decode() if r.startswith(b"HTTP/1.1 ") else "closed"
                                for r in slow.replies)
     print(f"heads: {sum(slow.sent) / 2**20:.0f} MiB sent, ended {dict(sorted(ends.items()))}; "

@@ -12,13 +12,7 @@ from gunicorn.http.errors import NoMoreData
 from gunicorn.http.parser import RequestParser
 
 from apf_gunicorn.server.head import COMPLETE, MORE, TOO_LARGE, HeadRules, HeadScan, head_state
-
-
-def _cfg(**settings) -> Config:
-    cfg = Config()
-    for k, v in settings.items():
-        cfg.set(k, v)
-    return cfg
+from tests.test_head import _cfg
 
 
 def _decides(cfg: Config, buf: bytes) -> bool:

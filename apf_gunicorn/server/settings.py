@@ -226,19 +226,13 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             f"threads of each worker kept for exempt requests (health checks, "
                             f"admins); with --threads {threads} raise --threads or lower it")
 
-    raw = get("APF_ACCEPT_SLACK")
-    slack = 0 if raw is None else _int(raw)
-    if slack is None or not (0 <= slack <= 100_000):
-        raise SettingsError("APF_ACCEPT_SLACK", raw or "",
-                            "must be an integer from 0 to 100000 (connections a worker may "
-                            "accept beyond its threads)")
-
-    raw = get("APF_HEAD_CONNECTIONS")
-    head_conns = DEFAULT_HEAD_CONNECTIONS if raw is None else _int(raw)
-    if head_conns is None or not (1 <= head_conns <= 1_000_000):
-        raise SettingsError("APF_HEAD_CONNECTIONS", raw or "",
-                            "must be an integer from 1 to 1000000: connections per worker that "
-                            "may be sending their request head (then the oldest idle is closed)")
+    slack = _int_setting(get, "APF_ACCEPT_SLACK", 0, 0, 100_000,
+                         "must be an integer from 0 to 100000 (connections a worker may "
+                         "accept beyond its threads)")
+    head_conns = _int_setting(get, "APF_HEAD_CONNECTIONS", DEFAULT_HEAD_CONNECTIONS, 1,
+                              1_000_000, "must be an integer from 1 to 1000000: connections "
+                              "per worker that may be sending their request head (then the "
+                              "oldest idle is closed)")
 
     raw = get("APF_HEAD_BUFFER_LIMIT")
     head_bytes = DEFAULT_HEAD_BUFFER_LIMIT if raw is None else _size(raw)
@@ -323,6 +317,20 @@ def _load_balancer_settings(get) -> dict:
                        "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _int_setting(get: Callable[[str], str | None], var: str, default: int, lo: int, hi: int,
+                 allowed: str) -> int:
+    """An integer setting from ``lo`` to ``hi``, ``default`` when unset.
+
+    Raises:
+        SettingsError: it is set to anything else (``allowed`` says what may be).
+    """
+    raw = get(var)
+    value = default if raw is None else _int(raw)
+    if value is None or not (lo <= value <= hi):
+        raise SettingsError(var, raw or "", allowed)
+    return value
 
 
 def _size(raw: str) -> int | None:
