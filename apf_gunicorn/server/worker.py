@@ -226,12 +226,11 @@ class ApfThreadWorker(ThreadWorker):
         conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
         self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
         reading = self.apf_reading
-        if conn in reading:
-            if not conn.apf_buf:  # nothing arrived yet
-                self.apf_silent[conn] = None
-            if (len(reading) > self.apf_head_connections
-                    or self.nr_conns >= self.worker_connections):
-                self._apf_drop_idle(conn)
+        if conn in reading and not conn.apf_buf:  # nothing arrived yet
+            self.apf_silent[conn] = None
+        if reading and (len(reading) > self.apf_head_connections
+                        or self.nr_conns >= self.worker_connections):
+            self._apf_drop_idle(conn)
 
     def _apf_drop_idle(self, new) -> None:
         """The worker holds more reading connections than ``APF_HEAD_CONNECTIONS`` (or as many
