@@ -5,7 +5,7 @@ poller answers the same.
 
 Outcomes only: every probe answered 200 (within a generous timeout), every user request
 served, the dropped counters, the workers' RSS. The latency figures are measured by
-``benchmarks/bench_overload.py`` (scenarios e and f).
+``benchmarks/bench_overload.py`` (scenarios g and h).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.apps.loadgen import Client
-from tests.apps.overload import IdleConnections, Prober, SlowHeads, scrape, total
+from tests.apps.overload import IdleConnects, Prober, SlowHeads, scrape, total
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -34,17 +34,17 @@ def test_idle_connections_never_close_the_gate(server_factory):
     env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_HEAD_CONNECTIONS": "20",
            "APF_HEADER_TIMEOUT": "30"}
     with server_factory(workers=2, threads=8, env=env) as srv:
-        with IdleConnections(srv.port, per_second=100) as idle:
+        with IdleConnects(srv.port, rate=100) as idle:
             user = Client(srv.port, "/other", user="alice", count=20, timeout=10)
             user.start()
             probes = Prober(srv.port, "/healthz", every=0.1, timeout=10).run(3.0)
             user.join(60)
-        assert idle.opened >= 200
+        assert len(idle.socks) >= 200, idle.errors
         assert not probes.failures, probes.failures
         assert user.statuses == [200] * 20, (user.statuses, user.errors)
         dropped = total(scrape(admin), "apf_connections_dropped_total",
                         reason="head-connections")
-        print(f"idle {idle.opened}, dropped {dropped:.0f}; probe p99 "
+        print(f"idle {len(idle.socks)}, dropped {dropped:.0f}; probe p99 "
               f"{probes.quantile(0.99) * 1e3:.0f} ms, user p99 "
               f"{sorted(user.latencies)[-1] * 1e3:.0f} ms")
         assert dropped > 0
