@@ -11,9 +11,9 @@ or 414 at once. The bytes are not parsed here beyond that: gunicorn parses them 
 its unreader buffer, and its own functions decide (``Request.parse_request_line`` and its PROXY
 protocol code are called on the buffered bytes; they never read from a socket here).
 
-    limits = HeadLimits.of(worker.cfg)
-    scan = HeadScan(first=True)           # one per head; first: a new connection's first head
-    state = scan.state(buf, limits)       # MORE, COMPLETE or TOO_LARGE; call again as buf grows
+    rules = HeadRules.of(worker.cfg)      # limits, parser, proxy_protocol (once per worker)
+    scan = HeadScan(first=True, peer=addr)  # one per head; first: a new connection's first
+    state = scan.state(buf, rules)        # MORE, COMPLETE or TOO_LARGE; call again as buf grows
 
 A scan remembers where it stopped (the end-of-head search, the request line's end, the bare-LF
 check), so a head that arrives in many pieces is scanned a bounded number of times per byte,
@@ -152,6 +152,12 @@ class HeadScan:
                  "peer")
 
     def __init__(self, first: bool = False, peer=None) -> None:
+        """A scan of a head not looked at yet.
+
+        Args:
+            first: the connection's first head (a PROXY protocol header may come first).
+            peer: the client's address, for gunicorn's ``proxy_allow_ips`` check.
+        """
         self.first = first  # a PROXY protocol header may come before the request
         self.peer = peer  # the client's address (gunicorn's PROXY allow-list check)
         self.base = 0  # where the request begins: after a PROXY protocol header
