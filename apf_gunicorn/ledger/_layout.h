@@ -37,6 +37,8 @@ enum {
     HEADER_WORDS = 32,
     UNDO_PAIRS = 32,
     C_HEAD_TIMEOUTS = 0,
+    C_DROPPED_HEAD_CONNECTIONS = 1,
+    C_DROPPED_HEAD_BUFFER = 2,
     COUNTER_WORDS = 8,
     L_USED = 0,
     L_QUIESCING = 1,
@@ -175,6 +177,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "6a18c9bce8a0e8f6"
+#define LAYOUT_DIGEST "a16292949c8be3ec"
 
 #endif

@@ -127,6 +127,8 @@ class Snapshot(NamedTuple):
     levels: list
     flow_schema_names: list
     head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
+    # connections the workers' pollers dropped, by reason (Ledger.count_connection_dropped)
+    connections_dropped: dict | None = None
 
 
 class LevelLoad(NamedTuple):
@@ -166,6 +168,8 @@ class LedgerPort(Protocol):
     def rejected_total(self, level: int) -> int: ...
 
     def count_head_timeout(self) -> None: ...
+
+    def count_connection_dropped(self, reason: str) -> None: ...
 
     def configure(self, specs, flow_schema_names, now: int,
                   granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]: ...

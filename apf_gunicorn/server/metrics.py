@@ -322,6 +322,14 @@ class LedgerCollector:
                                     "APF_HEADER_TIMEOUT")
         heads.add_metric([], float(snap.head_timeouts))
         yield heads
+        dropped = CounterMetricFamily(f"{p}_connections_dropped", "Connections a worker closed "
+                                      "while they sent their request head: past "
+                                      "APF_HEAD_CONNECTIONS (reason head-connections, the oldest "
+                                      "idle) or APF_HEAD_BUFFER_LIMIT (head-buffer, the largest "
+                                      "head, answered 431)", labels=["reason"])
+        for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
+            dropped.add_metric([reason], float(n))
+        yield dropped
 
 
 def _fairness_families(p: str, snap: Any) -> list:

@@ -38,6 +38,13 @@ DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_EXEMPT_THREADS = 2
+# per worker: connections reading their head in the poller, and the bytes their heads buffer
+DEFAULT_HEAD_CONNECTIONS = 512
+DEFAULT_HEAD_BUFFER_LIMIT = 16 * 1024 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2,
+               "mb": 1000 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "gib": 1024 ** 3}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
 # Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
 # master reclaims), not the master (which owns the ledger)
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
@@ -90,6 +97,10 @@ class Settings:
     # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
     concurrency_limit_set: bool = False
     accept_slack: int = 0  # connections accepted beyond the worker's threads
+    # APF_HEAD_CONNECTIONS: reading connections a worker holds (then the oldest idle dropped)
+    head_connections: int = DEFAULT_HEAD_CONNECTIONS
+    # APF_HEAD_BUFFER_LIMIT: bytes of incomplete heads a worker buffers (then the largest 431)
+    head_buffer_limit: int = DEFAULT_HEAD_BUFFER_LIMIT
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
@@ -230,12 +241,21 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             f"threads of each worker kept for exempt requests (health checks, "
                             f"admins); with --threads {threads} raise --threads or lower it")
 
-    raw = get("APF_ACCEPT_SLACK")
-    slack = 0 if raw is None else _int(raw)
-    if slack is None or not (0 <= slack <= 100_000):
-        raise SettingsError("APF_ACCEPT_SLACK", raw or "",
-                            "must be an integer from 0 to 100000 (connections a worker may "
-                            "accept beyond its threads)")
+    slack = _int_setting(get, "APF_ACCEPT_SLACK", 0, 0, 100_000,
+                         "must be an integer from 0 to 100000 (connections a worker may "
+                         "accept beyond its threads)")
+    head_conns = _int_setting(get, "APF_HEAD_CONNECTIONS", DEFAULT_HEAD_CONNECTIONS, 1,
+                              1_000_000, "must be an integer from 1 to 1000000: connections "
+                              "per worker that may be sending their request head (then the "
+                              "oldest idle is closed)")
+
+    raw = get("APF_HEAD_BUFFER_LIMIT")
+    head_bytes = DEFAULT_HEAD_BUFFER_LIMIT if raw is None else _size(raw)
+    if head_bytes is None or not (64 * 1024 <= head_bytes <= 1 << 40):
+        raise SettingsError("APF_HEAD_BUFFER_LIMIT", raw or "",
+                            "must be a size from 64KiB to 1TiB, in bytes or with a unit (16MiB, "
+                            "500k): the request-head bytes a worker buffers for connections "
+                            "still sending their head (then the largest is answered 431)")
 
     raw = get("APF_WORKER_OOM_SCORE_ADJ")
     oom_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
@@ -290,6 +310,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         exempt_threads=reserve,
         concurrency_limit_set=raw_limit is not None,
         accept_slack=slack,
+        head_connections=head_conns,
+        head_buffer_limit=head_bytes,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
         fairness=fairness_name,
@@ -350,6 +372,28 @@ def _load_balancer_settings(get) -> dict:
                        "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _int_setting(get: Callable[[str], str | None], var: str, default: int, lo: int, hi: int,
+                 allowed: str) -> int:
+    """An integer setting from ``lo`` to ``hi``, ``default`` when unset.
+
+    Raises:
+        SettingsError: it is set to anything else (``allowed`` says what may be).
+    """
+    raw = get(var)
+    value = default if raw is None else _int(raw)
+    if value is None or not (lo <= value <= hi):
+        raise SettingsError(var, raw or "", allowed)
+    return value
+
+
+def _size(raw: str) -> int | None:
+    """A byte count such as ``16777216``, ``16MiB``, ``16M`` or ``500k``; None if it is not."""
+    m = _SIZE.match(raw.lower())
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        return None
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
 
 
 def _number(get: Callable[[str], str | None], var: str, default: float,

@@ -70,6 +70,7 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         **_thread_reserve(worker, m.settings))
     if isinstance(worker, ApfThreadWorker):
         worker.apf_on_head_timeout = ledger.count_head_timeout
+        worker.apf_on_drop = ledger.count_connection_dropped
         worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
         worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
     if index == 0:

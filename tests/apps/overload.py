@@ -5,6 +5,7 @@ one request at a fixed pace, and a scrape of the admin endpoint's ``/metrics``.
     with SlowHeads(port, 60, every=0.5) as slow:   # 60 connections, a header line each 0.5 s
         ...
     slow.replies                                   # what each connection got back, once closed
+    SlowHeads(port, 250, every=0.05, pad=8000, until=630_000)   # big heads, then silence
 
     probe = Prober(port, "/healthz", every=0.1)    # a fresh connection per probe
     probe.run(seconds=10)
@@ -34,8 +35,12 @@ class SlowHeads:
     never finish it, until stopped or the server closes them; one thread drives them all."""
 
     def __init__(self, port: int, n: int, *, every: float = 0.5, path: str = "/hello",
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", pad: int = 10, until: int | None = None) -> None:
+        """``pad``: bytes of each header line's value; ``until``: stop sending (but keep the
+        connection open) once a head has this many bytes."""
         self.port, self.n, self.every, self.path, self.host = port, n, every, path, host
+        self.pad, self.until = pad, until
+        self.sent = [0] * n
         self.replies: list[bytes] = [b""] * n
         self.closed_at: list[float | None] = [None] * n
         self.opened_at = 0.0
@@ -70,8 +75,10 @@ class SlowHeads:
                 except OSError:
                     self.closed_at[i] = time.monotonic()
                     continue
+                if self.until is not None and self.sent[i] >= self.until:
+                    continue
                 try:
-                    s.send(f"X-Slow-{line}: {'a' * 10}\r\n".encode())
+                    self.sent[i] += s.send(f"X-Slow-{line}: {'a' * self.pad}\r\n".encode())
                 except OSError:
                     pass
             self._stop.wait(self.every)
