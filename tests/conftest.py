@@ -66,8 +66,10 @@ class Server:
         with open(self.counter_path, "r+b") as f:
             f.write(bytes(256))
 
-    def ledger_snapshot(self):
-        """A snapshot of the server's ledger, read from its shared memory."""
+    @contextlib.contextmanager
+    def attached_ledger(self):
+        """The server's ledger, attached from its shared memory (with the ledger's own lock),
+        for the duration of the ``with`` block."""
         import mmap
 
         import posix_ipc
@@ -83,11 +85,23 @@ class Server:
         view = memoryview(mm)[shm.HEADER_SIZE:]
         led = Ledger.attach(view, lock=ProcessLock())
         try:
-            return led.snapshot(time.monotonic_ns())
+            yield led
         finally:
             led.close()
             view.release()
             mm.close()
+
+    def ledger_snapshot(self):
+        """A snapshot of the server's ledger, read from its shared memory."""
+        with self.attached_ledger() as led:
+            return led.snapshot(time.monotonic_ns())
+
+    def ledger_repairs(self) -> int:
+        """How many times a locker found the ledger lock's holder dead (or the ledger dirty)
+        and repaired it: the ledger header's repair count."""
+        from apf_gunicorn.ledger import layout as L
+        with self.attached_ledger() as led:
+            return int(led.repair_view().w[L.H_REPAIRS])
 
     def level(self, name: str):
         return next(lv for lv in self.ledger_snapshot().levels if lv.name == name)
