@@ -115,6 +115,16 @@ class Server:
             return None if busy else snap
         return self.wait_for(check, timeout)
 
+    def wait_for_answers(self, clients, more: int = 20, timeout: float = 60.0) -> bool:
+        """Wait until ``clients`` (``tests.apps.loadgen.Client``) got ``more`` answers than they
+        have now: the server is serving them (under load, between a kill or reload and the
+        next step). Returns whether they did within ``timeout``."""
+        def answers() -> int:
+            return sum(len(c.statuses) for c in clients)
+
+        seen = answers()
+        return bool(self.wait_for(lambda: answers() >= seen + more, timeout))
+
     def wait_for(self, predicate, timeout: float = 10.0, step: float = 0.05):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
