@@ -44,8 +44,8 @@ def test_fairness_light_client_keeps_its_share(server_factory, fairness):
     throughput it gets alone while a heavy client floods the same level with 48 connections;
     95% under a policy that claims max-min fairness (``APF_FAIRNESS``, tests/apps/fairness.py).
 
-    The flood runs in a process of its own and has 1 s to reach its steady state before the
-    light client is measured: the measure is the server's, not the load generator's GIL, and
+    The flood runs in a process of its own and has requests waiting before the light client is
+    measured: the measure is the server's, not the load generator's GIL, and
     the flood's first second (a new flow starting with the flood) is the subject of
     tests/test_ledger_service_estimate.py, deterministically. A light client that re-sends at
     once is measured too: its loss per request is printed against service time / limit.
@@ -66,7 +66,8 @@ def test_fairness_light_client_keeps_its_share(server_factory, fairness):
 
         def flooded(pause):
             with Flood(srv.port, "/work?ms=50", user="heavy", connections=48) as flood:
-                time.sleep(1.0)
+                # the flood's steady state: it has requests waiting
+                assert srv.wait_for(lambda: srv.level("work").requests_waiting > 0, timeout=60)
                 light = light_run(pause)
             return light, flood
 
