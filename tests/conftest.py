@@ -106,7 +106,7 @@ class Server:
     def level(self, name: str):
         return next(lv for lv in self.ledger_snapshot().levels if lv.name == name)
 
-    def idle(self, timeout: float = 10.0):
+    def idle(self, timeout: float = 30.0):
         """Wait until no level has seats in use or requests waiting; returns the snapshot."""
         def check():
             snap = self.ledger_snapshot()
@@ -125,7 +125,10 @@ class Server:
         seen = answers()
         return bool(self.wait_for(lambda: answers() >= seen + more, timeout))
 
-    def wait_for(self, predicate, timeout: float = 10.0, step: float = 0.05):
+    def wait_for(self, predicate, timeout: float = 30.0, step: float = 0.05):
+        """``predicate()``'s first truthy value, polled every ``step`` s; its last value (falsy)
+        once ``timeout`` s have passed. The caller checks the result. The default deadline is
+        generous: a loaded machine is slow, and a condition met returns at once."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()

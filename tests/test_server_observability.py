@@ -330,7 +330,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
             assert srv.wait_for(lambda: srv.level("fair").requests_executing == 22, timeout=15)
             wide.start()
             assert srv.wait_for(
-                lambda: gauge(scrape(aport), "apf_reserved_seats", "fair") == 4, timeout=5)
+                lambda: gauge(scrape(aport), "apf_reserved_seats", "fair") == 4, timeout=30)
             m = scrape(aport)
             plain = admin_get(aport, DUMP + "dump_priority_levels")
             levels = admin_get(aport, DUMP + "dump_priority_levels?includeFairness=1")

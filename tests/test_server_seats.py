@@ -118,7 +118,7 @@ def test_regular_stream_holds_seats_until_the_body_is_sent(srv) -> None:
         assert resp.read() == b"second\n"
     finally:
         conn.close()
-    assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
+    assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=30)
 
 
 def test_the_workers_ledger_runs_the_paths_this_test_run_runs(srv) -> None:
