@@ -1,13 +1,15 @@
 """Overload on a real gunicorn + apf_gunicorn: health checks under a flood and under slow
-clients, the admin endpoint under a trickle, and goodput when clients retry every 429 at once.
+clients, the admin endpoint under a trickle and under idle connections, the agent-check port
+under idle connections, and goodput when clients retry every 429 at once.
 
-    .venv/bin/python benchmarks/bench_overload.py [--only a,b,c,d] [--quick] [--no-bare]
+    .venv/bin/python benchmarks/bench_overload.py [--only a,b,c,d,e,f] [--quick] [--no-bare]
                                                   [--seconds 10] [--step-seconds 4] [--rounds 3]
 
 One APF server for every scenario, as issue 11 sets it up: 2 workers x 8 threads (2 of each
 worker's kept for exempt requests, ``APF_EXEMPT_THREADS``), ``APF_CONCURRENCY_LIMIT=16`` with
 ``tests/apps/apf.yaml`` (levels "work" and "other" get 8 seats each; their queues can park
-every thread), the admin endpoint on a free port, ``tests/apps/app.py``. Scenarios:
+every thread), the admin endpoint and the agent-check endpoint (``APF_AGENT_BIND``) on free
+ports, ``tests/apps/app.py``. Scenarios:
 
 a. flood: 64 connections of ``/work?ms=1000`` (user "heavy", ``tests/apps/flood.py``, a process
    of its own); ``GET /healthz`` on a fresh connection every 100 ms for ``--seconds``: failures,
@@ -31,6 +33,13 @@ d. goodput: the level "work" (L = 8 seats), ``/work?ms=50``, L, 5L and 20L keep-
    step the app must have run nothing for 0.5 s: a step's closed connections leave requests
    behind (parked in APF; in gthread's queue, where each still runs), which would otherwise
    count in the next step. wrk's latency percentiles cover every answer (429s included).
+e. admin idle connects: 256 connections that never send a byte fill the admin endpoint's
+   places at once, then 30 more a second for ``--seconds`` (``IdleConnects``), ``GET /metrics``
+   every 100 ms: the share answered 200 within 1 s (target >= 90%). Each new connection takes
+   the place of the one idle the longest (``server/admin.py``).
+f. agent idle connects: 30 connections a second that never send or read on the agent-check
+   port, the agent's line read every 100 ms on a fresh connection: the share within 200 ms
+   (target 100%), p50, p99.
 
 ``--quick``: 3 s windows, one round of 2 s steps (a smoke run, ~1 min). Prints the load average
 with each scenario (2 shared cores: a loaded machine stretches every latency), the server's
@@ -61,7 +70,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_server import wrk  # noqa: E402
 from tests.apps.flood import Flood  # noqa: E402
 from tests.apps.loadgen import Client  # noqa: E402
-from tests.apps.overload import Prober, SlowHeads, scrape, total  # noqa: E402
+from tests.apps.overload import (  # noqa: E402
+    IdleConnects,
+    LineProber,
+    Prober,
+    SlowHeads,
+    scrape,
+    total,
+)
 from tests.conftest import free_port, serve  # noqa: E402
 
 WORKERS, THREADS = 2, 8
@@ -174,18 +190,40 @@ def slow_heads(srv, admin: int, seconds: float) -> None:
           + f"; apf_request_head_timeouts_total +{counted:.0f}")
 
 
+def share_line(what: str, probe: Prober, within: float, target: float, extra: str = "") -> str:
+    """``what: N of M answered within T = S%, p50, p99 (failures) extra (target: verdict)``."""
+    fast = sum(1 for t in probe.latencies if t <= within)
+    tries = len(probe.latencies) + len(probe.failures)
+    share = fast / tries if tries else 0.0
+    failures = "" if not probe.failures else f" (failures: {sorted(set(probe.failures))[:3]})"
+    return (f"{what}: {fast} of {tries} answered within {ms(within)} = {share:.1%}, p50 "
+            f"{ms(probe.quantile(0.5))}, p99 {ms(probe.quantile(0.99))}{failures}{extra}  "
+            f"(target >= {target:.0%}: {verdict(share >= target)})")
+
+
 def admin_trickle(admin: int, seconds: float) -> None:
     print(f"\n== c. /metrics beside 40 connections trickling a head to the admin endpoint "
           f"(a header line every 0.5 s)  ({load_note()})")
     with SlowHeads(admin, 40, every=0.5, path="/metrics"):
         probe = Prober(admin, "/metrics", every=0.1, timeout=1.0).run(seconds)
-    fast = sum(1 for t in probe.latencies if t <= 1.0)
-    tries = len(probe.latencies) + len(probe.failures)
-    share = fast / tries if tries else 0.0
-    failures = "" if not probe.failures else f" (failures: {sorted(set(probe.failures))[:3]})"
-    print(f"/metrics: {fast} of {tries} answered 200 within 1 s = {share:.1%}, p50 "
-          f"{ms(probe.quantile(0.5))}, p99 {ms(probe.quantile(0.99))}{failures}  "
-          f"(target >= 90%: {verdict(share >= 0.9)})")
+    print(share_line("/metrics (200)", probe, 1.0, 0.9))
+
+
+def admin_idle(admin: int, seconds: float) -> None:
+    print(f"\n== e. /metrics beside idle connections to the admin endpoint: 256 at once, then "
+          f"30 a second  ({load_note()})")
+    with IdleConnects(admin, rate=30, prefill=256) as idle:
+        probe = Prober(admin, "/metrics", every=0.1, timeout=1.0).run(seconds)
+    print(share_line("/metrics (200)", probe, 1.0, 0.9,
+                     f"; {len(idle.socks)} idle connections opened ({idle.errors} failed)"))
+
+
+def agent_idle(agent: int, seconds: float) -> None:
+    print(f"\n== f. the agent-check port beside 30 idle connections a second  ({load_note()})")
+    with IdleConnects(agent, rate=30) as idle:
+        probe = LineProber(agent, every=0.1, timeout=1.0).run(seconds)
+    print(share_line("agent line", probe, 0.2, 1.0,
+                     f"; {len(idle.socks)} idle connections opened ({idle.errors} failed)"))
 
 
 # -- d ------------------------------------------------------------------------------------------
@@ -284,9 +322,10 @@ def log_findings(text: str, workers: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="a,b,c,d", help="comma list of scenarios (default all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f",
+                    help="comma list of scenarios (default all)")
     ap.add_argument("--quick", action="store_true", help="short windows: a smoke run")
-    ap.add_argument("--seconds", type=float, default=10.0, help="a-c: probing window")
+    ap.add_argument("--seconds", type=float, default=10.0, help="a-c, e, f: probing window")
     ap.add_argument("--step-seconds", type=float, default=4.0, help="d: seconds per step")
     ap.add_argument("--rounds", type=int, default=3, help="d: rounds of L, 5L, 20L")
     ap.add_argument("--no-bare", action="store_true", help="d: skip bare gunicorn")
@@ -294,8 +333,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.seconds, args.step_seconds, args.rounds = 3.0, 2.0, 1
     only = set(args.only.split(","))
-    if not only <= {"a", "b", "c", "d"}:
-        raise SystemExit("--only: a comma list of a, b, c, d")
+    if not only <= {"a", "b", "c", "d", "e", "f"}:
+        raise SystemExit("--only: a comma list of a, b, c, d, e, f")
     # wrk: a request still unanswered after 10 s counts as a socket error (time-out)
     load = functools.partial(wrk, timeout=10.0) if shutil.which("wrk") else flood_load
     gen = ("wrk" if load is not flood_load
@@ -305,9 +344,10 @@ def main(argv=None) -> int:
           f"{load_note()}; load generator for d: {gen}")
     steps = [SEATS, 5 * SEATS, 20 * SEATS]
     with tempfile.TemporaryDirectory() as tmp:
-        admin = free_port()
+        admin, agent = free_port(), free_port()
         with serve(Path(tmp), workers=WORKERS, threads=THREADS,
-                   env={"APF_ADMIN_BIND": f"127.0.0.1:{admin}"}) as srv:
+                   env={"APF_ADMIN_BIND": f"127.0.0.1:{admin}",
+                        "APF_AGENT_BIND": f"127.0.0.1:{agent}"}) as srv:
             late = all_booted(srv, WORKERS)
             if late:
                 # seen once in five starts here: a worker stuck in its app import; its room
@@ -324,6 +364,10 @@ def main(argv=None) -> int:
                 srv.idle(30)
             if "c" in only:
                 admin_trickle(admin, args.seconds)
+            if "e" in only:
+                admin_idle(admin, args.seconds)
+            if "f" in only:
+                agent_idle(agent, args.seconds)
             if "d" in only:
                 print(f"\n== d. goodput: /work?ms=50 on {SEATS} seats, clients re-send at once "
                       f"after a 429; {args.rounds} round(s) of {args.step_seconds:g} s per "

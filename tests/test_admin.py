@@ -236,7 +236,39 @@ def _read_all(s: socket.socket) -> bytes:
     return reply
 
 
-def test_connection_flood_is_capped_and_recovers(served) -> None:
+def _wait(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (ok := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ok
+
+
+def _server_peers(admin: AdminServer) -> list[int]:
+    """The client ports of the connections counted against the cap, the idlest first."""
+    out = []
+    for c in list(admin._server.active.values()):
+        try:
+            out.append(c.sock.getpeername()[1])
+        except OSError:  # closed by the loop meanwhile
+            out.append(None)
+    return out
+
+
+def _gone(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` (EOF or reset), without waiting long."""
+    s.settimeout(2)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_full_slots_drop_the_connection_idle_the_longest(served) -> None:
+    """Idle and trickling connections fill every place: each new connection takes the place of
+    the one idle the longest (a byte received moves a connection to the back), which is closed
+    and counted; /metrics is answered 200 throughout, and the loop keeps one thread."""
     _, view = served
     cap = 8
     admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=30.0,
@@ -244,33 +276,33 @@ def test_connection_flood_is_capped_and_recovers(served) -> None:
     assert admin.start()
     held: list[socket.socket] = []
     try:
-        for i in range(cap):  # idle and slowloris connections fill every place
-            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
-            if i % 2:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            held.append(s)
-        for _ in range(3 * cap):  # the flood beyond the cap: each answered (none gets a place)
-            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
-            held.append(s)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            reply = _read_all(s)  # the server closes after the 503
-            assert reply.startswith(b"HTTP/1.1 503 "), reply
-            assert reply.endswith(b"too many admin connections, try again\n")
+        for _ in range(cap):  # idle connections fill every place
+            held.append(socket.create_connection(("127.0.0.1", admin.port), timeout=5))
+        ports = [s.getsockname()[1] for s in held]
+        assert _wait(lambda: len(admin._server.conns) == cap)  # all accepted
+        held[0].sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")  # the oldest trickles a byte
+        assert _wait(lambda: any(c.buf for c in list(admin._server.conns.values())))
+
+        status, text = get(admin, "/metrics")  # one place more: held[1] is idle the longest
+
+        assert status == 200 and "apf_current_limit_seats" in text, (status, text)
+        assert admin._server.dropped == 1
+        assert _gone(held[1])
+        # (the answered connection leaves the count just after its last byte is sent)
+        assert _wait(lambda: _server_peers(admin) == ports[2:] + ports[:1]), \
+            _server_peers(admin)
+        for _ in range(3 * cap):  # a flood of idle connections beyond the cap
+            held.append(socket.create_connection(("127.0.0.1", admin.port), timeout=5))
+        newest = [s.getsockname()[1] for s in held[-cap:]]
+        assert _wait(lambda: _server_peers(admin) == newest), _server_peers(admin)
+        assert admin._server.dropped == 1 + 3 * cap - 1  # the first one took the free place
+        assert all(_gone(s) for s in held[:-cap])  # the oldest went first, held[0] too
+        assert get(admin, "/metrics")[0] == 200
+        assert admin._server.refused == 0
         assert _admin_threads() == 2  # the fixture's endpoint and this one: one thread each
-        assert admin._server.refused == 3 * cap
     finally:
         for s in held:
             s.close()
-    try:
-        # the flood is over: the loop sees the closes, and scrapes are served again
-        deadline = time.monotonic() + 30.0
-        while True:
-            status, text = get(admin, "/metrics")
-            if status == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert status == 200 and "apf_current_limit_seats" in text
-    finally:
         admin.stop()
 
 

@@ -85,6 +85,9 @@ def test_human_output(capsys):
     uid_fs, uid_pl = derived_uid("FlowSchema", "exempt"), derived_uid(
         "PriorityLevelConfiguration", "exempt")
     assert lines == [
+        "configuration: builtin:kubernetes (from --config)",
+        "concurrency limit: 64 seats, the server's default for 2 workers x 64 threads: workers "
+        "x threads / 2 unless APF_CONCURRENCY_LIMIT is set (check it with --concurrency-limit)",
         "user: admin", "groups: system:masters, system:authenticated",
         "request: resource request: verb=delete apiGroup='' apiVersion='' namespace='x' "
         "resource='pods' subresource='' name='y'",
@@ -159,6 +162,89 @@ def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypat
                        "system:masters", "--verb", "get", "--path", "/")
     assert (out["priorityLevel"], out["policy"], out["policySource"]) == ("exempt", None,
                                                                           "exempt")
+
+
+def test_configuration_and_limit_and_where_they_come_from(tmp_path, capsys, monkeypatch):
+    argv = ("--user", "alice", "--verb", "get", "--path", "/healthz")
+    out = explain_json(capsys, *argv)
+    assert (out["config"], out["configSource"]) == ("builtin:webapp",
+                                                    "the default: APF_CONFIG is not set")
+    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 64
+    assert out["concurrencyLimitSource"].startswith("the server's default for 2 workers x 64")
+    # --workers and --threads as check takes them
+    out = explain_json(capsys, *argv, "--workers", "3", "--threads", "10")
+    assert out["concurrencyLimit"] == 15
+    assert out["concurrencyLimitSource"].startswith("the server's default for 3 workers x 10")
+    monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "40")
+    monkeypatch.setenv("APF_CONFIG", "builtin:kubernetes")
+    out = explain_json(capsys, *argv, "--workers", "3", "--threads", "10")
+    assert (out["config"], out["configSource"]) == ("builtin:kubernetes", "from APF_CONFIG")
+    assert (out["concurrencyLimit"], out["concurrencyLimitSource"]) == (
+        40, "from APF_CONCURRENCY_LIMIT")
+    out = explain_json(capsys, *argv, "--concurrency-limit", "7", "--config", "builtin:webapp")
+    assert (out["config"], out["configSource"]) == ("builtin:webapp", "from --config")
+    assert (out["concurrencyLimit"], out["concurrencyLimitSource"]) == (
+        7, "from --concurrency-limit")
+    assert main(["explain", *argv]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    assert first == "configuration: builtin:kubernetes (from APF_CONFIG)"
+    assert second == "concurrency limit: 40 seats, from APF_CONCURRENCY_LIMIT"
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", *argv, "--concurrency-limit", "0"])
+    assert exc.value.code == 2 and "must be positive, got 0" in capsys.readouterr().err
+
+
+# A probe schema sending GET /healthz to LEVEL, and a schema sending everything else to tenants.
+HEALTH_SCHEMAS = """
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: health}
+spec:
+  priorityLevelConfiguration: {name: LEVEL}
+  matchingPrecedence: 100
+  rules:
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: [get], nonResourceURLs: [/healthz]}]
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: web}
+spec:
+  priorityLevelConfiguration: {name: tenants}
+  matchingPrecedence: 500
+  rules:
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: ["*"], nonResourceURLs: ["*"]}]
+"""
+
+
+def health_config(level: str) -> str:
+    """CUSTOM plus HEALTH_SCHEMAS, the probe schema naming ``level``."""
+    return CUSTOM + "---" + HEALTH_SCHEMAS.replace("LEVEL", level)
+
+
+@pytest.mark.parametrize("level", ["exempt", "catch-all"])
+def test_schema_naming_an_undefined_mandatory_level(tmp_path, capsys, level):
+    path = tmp_path / "apf.yaml"
+    path.write_text(health_config(level))
+    out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
+    assert (out["flowSchema"], out["priorityLevel"], out["notes"]) == ("health", level, [])
+    assert out["priorityLevelUID"] == derived_uid("PriorityLevelConfiguration", level)
+
+
+def test_dangling_schema_that_would_have_matched_is_named(tmp_path, capsys):
+    path = tmp_path / "apf.yaml"
+    path.write_text(health_config("probes"))
+    out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
+    assert (out["flowSchema"], out["priorityLevel"]) == ("web", "tenants")
+    (note,) = out["notes"]
+    assert note.startswith(f"FlowSchema 'health' ({path}, matchingPrecedence 100) matches this "
+                           "request but was skipped: This FlowSchema references the "
+                           'PriorityLevelConfiguration object named "probes" but there is no '
+                           "such object")
+    # a request the dangling schema would not match gets no note
+    out = explain_json(capsys, "--config", str(path), "--request", "POST /healthz")
+    assert out["notes"] == []
 
 
 def test_invalid_config_exit_1(tmp_path, capsys):
@@ -251,6 +337,16 @@ def test_request_address_flows(capsys, monkeypatch):
     # --user is ignored when no source reads it, and explain says so
     c = explain_json(capsys, "--config", config, "--request", "GET /work", "--user", "x")
     assert c["user"] == "addr:127.0.0.1" and "--user ignored" in c["notes"][0]
+
+
+def test_request_address_flows_with_the_builtin_configuration(capsys, monkeypatch):
+    """The built-in anonymous level shuffle-shards clients: no one-queue note, a hand each."""
+    monkeypatch.setenv("APF_USER_FROM", "address")
+    a, b = (explain_json(capsys, "--request", "GET /work", "--remote-addr", addr)
+            for addr in ("203.0.113.1", "203.0.113.2"))
+    assert (a["flowSchema"], a["priorityLevel"], a["notes"]) == ("anonymous", "anonymous", [])
+    assert a["distinguisher"] == "addr:203.0.113.1" and a["flowHash"] != b["flowHash"]
+    assert len(a["hand"]) == len(b["hand"]) == 3 and a["hand"] != b["hand"]
 
 
 def test_request_costs(capsys, monkeypatch):

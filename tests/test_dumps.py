@@ -169,10 +169,17 @@ def test_detail_round_trip_truncation_and_garbage() -> None:
 def test_distinguisher_filled_on_every_level():
     """Kubernetes computes a distinguisher only for levels with more than one queue; the dump
     names the flow on every level (single queue, Reject, exempt) by the FlowSchema's method."""
+    import dataclasses
+
     from apf_gunicorn.flowcontrol.loader import load_configuration
     from apf_gunicorn.flowcontrol.matching import Classifier
+    from apf_gunicorn.flowcontrol.objects import QueuingConfig
 
     cfg = load_configuration("builtin:webapp")
+    one_queue = dataclasses.replace(cfg.priority_levels["anonymous"],
+                                    queuing=QueuingConfig(1, 1, 12))
+    cfg = dataclasses.replace(cfg, priority_levels={**cfg.priority_levels,
+                                                    "anonymous": one_queue})
     classifier = Classifier(cfg)
     anon = RequestAttributes("addr:127.0.0.2", ("system:unauthenticated",), "get", "/x")
     c = classifier.classify(anon)

@@ -54,7 +54,8 @@ def test_sigkill_random_workers_under_load(server_factory):
                     f"no request answered in 60 s after {len(killed)} kills"
                 workers = srv.workers()
                 if len(workers) < 4:
-                    srv.wait_for(lambda: len(srv.workers()) == 4, timeout=30)
+                    assert srv.wait_for(lambda: len(srv.workers()) == 4, timeout=30), \
+                        f"the master did not replace its workers: {srv.workers()}"
                     continue
                 victim = rng.choice(workers)
                 os.kill(victim, signal.SIGKILL)

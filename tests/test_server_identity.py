@@ -284,12 +284,20 @@ def test_trusted_proxy_on_a_unix_socket(server_factory, tmp_path):
     assert via_tcp[FS_UID] == derived_uid("FlowSchema", "anonymous")
 
 
-def test_dump_names_the_flow_on_a_single_queue_level(server_factory):
-    """builtin:webapp's anonymous level has one queue, where Kubernetes computes no
+def test_dump_names_the_flow_on_a_single_queue_level(server_factory, tmp_path):
+    """builtin:webapp with an anonymous level of one queue, where Kubernetes computes no
     distinguisher; the dump's FlowDistingsher column still names the flow."""
+    from apf_gunicorn.flowcontrol.loader import builtin_path
+
+    config = tmp_path / "webapp"
+    config.mkdir()
+    for f in builtin_path("webapp").glob("*.yaml"):
+        (config / f.name).write_text(f.read_text().replace(
+            "queues: 12\n        handSize: 3\n", "queues: 1\n        handSize: 1\n"))
+    assert "queues: 1\n" in (config / "webapp.yaml").read_text()
     aport = free_port()
     env = {"APF_USER_FROM": "address", "APF_ADMIN_BIND": f"127.0.0.1:{aport}"}
-    with server_factory(workers=1, threads=4, config="builtin:webapp", env=env) as srv:
+    with server_factory(workers=1, threads=4, config=str(config), env=env) as srv:
         t = threading.Thread(target=send, args=(srv.port, "GET", "/work?ms=3000"),
                              kwargs={"source": "127.0.0.2"})
         t.start()
@@ -305,3 +313,50 @@ def test_dump_names_the_flow_on_a_single_queue_level(server_factory):
         t.join()
     assert [(r["PriorityLevelName"], r["FlowDistingsher"]) for r in rows] == [
         ("anonymous", "addr:127.0.0.2")]
+
+
+def test_verified_token_matches_its_schema_and_a_forged_one_does_not(server_factory, tmp_path,
+                                                                      apf_env, capsys):
+    """APF_JWT_KEY: a token signed with the key is the user ``sub`` with its groups, so the
+    group ``ops`` reaches the ``admins`` schema; the same claims unsigned (``alg: none``) or
+    signed with another key name nobody, and the next source (``address``) answers."""
+    import jwt
+
+    secret = b"a-test-secret-of-more-than-32-bytes-0123456789"
+    key_file = tmp_path / "jwt.key"
+    key_file.write_bytes(secret + b"\n")
+    config = tmp_path / "apf.yaml"
+    config.write_text(ADDRESS_CONFIG)
+    env = {"APF_USER_FROM": "jwt-sub,address", "APF_JWT_KEY": str(key_file),
+           "APF_JWT_AUDIENCE": "shop"}
+    exp = int(time.time()) + 3600
+    claims = {"sub": "carol", "groups": ["ops"], "aud": "shop", "exp": exp}
+    signed = jwt.encode(claims, secret, algorithm="HS256")
+    member = jwt.encode({**claims, "sub": "dave", "groups": []}, secret, algorithm="HS256")
+    forged = [jwt.encode(claims, None, algorithm="none"),
+              jwt.encode(claims, b"another-secret-of-more-than-32-bytes-xx", algorithm="HS256"),
+              jwt.encode({**claims, "exp": exp - 7200}, secret, algorithm="HS256")]
+    admins = derived_uid("FlowSchema", "admins")
+    with server_factory(workers=1, threads=4, config=str(config), env=env) as srv:
+        def uid(token):
+            status, headers = send(srv.port, "GET", "/hello",
+                                   [("Authorization", f"Bearer {token}")])
+            assert status == 200
+            return headers[FS_UID]
+
+        assert uid(signed) == admins
+        assert uid(signed) == admins  # again, from the caches
+        assert uid(member) == derived_uid("FlowSchema", "members")
+        for token in forged:
+            assert uid(token) == derived_uid("FlowSchema", "anonymous")
+    # explain verifies with the same code and settings
+    for name, value in env.items():
+        apf_env.setenv(name, value)
+    out = explain(capsys, ["--config", str(config), "--request", "GET /hello",
+                           "--header", f"Authorization: Bearer {signed}"])
+    assert (out["user"], out["groups"], out["flowSchemaUID"]) == (
+        "carol", ["ops", "system:authenticated"], admins)
+    out = explain(capsys, ["--config", str(config), "--request", "GET /hello",
+                           "--header", f"Authorization: Bearer {forged[0]}"])
+    assert out["user"] == "addr:127.0.0.1"
+    assert any("does not verify" in note for note in out["notes"]), out["notes"]

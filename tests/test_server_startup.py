@@ -31,6 +31,22 @@ def test_sync_worker_is_refused(server_factory):
         assert "gthread" in log
 
 
+@pytest.mark.parametrize("worker_class, name", [("sync", "SyncWorker"),
+                                                 ("gthread", "ThreadWorker")])
+def test_a_worker_class_not_ours_is_refused_whatever_threads_says(server_factory, worker_class,
+                                                                 name):
+    """With --threads > 1 gunicorn silently runs its stock gthread worker for ``sync``: that
+    is refused too, as is stock gthread asked for by name (neither has our worker's
+    protections), naming the class the user asked for."""
+    with server_factory(workers=1, threads=64, args=("-k", worker_class),
+                        expect_fail=True) as srv:
+        assert srv.proc.returncode != 0
+        log = srv.log()
+        assert f"worker class '{name}' is not supported" in log, log
+        assert "ApfThreadWorker" in log
+        assert "Booting worker" not in log
+
+
 def test_bad_setting_names_variable_value_and_allowed(server_factory):
     with server_factory(env={"APF_QUEUE_WAIT_LIMIT": "soon"}, expect_fail=True) as srv:
         assert srv.proc.returncode == 1
@@ -115,6 +131,62 @@ def test_reload_switches_a_level_to_maxmin(server_factory, tmp_path):
         assert next(r for r in rows if r[0] == "work")[rows[0].index("Fairness")] == "maxmin"
 
 
+def test_a_reload_logs_each_levels_seats_and_the_dump_shows_them(server_factory, tmp_path):
+    """A HUP that moves seats between levels logs each level's nominal and current seats before
+    and after, and `apf-gunicorn dump levels` shows the new seats (nominal and current; the
+    levels lend and borrow nothing, so current stays at nominal)."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from apf_gunicorn.flowcontrol.limits import compute_limits
+    from apf_gunicorn.flowcontrol.loader import load_configuration
+    from tests.conftest import APPS, free_port
+    from tests.test_server_observability import parse_dump
+
+    def nominal(path) -> dict[str, int]:
+        cfg = load_configuration(str(path))
+        return {name: int(lim.nominal) for name, lim in
+                compute_limits(cfg.priority_levels.values(), 16).items()}
+
+    def dumped() -> dict[str, tuple[str, str]]:
+        cli = subprocess.run([sys.executable, "-m", "apf_gunicorn", "dump", "levels",
+                              "--admin", f"127.0.0.1:{aport}"],
+                             capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        rows = parse_dump(cli.stdout)
+        n, c = rows[0].index("NominalSeats"), rows[0].index("CurrentSeats")
+        return {r[0]: (r[n], r[c]) for r in rows[1:]}
+
+    aport = free_port()
+    cfg = tmp_path / "apf.yaml"
+    shutil.copy(APPS / "apf.yaml", cfg)
+    old = nominal(cfg)
+    text = cfg.read_text()
+    marked = "metadata: {name: other, uid: uid-pl-other}\nspec:\n  type: Limited\n  limited:\n" \
+             "    nominalConcurrencyShares: 1000"
+    assert marked in text
+    with server_factory(workers=1, threads=4, config=str(cfg),
+                        env={"APF_ADMIN_BIND": f"127.0.0.1:{aport}",
+                             "APF_CONCURRENCY_LIMIT": "16"}) as srv:
+        assert dumped()["other"] == (str(old["other"]), str(old["other"]))
+        cfg.write_text(text.replace(marked, marked.replace("1000", "3000")))
+        new = nominal(cfg)
+        assert new["other"] > old["other"] and new["work"] < old["work"]
+        os.kill(srv.pid, signal.SIGHUP)
+        line = (f"level 'other': nominal {old['other']} -> {new['other']} seats, "
+                f"current {old['other']} -> {new['other']}")
+        assert srv.wait_for(lambda: line in srv.log(), timeout=15), srv.log()
+        assert (f"level 'work': nominal {old['work']} -> {new['work']} seats, "
+                f"current {old['work']} -> {new['work']}") in srv.log()
+        assert "reload rejected" not in srv.log()
+        seats = dumped()
+        assert seats["other"] == (str(new["other"]), str(new["other"])), seats
+        assert seats["work"] == (str(new["work"]), str(new["work"])), seats
+
+
 def test_path_form_config_serves_with_apf(server_factory):
     with server_factory(workers=2, threads=8, conf=("-c", "apf_gunicorn/conf.py")) as srv:
         status, headers, _ = srv.request("/work?ms=1", headers={"X-Remote-User": "pf"})
@@ -166,7 +238,8 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     notes = re.findall(STAMP + r"\[WARNING\] apf: (.* asks for .*)$", log, re.M)
     # at 8 seats, "narrow" (4 nominal, hand size 1) and catch-all admit 1 seat per request
     assert ("@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority levels "
-            "catch-all, narrow (a level's widest request; see docs/work-estimation.md)"
+            "catch-all, narrow (a level's widest request, Kubernetes' 15% rule unless an "
+            "apf-gunicorn.io/max-seats annotation sets it; see docs/work-estimation.md)"
             in notes), log
     assert any(n.startswith(f"APF_ROUTES {APPS / 'seats_routes.yaml'}: routes[0] (/wide) asks "
                             "for 4 seat(s)") for n in notes), notes

@@ -486,3 +486,14 @@ def test_timeline_agrees_with_the_window_averages() -> None:
             assert sum(s[lo:hi]) / (hi - lo) == pytest.approx(
                 w.clients[name].average_executing_seats, abs=1e-12)
     assert simulate(scenario).timeline is None
+
+
+def test_configuration_form_schema_may_name_an_undefined_mandatory_level() -> None:
+    """As in check, explain and the server: the mandatory levels exist without being defined,
+    so the client's schema sends it to exempt (before: dangling, and catch-all took it)."""
+    doc = _configured()
+    doc["objects"] = doc["objects"][1:]
+    doc["objects"][0]["spec"]["priorityLevelConfiguration"]["name"] = "exempt"
+    levels = simulate(parse_scenario(doc)).windows[0].priority_levels
+    assert levels["exempt"]["averageExecutingSeats"] > 0
+    assert levels["catch-all"]["averageExecutingSeats"] == 0

@@ -30,7 +30,8 @@ def test_misspelled_setting_gets_the_closest_known_name() -> None:
         "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADMIN_BIND, "
         "APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY, APF_BORROWING_PERIOD, APF_CONCURRENCY_LIMIT, "
         "APF_CONFIG, APF_EXEMPT_THREADS, APF_FAIRNESS, APF_GROUP_HEADER, APF_HEADER_TIMEOUT, APF_INSTANCE, "
-        "APF_LOAD_REPORT, APF_LOAD_REPORT_INTERVAL, APF_METRICS_PREFIX, APF_NO_ACCELERATOR, "
+        "APF_JWT_AUDIENCE, APF_JWT_GROUPS_CLAIM, APF_JWT_ISSUER, APF_JWT_KEY, "
+        "APF_LOAD_REPORT, APF_LOAD_REPORT_INTERVAL, APF_METRICS_PREFIX, APF_NO_ACCELERATOR, APF_PATHS, "
         "APF_QUEUE_WAIT_LIMIT, APF_REQUEST_INFO, APF_ROUTES, APF_SERVICE_ESTIMATE, "
         "APF_TRUSTED_PROXIES, APF_USER_FROM, APF_USER_HEADER, APF_WORKER_OOM_SCORE_ADJ, "
         "APF_WORK_ESTIMATOR",
@@ -115,7 +116,8 @@ def test_route_notes_name_every_level_that_clamps_a_declared_cost() -> None:
                                      "APF_ROUTES routes.yaml: routes[0] (/export/<path:rest>)"]
     max_seats = {"exempt": 100, "big": 8, "mid": 2, "tiny": 1}
     notes = startup.route_notes(costs, max_seats, {"exempt"})
-    tail = " (a level's widest request; see docs/work-estimation.md)"
+    tail = (" (a level's widest request, Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats "
+            "annotation sets it; see docs/work-estimation.md)")
     assert notes == [
         "@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to 1 on priority level "
         "tiny; clamped to 2 on priority level mid" + tail,
@@ -139,7 +141,13 @@ def test_route_notes_use_the_servers_max_seats() -> None:
                                 level_max_seats(gen, settings), {"exempt"})
     assert notes == ["@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority level "
                      "catch-all; clamped to 2 on priority level narrow (a level's widest "
-                     "request; see docs/work-estimation.md)"]
+                     "request, Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats "
+                     "annotation sets it; see docs/work-estimation.md)"]
+    annotated = startup.route_notes(startup.declared_costs(app, None), {"narrow": 2},
+                                    set(), {"narrow"})
+    assert annotated == ["@cost on GET /clamped asks for 4 seat(s): clamped to 2 on priority "
+                         "level narrow (a level's widest request, set by their "
+                         "apf-gunicorn.io/max-seats annotation; see docs/work-estimation.md)"]
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
+
 if TYPE_CHECKING:
     from apf_gunicorn.flowcontrol.objects import PriorityLevel
 
@@ -41,7 +43,7 @@ SCENARIO_DEFAULT = KUBERNETES
 ANNOTATION = "apf-gunicorn.io/fairness"
 #: Annotation keys of our own prefix that the loader knows (any other one is a typo).
 ANNOTATION_PREFIX = "apf-gunicorn.io/"
-KNOWN_ANNOTATIONS = (ANNOTATION,)
+KNOWN_ANNOTATIONS = (ANNOTATION, MAX_SEATS_ANNOTATION)
 
 
 def level_policy(level: PriorityLevel, default: str,

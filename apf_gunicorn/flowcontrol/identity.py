@@ -1,6 +1,7 @@
 """Who sent a request: the identity sources of ``APF_USER_FROM``, tried in order.
 
     sources = parse_user_from("proxy,jwt-sub,address")   # raises ValueError naming the bad one
+    bearer_token("Bearer eyJ...")                         # "eyJ...", or "" for anything else
     jwt_subject("Bearer eyJ...")                          # the unverified ``sub`` claim, or ""
     key_digest("s3cr3t-api-key")                           # 16 hex digits; the key never kept
     client_address("10.0.0.5", "203.0.113.9, 10.0.0.7", is_trusted)   # "203.0.113.9"
@@ -16,13 +17,15 @@ order given; the first that names somebody wins, and with none the request is an
     any request header, e.g. an API key; the value is hashed (:func:`key_digest`) and only the
     digest is used: user ``key:<digest>``.
 ``jwt-sub``
-    the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token, decoded WITHOUT checking
-    its signature (this plugin has no key): user ``jwt:<sub>``.
+    the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token. Without ``APF_JWT_KEY``
+    it is decoded WITHOUT checking the signature: user ``jwt:<sub>``. With a key the token is
+    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified), and a token
+    that does not verify names nobody.
 ``address``
     the peer address, or the client address ``X-Forwarded-For`` names when the peer is a
     trusted proxy: user ``addr:<ip>`` (IPv6 clients by their /64 network).
 
-The last three are *unverified*: anybody can send any header, token or (through a proxy they
+The last three (``jwt-sub`` without a key) are *unverified*: anybody can send any header, token or (through a proxy they
 control) any address. They name the flow only. Their user name carries the source's prefix,
 and their only group is ``system:unauthenticated``, so a forged value can never match a
 FlowSchema subject written for a real user or group (only one written for that prefixed name,
@@ -142,11 +145,7 @@ def jwt_subject(authorization: str) -> str:
         is not a bearer token of three base64url segments whose middle one is a JSON object
         with a non-empty string ``sub``. Never raises.
     """
-    if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH:
-        return ""
-    if authorization[:7].lower() != _BEARER:
-        return ""
-    parts = authorization[7:].strip().split(".")
+    parts = bearer_token(authorization).split(".")
     if len(parts) != 3:
         return ""
     payload = parts[1]
@@ -162,10 +161,49 @@ def jwt_subject(authorization: str) -> str:
     sub = claims.get("sub")
     if not isinstance(sub, str):
         return ""
-    sub = sub.strip()[:MAX_SUBJECT_LENGTH]
-    if not sub.isprintable():  # JSON can carry control characters no header could
-        sub = "".join(c if c.isprintable() else "\ufffd" for c in sub)
-    return sub
+    return printable_name(sub, MAX_SUBJECT_LENGTH)
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` value.
+
+    Args:
+        authorization: the header value (anything: request input).
+
+    Returns:
+        The token without surrounding blanks, or ``""`` when the value is not a str, is longer
+        than :data:`MAX_TOKEN_LENGTH` or is not of the ``Bearer`` scheme (any case).
+    """
+    if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH:
+        return ""
+    if authorization[:7].lower() != _BEARER:
+        return ""
+    return authorization[7:].strip()
+
+
+def printable_name(text: str, limit: int) -> str:
+    """A name from a token claim, fit for a log line or a dump row: blanks stripped, cut to
+    ``limit`` characters, control characters (which JSON can carry and a header cannot)
+    replaced by U+FFFD."""
+    text = text.strip()[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    return text
+
+
+def value_digest(value: object) -> bytes | None:
+    """A 128-bit BLAKE2b digest of a secret request value, to key caches by (never the value).
+
+    Args:
+        value: an environ value (a WSGI latin-1 str, normally), or None when absent.
+
+    Returns:
+        The digest, or None for a value that is not a non-empty str (so an absent header and an
+        empty one stay apart from any real value). Never raises.
+    """
+    if not isinstance(value, str) or not value:
+        return None
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _normalized(text: str) -> str | None:

@@ -18,17 +18,25 @@ default ``proxy,remote_user`` is:
 3. otherwise ``system:anonymous`` in group ``system:unauthenticated``.
 
 A verified user also gets ``system:authenticated`` (Kubernetes' AuthenticatedGroupAdder).
-The unverified sources (``header:NAME``, ``jwt-sub``, ``address``) give a prefixed user name
-(``key:``, ``jwt:``, ``addr:``) in group ``system:unauthenticated`` only: they name the flow,
-never a real user.
+The unverified sources (``header:NAME``, ``jwt-sub`` without a key, ``address``) give a
+prefixed user name (``key:``, ``jwt:``, ``addr:``) in group ``system:unauthenticated`` only:
+they name the flow, never a real user. With a ``jwt_verifier`` (``APF_JWT_KEY``,
+:mod:`.jwtauth`), ``jwt-sub`` is verified: a token that verifies is the user ``sub`` with its
+groups; any other value names nobody and the next source answers.
 
 :attr:`RequestInfoResolver.environ_keys` lists every environ key the result depends on, and
 ``shape_key(environ.get)`` reads them: the middleware's per-shape cache keys on exactly those.
+Secret values (API keys, bearer tokens) enter the shape key only as digests, and a verified
+token as the identity it verifies to at that instant, so a cached shape never outlives the
+token's ``exp``.
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
-``RequestInfoFactory``; anything else is a non-resource request whose verb is the lower-cased
-method.
+``RequestInfoFactory`` when ``kubernetes_paths`` is on; anything else is a non-resource request
+whose verb is the lower-cased method. Whether Kubernetes paths are parsed is the server's
+``APF_PATHS`` (:func:`path_parsing`): ``kubernetes``, ``plain``, or ``auto`` (the default): only
+when some FlowSchema has resource rules that can tell the two apart, so a web app's REST-style
+``/api/v1/items`` is classified like ``/items``.
 
 Hostile input never raises: headers and paths are decoded from WSGI's latin-1 transport as UTF-8
 with replacement characters, and values are truncated to the bounds below.
@@ -43,12 +51,16 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from . import identity as sources
 from .hookspec import import_callable
+from .matching import resource_rules_schema
 from .objects import RequestAttributes
+
+if TYPE_CHECKING:
+    from .jwtauth import JWTVerifier
 
 log = logging.getLogger(__name__)
 
@@ -244,15 +256,72 @@ def parse_kubernetes_path(method: str, path: str, query: str) -> dict[str, Any] 
     }
 
 
-def key_function(keys: Iterable[str]) -> Callable[[Callable[[str], Any]], tuple]:
+#: ``APF_PATHS`` values: how ``/api/`` and ``/apis/`` paths are read.
+PATHS_AUTO = "auto"
+PATHS_KUBERNETES = "kubernetes"
+PATHS_PLAIN = "plain"
+PATH_MODES = (PATHS_AUTO, PATHS_KUBERNETES, PATHS_PLAIN)
+
+
+def path_parsing(mode: str, flow_schemas: Iterable[Any]) -> tuple[bool, str]:
+    """Whether ``/api/`` and ``/apis/`` paths are parsed as Kubernetes API requests, and why.
+
+    Args:
+        mode: ``APF_PATHS``: ``kubernetes`` (always), ``plain`` (never) or ``auto``: when some
+            FlowSchema has resource rules that can change a request's FlowSchema
+            (:func:`.matching.resource_rules_schema`; the mandatory schemas' match-everything
+            rules do not count).
+        flow_schemas: the configuration's FlowSchemas (read for ``auto`` only).
+
+    Returns:
+        ``(kubernetes, reason)``, e.g. ``(True, "APF_PATHS=auto: FlowSchema 'system-nodes' has
+        resource rules")``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`PATH_MODES`.
+    """
+    if mode == PATHS_KUBERNETES:
+        return True, "APF_PATHS=kubernetes"
+    if mode == PATHS_PLAIN:
+        return False, "APF_PATHS=plain"
+    if mode != PATHS_AUTO:
+        raise ValueError(f"APF_PATHS must be one of {', '.join(PATH_MODES)}, got {mode!r}")
+    fs = resource_rules_schema(flow_schemas)
+    if fs is not None:
+        return True, f"APF_PATHS=auto: FlowSchema {fs.name!r} has resource rules"
+    return False, "APF_PATHS=auto: no FlowSchema has resource rules"
+
+
+def key_function(keys: Iterable[str],
+                 transforms: Mapping[str, Callable[[Any], Any]] | None = None,
+                 ) -> Callable[[Callable[[str], Any]], tuple]:
     """A function ``get -> (get(k0), get(k1), ...)`` for a fixed set of keys.
 
     It is compiled from a tuple display of calls with the keys as constants: the per-request
     shape key is read with no loop and no iterator (``tuple(map(get, keys))`` costs ~1,000
     more instructions for four keys). The keys enter the source only as ``repr()`` literals.
+
+    Args:
+        keys: the environ keys, in order.
+        transforms: for some keys, a function applied to the value (``f(get(k))``), e.g. a
+            digest so that a secret value is never part of the key.
+
+    Returns:
+        The function.
     """
-    body = "".join(f"get({key!r}), " for key in keys if isinstance(key, str))
-    return eval(f"lambda get: ({body})", {"__builtins__": {}})  # noqa: S307 - literals only
+    transforms = transforms or {}
+    names: dict[str, Any] = {"__builtins__": {}}
+    body = ""
+    for key in keys:
+        if not isinstance(key, str):
+            continue
+        if key in transforms:
+            name = f"t{len(names)}"
+            names[name] = transforms[key]
+            body += f"{name}(get({key!r})), "
+        else:
+            body += f"get({key!r}), "
+    return eval(f"lambda get: ({body})", names)  # noqa: S307 - literals only
 
 
 class RequestInfoResolver:
@@ -265,12 +334,18 @@ class RequestInfoResolver:
         group_header: str = "X-Remote-Group",
         routes: Any = None,
         user_from: Iterable[str] = sources.DEFAULT_USER_FROM,
+        jwt_verifier: JWTVerifier | None = None,
+        kubernetes_paths: bool = True,
     ) -> None:
         """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
         and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
         ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
         None. ``user_from``: identity sources in order (:func:`.identity.parse_user_from`
-        output; a bad one raises ValueError)."""
+        output; a bad one raises ValueError). ``jwt_verifier``: verifies ``jwt-sub`` tokens
+        (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified.
+        ``kubernetes_paths``: parse ``/api/`` and ``/apis/`` paths as Kubernetes API requests
+        (:func:`path_parsing` decides it for the server); False: they are non-resource requests
+        like any other path."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -288,14 +363,17 @@ class RequestInfoResolver:
         self.user_key = _header_key(user_header)
         self.group_key = _header_key(group_header)
         self.routes = routes
+        self.kubernetes_paths = kubernetes_paths
         self._trust_cache: dict[str, bool] = {}
         # (raw user header, raw group header) -> (user, groups): clients repeat themselves
         self._identity_cache: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self.jwt_verifier = jwt_verifier
         self.user_from = sources.parse_user_from(",".join(user_from))
         self._sources = tuple(self._source(name) for name in self.user_from)
         self.environ_keys = self._environ_keys()
-        #: ``shape_key(environ.get)``: the values of :attr:`environ_keys`, as a tuple
-        self.shape_key = key_function(self.environ_keys)
+        #: ``shape_key(environ.get)``: what the result depends on, as a tuple: the values of
+        #: :attr:`environ_keys`, secret ones as digests and a verified token as its identity
+        self.shape_key = key_function(self.environ_keys, self._secret_keys())
 
     def _source(self, name: str) -> Callable[[Environ], tuple[str, tuple[str, ...]] | None]:
         if name == sources.PROXY:
@@ -325,6 +403,23 @@ class RequestInfoResolver:
             else:
                 keys.append(sources.header_environ_key(name.split(":", 1)[1]))
         return tuple(dict.fromkeys(keys))
+
+    def _secret_keys(self) -> dict[str, Callable[[Any], Any]]:
+        """The environ keys whose values are secrets, and what the shape key keeps of each."""
+        secret: dict[str, Callable[[Any], Any]] = {}
+        for name in self.user_from:
+            if name.startswith(sources.HEADER + ":"):
+                secret[sources.header_environ_key(name.split(":", 1)[1])] = sources.value_digest
+        if sources.JWT_SUB in self.user_from:
+            auth = "HTTP_AUTHORIZATION"
+            if self.jwt_verifier is None:
+                secret[auth] = sources.value_digest
+            elif auth in secret:  # also an API-key header: both what it names and its digest
+                identity = self.jwt_verifier.identity
+                secret[auth] = lambda value: (identity(value), sources.value_digest(value))
+            else:
+                secret[auth] = self.jwt_verifier.identity
+        return secret
 
     def is_trusted(self, remote_addr: Any) -> bool:
         """Whether a peer address is inside a trusted CIDR (cached per address)."""
@@ -393,6 +488,8 @@ class RequestInfoResolver:
         return sources.KEY_PREFIX + sources.key_digest(value), _ANONYMOUS_GROUPS
 
     def _from_jwt(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
+        if self.jwt_verifier is not None:
+            return self.jwt_verifier.identity(environ.get("HTTP_AUTHORIZATION"))
         sub = sources.jwt_subject(environ.get("HTTP_AUTHORIZATION"))
         if not sub:
             return None
@@ -421,7 +518,8 @@ class RequestInfoResolver:
             fields = self.routes.match(method, path)
             if fields is not None:
                 return RequestAttributes(user, groups, path=path, is_resource=True, **fields)
-        if path.lstrip("/").startswith("api"):  # Kubernetes trims every leading "/"
+        # Kubernetes trims every leading "/"
+        if self.kubernetes_paths and path.lstrip("/").startswith("api"):
             query = wsgi_str(environ.get("QUERY_STRING"), MAX_QUERY_LENGTH)
             fields = parse_kubernetes_path(method, path, query)
             if fields is not None:

@@ -239,6 +239,16 @@ class Layout:
 # built before a layout change is never bound, whichever constants it reads).
 
 _STATE_PREFIX = "ST_"  # FREE -> ST_FREE in C: a bare FREE/WAITING is too generic a name
+# Constants of other ledger modules that _fastpath.c's arithmetic needs, as (module, name):
+# their source of truth stays in those modules, and the header (and its digest) carries them
+# too, so a change there makes the committed header stale and an extension built before it
+# unused. Read at call time: service.py imports this module.
+_ARITHMETIC = (
+    ("seatseconds", "EXACT_BOUND"),  # below it, float seat-ns products are exact
+    ("seatseconds", "HIGH_R"),  # the virtual clock's epoch advance threshold
+    ("service", "SERVICE_WINDOW"),  # a learnt G averages about this many requests
+    ("service", "MAX_SERVICE_ESTIMATE_NS"),  # a learnt G never exceeds this
+)
 
 
 def c_constants() -> list[tuple[str, int]]:
@@ -247,8 +257,12 @@ def c_constants() -> list[tuple[str, int]]:
     Returns:
         ``(name, value)`` pairs in definition order: upper-case module names bound to an
         ``int`` here (names imported from ``stats``, such as ``ENTRY_WORDS``, excluded), the
-        slot states (``FREE`` ...) prefixed ``ST_``.
+        slot states (``FREE`` ...) prefixed ``ST_``, then the arithmetic constants of
+        ``seatseconds`` and ``service`` that ``_fastpath.c`` uses (``HIGH_R``,
+        ``SERVICE_WINDOW``, ...), under their Python names.
     """
+    import importlib
+
     from apf_gunicorn.ledger import stats
 
     states = {name.upper() for name in STATE_NAMES.values()}
@@ -258,6 +272,8 @@ def c_constants() -> list[tuple[str, int]]:
                 or name in vars(stats)):
             continue
         out.append((_STATE_PREFIX + name if name in states else name, value))
+    for module, name in _ARITHMETIC:
+        out.append((name, getattr(importlib.import_module(f"apf_gunicorn.ledger.{module}"), name)))
     return out
 
 
@@ -278,7 +294,8 @@ def c_header() -> str:
 
     Returns:
         A C header: an include guard, an ``enum`` of every constant in the ``int`` range,
-        a ``#define`` (``UINT64_C``) for any other (``MAGIC``), and ``LAYOUT_DIGEST``.
+        a ``#define`` for any other: ``INT64_C`` in the ``int64_t`` range (``MAGIC``,
+        ``MAX_SERVICE_ESTIMATE_NS``), else ``UINT64_C`` (``HIGH_R``), and ``LAYOUT_DIGEST``.
     """
     lines = [
         "/* Generated from apf_gunicorn/ledger/layout.py; do not edit. Regenerate with",
@@ -298,9 +315,12 @@ def c_header() -> str:
     lines.append("};")
     lines.append("")
     for name, value in wide:
-        if not 0 <= value < (1 << 64):
-            raise ValueError(f"layout constant {name} = {value} does not fit in uint64")
-        lines.append(f"#define {name} UINT64_C({value:#x})")
+        if -(1 << 63) <= value < (1 << 63):
+            lines.append(f"#define {name} INT64_C({value:#x})")
+        elif value < (1 << 64):
+            lines.append(f"#define {name} UINT64_C({value:#x})")
+        else:
+            raise ValueError(f"layout constant {name} = {value} does not fit in 64 bits")
     lines.append(f'#define LAYOUT_DIGEST "{digest()}"')
     lines.append("")
     lines.append("#endif")

@@ -88,7 +88,7 @@ from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
 
-__all__ = [  # what ledger.py exported before the split, for its importers
+__all__ = [  # the names importers take from here (defined in the mixin modules)
     "DEFAULT_SERVICE_ESTIMATE_NS", "EXECUTE", "MAX_SERVICE_ESTIMATE_NS", "QUEUED", "REJECTED",
     "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger",
     "LedgerPort", "LevelLoad", "LevelSnapshot", "LevelSpec", "QueueSnapshot",
@@ -125,6 +125,7 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         self._fp = None  # the C fast paths, once bound (_accelerate)
         self._queueset = KubernetesQueueSet(self)  # the dispatch policies (policy.py)
         self._maxmin = MaxMinPolicy(self)
+        self._snapshot_copies: list = []  # snapshot.py's private copies, kept for reuse
 
     # -- construction -------------------------------------------------------------------------
 

@@ -371,7 +371,8 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
         worker died): correct its flow's tag by the time it held its seats, learn the flow's
-        service time, and let a parked flow compete again."""
+        service time, and let a parked flow compete again (learnt now, or, after its worker died,
+        holding less than its share)."""
         w = self._w
         xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
         f = w[xa + X_FLOW]
@@ -405,7 +406,9 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
             self._heap_decrease(mm, f)
         elif where == FW_HEAP:
             self._heap_insert(mm, f)
-        elif where == FW_PARKED and n:  # learnt now: compete normally
+        elif where == FW_PARKED and not self._capped(lb, mm, f):
+            # learnt now, or (its worker died: nothing learnt) it holds less than its share
+            # now: compete normally, or it would wait until no other flow does
             self._unpark(mm, f)
             self._heap_insert(mm, f)
         if waiting == 0 and ex == 1:

@@ -59,6 +59,7 @@ from apf_gunicorn.ledger.layout import (
     S_ARRIVAL_R,
     S_FINAL,
     S_FINAL_WORK,
+    S_GEN,
     S_HELD,
     S_INITIAL,
     S_LEVEL,
@@ -437,6 +438,29 @@ class RequestPath:
             self._release_seats_locked(lb, level, slot, sa, now)
             self._dispatch_all_locked(lb, now, granted)
             self._maybe_drop_locked(lb)
+
+    def dispatched(self, slot: int, gen: int) -> bool:
+        """Whether request ``(slot, gen)`` has been dispatched and not yet finished: the truth a
+        woken request checks before it runs (a wake-up is only a hint: it may be stale or forged).
+
+        Two words are read without the lock first. While the request's own thread has not
+        finished it, only a dispatch changes them (WAITING to EXECUTING), and every grant is
+        sent after the dispatching call committed and released the lock, so a read that finds
+        it still waiting is the answer. A read that finds it executing is confirmed under the
+        lock: a holder that died inside a dispatch leaves words that its repair rolls back.
+
+        Args:
+            slot, gen: the request, as :meth:`admit` returned it.
+        Returns:
+            True when the slot has this generation and is executing.
+        """
+        if not 0 <= slot < self._lay.cap.slots:
+            return False
+        w = self._w
+        sa = self._sb + slot * SLOT_WORDS
+        if w[sa + S_GEN] != gen or w[sa + S_STATE] != EXECUTING:
+            return False
+        return self._locked(None, self._slot_if_locked, slot, gen, EXECUTING) >= 0
 
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
         """Remove a waiting request whose wait ended (its context is done, in Kubernetes). No

@@ -33,7 +33,7 @@ override, as the golden tests do).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -75,6 +75,9 @@ REQUEST_DETAIL_HEADERS = (
 # appended with include_fairness (not Kubernetes' columns)
 LEVEL_FAIRNESS_HEADERS = ("Fairness", "VirtualTime", "ActiveFlows", "ReservedFlow", "Reservations")
 QUEUE_FAIRNESS_HEADERS = ("Fairness", "VirtualTime")
+# appended with seats (the endpoint's ?includeSeats=1): nominal (the configuration's share of
+# the server limit), current (after borrowing: what the ledger enforces), in use
+LEVEL_SEAT_HEADERS = ("NominalSeats", "CurrentSeats", "SeatsInUse")
 FLOW_HEADERS = (
     "PriorityLevelName", "FlowHash", "FlowSchemaName", "FlowDistinguisher", "StartTag",
     "WaitingRequests", "ExecutingRequests", "SeatsInUse", "ServiceEstimate", "Parked", "Reserved",
@@ -251,7 +254,8 @@ def _level_fairness_cells(lv: Any) -> list[str]:
 
 # -- the dumps --------------------------------------------------------------------------------
 
-def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
+def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
+                         seats: Mapping[str, Any] | None = None) -> str:
     """Kubernetes' ``dump_priority_levels``: one row per level, by name.
 
     Args:
@@ -260,10 +264,16 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
             levels), ``VirtualTime`` (R or V, :func:`virtual_time`), and under ``maxmin``
             ``ActiveFlows``, ``ReservedFlow`` (hash of the flow seats are held for, empty when
             none) and ``Reservations`` (reservations made so far).
+        seats: when given, the running configuration's limits per level name (objects with a
+            ``nominal``, as ``LevelLimits``): append ``NominalSeats`` (empty for a level it
+            does not name, e.g. one draining after a reload), ``CurrentSeats`` (the ledger's
+            limit, after borrowing) and ``SeatsInUse``.
     Returns:
-        The text, Kubernetes' exact layout when ``include_fairness`` is false.
+        The text, Kubernetes' exact layout when ``include_fairness`` is false and ``seats``
+        None.
     """
-    rows = [list(LEVEL_HEADERS) + (list(LEVEL_FAIRNESS_HEADERS) if include_fairness else [])]
+    rows = [list(LEVEL_HEADERS) + (list(LEVEL_FAIRNESS_HEADERS) if include_fairness else [])
+            + (list(LEVEL_SEAT_HEADERS) if seats is not None else [])]
     for lv in _sorted_levels(snapshot):
         active = sum(1 for q in lv.queues if q.waiting > 0)
         idle = lv.requests_waiting == 0 and lv.requests_executing == 0
@@ -274,6 +284,10 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
         ]
         if include_fairness:
             row += _level_fairness_cells(lv)
+        if seats is not None:
+            nominal = getattr(seats.get(lv.name), "nominal", None)
+            row += ["" if nominal is None else str(int(nominal)), str(lv.concurrency_limit),
+                    str(lv.seats_in_use)]
         rows.append(row)
     return tabwrite(rows)
 

@@ -32,7 +32,6 @@ Usage (the admin endpoint does it)::
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import threading
@@ -73,8 +72,10 @@ def user_multiprocess_dir() -> str | None:
 
 def mark_process_dead(pid: int, path: str | None = None) -> None:
     """A worker died (``child_exit``): if the application uses multiprocess mode, drop the
-    worker's live gauge files and fold its counter and histogram files into
-    ``*_archive.db``, so files do not pile up with restarts while counters never go
+    worker's live gauge files (prometheus_client's own ``mark_process_dead``: only the
+    ``live*`` modes; a ``sum``, ``all``, ``max``, ``min`` or ``mostrecent`` gauge keeps the dead
+    worker's value, as prometheus_client documents) and fold its counter and histogram files
+    into ``*_archive.db``, so those files do not pile up with restarts while counters never go
     backwards. A no-op without ``PROMETHEUS_MULTIPROC_DIR``."""
     path = path or user_multiprocess_dir()
     if not path:
@@ -90,8 +91,6 @@ def mark_process_dead(pid: int, path: str | None = None) -> None:
                     _fold_into_archive(path, typ, dead)
                 except Exception:
                     log.exception("could not merge %s; leaving it in place", dead)
-        for f in glob.glob(os.path.join(path, f"gauge_*_{pid}.db")):
-            os.remove(f)
 
 
 def _fold_into_archive(path: str, typ: str, dead: str) -> None:

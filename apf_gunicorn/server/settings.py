@@ -19,12 +19,16 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
-from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, parse_user_from
-from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
+from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, JWT_SUB, parse_user_from
+from apf_gunicorn.flowcontrol.requestinfo import PATH_MODES, PATHS_AUTO, UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
+
+if TYPE_CHECKING:
+    from apf_gunicorn.flowcontrol.jwtauth import JWTKey
 
 DEFAULT_QUEUE_WAIT_LIMIT_S = 15.0
 DEFAULT_ADMIN_BIND = "127.0.0.1:9180"
@@ -82,13 +86,23 @@ class Settings:
     # connection handling by the accept-gated worker (server/worker.py, server/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
+    # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
+    concurrency_limit_set: bool = False
     accept_slack: int = 0  # connections accepted beyond the worker's threads
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
     user_from: tuple[str, ...] = DEFAULT_USER_FROM
+    # APF_JWT_*: the key that verifies jwt-sub tokens (flowcontrol/jwtauth.py); None: unverified
+    jwt_key: JWTKey | None = None
+    jwt_audience: str | None = None  # APF_JWT_AUDIENCE: a token's aud must contain it
+    jwt_issuer: str | None = None  # APF_JWT_ISSUER: a token's iss must be it
+    jwt_groups_claim: str = "groups"  # APF_JWT_GROUPS_CLAIM: the claim listing the groups
     # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
     dispatch_policy: str = fairness.SERVER_DEFAULT
+    # APF_PATHS: whether /api/ and /apis/ are Kubernetes API paths (kubernetes), never (plain)
+    # or when the configuration's FlowSchemas have resource rules (auto)
+    paths: str = PATHS_AUTO
     # -- load balancer exports (docs/load-balancers.md) --
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
@@ -117,7 +131,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "must be an existing YAML file, a directory of *.yaml/*.yml files, "
                             "or builtin:<name> (webapp, kubernetes, mandatory)")
 
-    raw = get("APF_CONCURRENCY_LIMIT")
+    raw = raw_limit = get("APF_CONCURRENCY_LIMIT")
     if raw is None:
         limit = default_concurrency_limit(workers, threads)
     else:
@@ -247,6 +261,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "fair between flows): the dispatch policy of every priority level "
                             "without an apf-gunicorn.io/fairness annotation")
 
+    raw = get("APF_PATHS")
+    paths = PATHS_AUTO if raw is None else raw.lower()
+    if paths not in PATH_MODES:
+        raise SettingsError("APF_PATHS", raw or "",
+                            "must be 'auto' (parse /api/ and /apis/ paths as Kubernetes API "
+                            "requests only when a FlowSchema has resource rules), 'kubernetes' "
+                            "(always) or 'plain' (never: they are paths like any other)")
+
     return Settings(
         config_path=config_path,
         concurrency_limit=limit,
@@ -265,12 +287,44 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         learn_service=learn,
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
+        concurrency_limit_set=raw_limit is not None,
         accept_slack=slack,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
         dispatch_policy=policy,
+        paths=paths,
         **_load_balancer_settings(get),
+        **_jwt_settings(get, user_from),
     )
+
+
+def _jwt_settings(get, user_from: tuple[str, ...]) -> dict:
+    """APF_JWT_KEY, APF_JWT_AUDIENCE, APF_JWT_ISSUER and APF_JWT_GROUPS_CLAIM, as Settings
+    fields; the key file is read and checked here, so a bad one stops the server at start."""
+    raw = get("APF_JWT_KEY")
+    names = [var for var in ("APF_JWT_AUDIENCE", "APF_JWT_ISSUER", "APF_JWT_GROUPS_CLAIM")
+             if get(var) is not None]
+    if raw is None:
+        if names:
+            raise SettingsError(names[0], get(names[0]) or "",
+                                "only applies to verified tokens: set APF_JWT_KEY too")
+        return {}
+    if JWT_SUB not in user_from:
+        raise SettingsError("APF_JWT_KEY", raw,
+                            "verifies the tokens of the jwt-sub identity source, which "
+                            f"APF_USER_FROM={','.join(user_from)} does not list; add it, e.g. "
+                            "APF_USER_FROM=proxy,jwt-sub,address")
+    from apf_gunicorn.flowcontrol.jwtauth import JWTKeyError, load_jwt_key
+
+    try:
+        key = load_jwt_key(raw)
+    except JWTKeyError as e:
+        raise SettingsError("APF_JWT_KEY", raw,
+                            f"{e}; must be a file holding an HMAC secret (32 bytes or more), a "
+                            "PEM public key or certificate, or a JWKS") from None
+    claim = get("APF_JWT_GROUPS_CLAIM") or "groups"
+    return {"jwt_key": key, "jwt_audience": get("APF_JWT_AUDIENCE"),
+            "jwt_issuer": get("APF_JWT_ISSUER"), "jwt_groups_claim": claim}
 
 
 def _load_balancer_settings(get) -> dict:

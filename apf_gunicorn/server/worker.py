@@ -355,8 +355,12 @@ class ApfThreadWorker(ThreadWorker):
 
     def handle_http2_request(self, req, conn, h2_conn):
         # One thread serves every stream of an HTTP/2 connection: give each stream's entry
-        # back when that stream is done.
+        # back when that stream is done. The first stream waited in gthread's queue with its
+        # connection; a later one arrived when it was read (0: the middleware takes its
+        # admission time), not when the connection did, or it would start past its wait limit.
         hidden.held = False
+        hidden.enqueued_ns = conn.apf_enqueued_ns
+        conn.apf_enqueued_ns = 0
         try:
             return ThreadWorker.handle_http2_request(self, req, conn, h2_conn)
         finally:

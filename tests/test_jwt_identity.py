@@ -1,0 +1,342 @@
+"""Verified ``jwt-sub`` (APF_JWT_KEY) with real signed tokens, and identity values kept out of
+every cache (only digests, or the identity a token verifies to, are cache keys)."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace as NS
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from apf_gunicorn.flowcontrol.jwtauth import JWTKeyError, JWTVerifier, load_jwt_key
+from apf_gunicorn.flowcontrol.loader import load_configuration
+from apf_gunicorn.flowcontrol.matching import Classifier
+from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
+from apf_gunicorn.server.dispatcher import Parking
+from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
+from apf_gunicorn.server.resolver import build_resolver
+from apf_gunicorn.server.settings import SettingsError, load_settings
+from tests.test_identity import EXEMPT_ALICE, environ
+
+SECRET = b"0123456789abcdef0123456789abcdef-test-secret"
+NOW = time.time()
+AUTH = ("system:authenticated",)
+
+
+@pytest.fixture(scope="module")
+def rsa_key():
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def pem(private) -> bytes:
+    return private.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def claims(**extra):
+    return {"sub": "alice", "groups": ["ops", "dev"], "exp": int(NOW) + 3600, **extra}
+
+
+def bearer(token: str) -> str:
+    return "Bearer " + token
+
+
+@pytest.fixture
+def secret_file(tmp_path):
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET + b"\n")
+    return str(path)
+
+
+@pytest.fixture
+def pem_file(tmp_path, rsa_key):
+    path = tmp_path / "key.pem"
+    path.write_bytes(pem(rsa_key))
+    return str(path)
+
+
+def hs_verifier(secret_file, **kw) -> JWTVerifier:
+    return JWTVerifier(load_jwt_key(secret_file), **kw)
+
+
+# --- valid tokens of each key kind -----------------------------------------------------------
+
+def test_hs256_secret_file(secret_file):
+    v = hs_verifier(secret_file)
+    assert load_jwt_key(secret_file).kind == "hmac"
+    token = jwt.encode(claims(), SECRET, algorithm="HS256")
+    assert v.identity(bearer(token)) == ("alice", ("ops", "dev", *AUTH))
+
+
+def test_rs256_pem_public_key(pem_file, rsa_key):
+    v = JWTVerifier(load_jwt_key(pem_file))
+    token = jwt.encode(claims(sub="bob", groups="admins"), rsa_key, algorithm="RS256")
+    assert v.identity(bearer(token)) == ("bob", ("admins", *AUTH))
+    token = jwt.encode(claims(sub="carol", groups=None), rsa_key, algorithm="PS256")
+    assert v.identity(bearer(token)) == ("carol", AUTH)
+
+
+def test_pem_certificate_and_ed25519_key(tmp_path, rsa_key):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp")])
+    start = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(rsa_key.public_key()).serial_number(1).not_valid_before(start)
+            .not_valid_after(start + datetime.timedelta(days=36500))
+            .sign(rsa_key, hashes.SHA256()))
+    path = tmp_path / "cert.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    token = jwt.encode(claims(), rsa_key, algorithm="RS512")
+    assert JWTVerifier(load_jwt_key(str(path))).identity(bearer(token))[0] == "alice"
+    ed = ed25519.Ed25519PrivateKey.generate()
+    path = tmp_path / "ed.pem"
+    path.write_bytes(pem(ed))
+    key = load_jwt_key(str(path))
+    assert key.keys[0].algorithms == ("EdDSA",)
+    assert JWTVerifier(key).identity(bearer(jwt.encode(claims(), ed, algorithm="EdDSA")))
+    assert JWTVerifier(key).identity(bearer(token)) is None  # an RS512 token: not this key's
+
+
+def test_jwks_file_picks_the_key_by_kid(tmp_path, rsa_key):
+    other = ec.generate_private_key(ec.SECP256R1())
+    jwks = {"keys": [
+        {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.public_key())), "kid": "r1",
+         "use": "sig"},
+        {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(other.public_key())), "kid": "e1"},
+        {"kty": "RSA", "use": "enc", "n": "x", "e": "AQAB"},  # an encryption key: skipped
+    ]}
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(jwks))
+    key = load_jwt_key(str(path))
+    assert key.kind == "jwks" and [k.kid for k in key.keys] == ["r1", "e1"]
+    v = JWTVerifier(key, groups_claim="roles")
+    rs = jwt.encode(claims(roles=["x"]), rsa_key, algorithm="RS256", headers={"kid": "r1"})
+    es = jwt.encode(claims(sub="eve"), other, algorithm="ES256", headers={"kid": "e1"})
+    assert v.identity(bearer(rs)) == ("alice", ("x", *AUTH))
+    assert v.identity(bearer(es)) == ("eve", AUTH)  # no "roles" claim: no groups of its own
+    # the right signature under the wrong kid, an unknown kid, no kid: nothing
+    for token in (jwt.encode(claims(), rsa_key, algorithm="RS256", headers={"kid": "e1"}),
+                  jwt.encode(claims(), rsa_key, algorithm="RS256", headers={"kid": "zz"}),
+                  jwt.encode(claims(), rsa_key, algorithm="RS256")):
+        assert v.check(bearer(token))[0] is None
+
+
+# --- tokens that must not verify -------------------------------------------------------------
+
+def test_expired_and_not_yet_valid(secret_file):
+    v = hs_verifier(secret_file)
+    expired = jwt.encode(claims(exp=int(NOW) - 10), SECRET, algorithm="HS256")
+    early = jwt.encode(claims(nbf=int(NOW) + 600), SECRET, algorithm="HS256")
+    no_exp = jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256")
+    assert v.check(bearer(expired)) == (None, "the token has expired")
+    assert v.check(bearer(early)) == (None, "the token is not valid yet (nbf)")
+    assert v.identity(bearer(no_exp)) is None  # exp is required
+
+
+def test_wrong_key_wrong_audience_wrong_issuer(secret_file, rsa_key):
+    v = hs_verifier(secret_file, audience="api", issuer="https://idp.example")
+    good = claims(aud=["api", "other"], iss="https://idp.example")
+    assert v.identity(bearer(jwt.encode(good, SECRET, algorithm="HS256")))[0] == "alice"
+    for token in (jwt.encode(good, SECRET[::-1], algorithm="HS256"),                # wrong key
+                  jwt.encode({**good, "aud": "other"}, SECRET, algorithm="HS256"),
+                  jwt.encode({**good, "iss": "https://evil"}, SECRET, algorithm="HS256"),
+                  jwt.encode(claims(), SECRET, algorithm="HS256"),                  # neither
+                  jwt.encode(good, rsa_key, algorithm="RS256")):                    # not HS*
+        assert v.identity(bearer(token)) is None, jwt.decode(token,
+                                                            options={"verify_signature": False})
+
+
+def test_alg_none_is_never_accepted(secret_file, pem_file):
+    unsigned = jwt.encode(claims(), None, algorithm="none")
+    for key in (secret_file, pem_file):
+        assert JWTVerifier(load_jwt_key(key)).identity(bearer(unsigned)) is None
+
+
+def test_hs256_signed_with_the_public_key_bytes_is_refused(pem_file, rsa_key):
+    """The classic confusion: a verifier that takes alg from the token would check HS256 with
+    the PEM text as the secret, which anybody has."""
+    import hashlib
+    import hmac
+
+    def b64(data: bytes) -> str:
+        import base64
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing_input = (b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()) + "."
+                     + b64(json.dumps(claims(sub="mallory")).encode()))
+    sig = hmac.new(pem(rsa_key), signing_input.encode(), hashlib.sha256).digest()
+    forged = f"{signing_input}.{b64(sig)}"
+    assert JWTVerifier(load_jwt_key(pem_file)).check(bearer(forged))[0] is None
+
+
+@pytest.mark.parametrize("value", [None, 42, "", "Bearer", "Basic abc", "Bearer a.b",
+                                   "Bearer ..", "Bearer " + "a" * 9000, "Bearer \x00.\xff.x"])
+def test_garbage_never_raises(secret_file, value):
+    assert hs_verifier(secret_file).identity(value) is None
+
+
+# --- the cache -------------------------------------------------------------------------------
+
+def test_a_cached_token_does_not_outlive_its_exp(secret_file):
+    clock = [NOW]
+    v = hs_verifier(secret_file, clock=lambda: clock[0])
+    token = jwt.encode(claims(exp=int(NOW) + 60, nbf=int(NOW) - 1), SECRET, algorithm="HS256")
+    assert v.identity(bearer(token))[0] == "alice"
+    assert len(v.cached_digests()) == 1
+    clock[0] = NOW + 61  # past exp, answered from the cache
+    assert v.check(bearer(token)) == (None, "the token has expired")
+    clock[0] = NOW - 10  # before nbf (a clock stepped back)
+    assert v.identity(bearer(token)) is None
+
+
+def test_a_token_not_valid_yet_is_verified_again_later(secret_file):
+    clock = [NOW]
+    v = hs_verifier(secret_file, clock=lambda: clock[0])
+    token = jwt.encode(claims(nbf=int(NOW) + 30), SECRET, algorithm="HS256")
+    assert v.identity(bearer(token)) is None
+    clock[0] = NOW + 31
+    assert v.identity(bearer(token))[0] == "alice"
+
+
+def test_the_cache_is_bounded_and_keeps_no_token(secret_file):
+    v = hs_verifier(secret_file, cache_size=3)
+    tokens = [jwt.encode(claims(sub=f"u{i}"), SECRET, algorithm="HS256") for i in range(5)]
+    for t in tokens:
+        assert v.identity(bearer(t)) is not None
+    digests = v.cached_digests()
+    assert len(digests) == 3 and all(isinstance(d, bytes) and len(d) == 16 for d in digests)
+    assert not any(t.encode() in d or d in t.encode() for t in tokens for d in digests)
+
+
+# --- the resolver: verified users, fallback, shape keys ---------------------------------------
+
+def test_a_verified_token_is_a_real_user_and_a_bad_one_falls_through(tmp_path, secret_file):
+    config = tmp_path / "apf.yaml"
+    config.write_text(EXEMPT_ALICE)
+    classifier = Classifier(load_configuration(str(config)))
+    r = RequestInfoResolver(user_from=("jwt-sub", "address"),
+                            jwt_verifier=hs_verifier(secret_file))
+    good = jwt.encode(claims(sub="bob", groups=["ops"]), SECRET, algorithm="HS256")
+    attrs = r(environ(HTTP_AUTHORIZATION=bearer(good)))
+    assert (attrs.user, attrs.groups) == ("bob", ("ops", *AUTH))
+    assert classifier.classify(attrs).flow_schema.name == "root"  # the group ops matches
+    unsigned = jwt.encode(claims(sub="alice", groups=["ops"]), None, algorithm="none")
+    expired = jwt.encode(claims(exp=int(NOW) - 1), SECRET, algorithm="HS256")
+    for value in (bearer(unsigned), bearer(expired), "Bearer nonsense"):
+        attrs = r(environ(HTTP_AUTHORIZATION=value))
+        assert (attrs.user, attrs.groups) == ("addr:192.0.2.1", ("system:unauthenticated",))
+        assert classifier.classify(attrs).flow_schema.name == "catch-all"
+
+
+def test_shape_keys_hold_digests_never_the_secret(secret_file):
+    """Review item: the raw API key and bearer token were the middleware cache's keys."""
+    token = jwt.encode(claims(), SECRET, algorithm="HS256")
+    env = environ(HTTP_X_API_KEY="s3cr3t-api-key-value", HTTP_AUTHORIZATION=bearer(token))
+    for verifier in (None, hs_verifier(secret_file)):
+        r = RequestInfoResolver(user_from=("header:X-Api-Key", "jwt-sub"), jwt_verifier=verifier)
+        key = r.shape_key(env.get)
+        text = repr(key)
+        assert "s3cr3t" not in text and token not in text and token[:40] not in text
+        other = r.shape_key({**env, "HTTP_X_API_KEY": "another-key"}.get)
+        assert other != key  # different keys still make different shapes
+    # verified: the shape carries the identity, so it changes when the token expires
+    clock = [NOW]
+    r = RequestInfoResolver(user_from=("jwt-sub",),
+                            jwt_verifier=hs_verifier(secret_file, clock=lambda: clock[0]))
+    before = r.shape_key(env.get)
+    clock[0] = NOW + 7200
+    assert r.shape_key(env.get) != before
+    assert r(env).user == "system:anonymous"
+
+
+def _middleware(resolver) -> APFMiddleware:
+    cap = Capacity()
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap)
+    levels, schemas = led.configure([LevelSpec("lvl", 0, 0, 0, 10)], ["fs"], 10**12)
+    level, schema = NS(name="lvl", uid="u1", is_exempt=False), NS(name="fs", uid="u2")
+    classifier = NS(classify=lambda attrs: NS(flow_schema=schema, priority_level=level,
+                                              distinguisher="", flow_hash=7))
+    ctx = WorkerContext(
+        ledger=led, resolver=resolver, classifier=classifier, level_index=levels,
+        fs_index=schemas, owner=0, parking=Parking(), deliver=lambda granted: None,
+        add_linger=lambda *a: None, queue_wait_limit_ns=10**9, alive=lambda: True,
+        clock=lambda: 10**12)
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [b"ok"]
+    return APFMiddleware(app, ctx)
+
+
+@pytest.mark.parametrize("verified", [False, True])
+def test_the_middleware_cache_keeps_no_raw_identity_value(secret_file, verified):
+    token = jwt.encode(claims(), SECRET, algorithm="HS256")
+    verifier = hs_verifier(secret_file) if verified else None
+    mw = _middleware(RequestInfoResolver(user_from=("header:X-Api-Key", "jwt-sub"),
+                                         jwt_verifier=verifier))
+    env = environ(HTTP_X_API_KEY="s3cr3t-api-key-value", HTTP_AUTHORIZATION=bearer(token),
+                  **{"wsgi.input": None})
+    body = mw(env, lambda status, headers, exc_info=None: None)
+    assert b"".join(body) == b"ok"
+    body.close()
+    assert len(mw._cache) == 1
+    text = repr(list(mw._cache))
+    assert "s3cr3t" not in text and token[:40] not in text
+
+
+# --- settings --------------------------------------------------------------------------------
+
+def test_settings_build_the_verifier(secret_file):
+    s = load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": secret_file,
+                       "APF_JWT_AUDIENCE": "api", "APF_JWT_GROUPS_CLAIM": "roles"})
+    r = build_resolver(s)
+    good = jwt.encode(claims(aud="api", roles=["r"]), SECRET, algorithm="HS256")
+    assert (r(environ(HTTP_AUTHORIZATION=bearer(good))).user,
+            r(environ(HTTP_AUTHORIZATION=bearer(good))).groups) == ("alice", ("r", *AUTH))
+    assert build_resolver(load_settings({"APF_USER_FROM": "jwt-sub"})).jwt_verifier is None
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"short", "HMAC secret of 5 bytes; at least 32"),
+    (b"", "empty"),
+    (b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "not a readable PEM"),
+    (b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", "private key"),
+    (b'{"keys": [', "does not parse"),
+    (b'{"keys": []}', "without a signature key"),
+    (b'{"keys": [{"kty": "oct", "k": "c2hvcnQ"}]}', "keys[0]: an HMAC key of 5 bytes"),
+    (b'{"keys": [{"kty": "oct", "k": "' + b"QUFB" * 16 + b'", "alg": "RS256"}]}',
+     "keys[0]: Not an RSA key"),
+    (b'{"keys": [{"kty": "oct", "k": "' + b"QUFB" * 16 + b'", "alg": "HS512"}]}',
+     "alg 'HS512' does not fit the key (allowed: HS256, HS384)"),
+    (b'{"kty": "XX"}', "Unsupported kty"),
+    (b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ user@host-with-a-long-name", "OpenSSH"),
+])
+def test_a_bad_key_file_names_the_variable_the_file_and_the_problem(tmp_path, content, words):
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    with pytest.raises(SettingsError) as e:
+        load_settings({"APF_USER_FROM": "proxy,jwt-sub", "APF_JWT_KEY": str(path)})
+    assert "APF_JWT_KEY" in str(e.value) and str(path) in str(e.value)
+    assert words in str(e.value), str(e.value)
+    with pytest.raises(JWTKeyError):
+        load_jwt_key(str(path))
+
+
+def test_settings_errors(tmp_path, secret_file):
+    with pytest.raises(SettingsError, match="APF_JWT_KEY.*cannot read the file"):
+        load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": str(tmp_path / "nope")})
+    with pytest.raises(SettingsError, match="does not list; add it"):
+        load_settings({"APF_JWT_KEY": secret_file})
+    with pytest.raises(SettingsError, match="APF_JWT_ISSUER.*set APF_JWT_KEY too"):
+        load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_ISSUER": "x"})
