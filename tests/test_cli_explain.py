@@ -362,7 +362,7 @@ def test_request_costs(capsys, monkeypatch):
     assert clamped["seats"]["requested"]["initial"] == 4
     assert clamped["seats"]["initial"] == clamped["seats"]["maxSeats"] < 4
     linger = explain_json(capsys, *argv, "--request", "GET /linger")
-    assert (linger["seats"]["final"], linger["seats"]["additionalLatency"]) == (2, "2s")
+    assert (linger["seats"]["final"], linger["seats"]["additionalLatency"]) == (2, "6s")
     assert main(["explain", *argv, "--request", "GET /clamped"]) == 0
     assert "clamped to the level's max" in capsys.readouterr().out
 

@@ -13,7 +13,10 @@ from gunicorn.http.errors import (
     InvalidHTTPVersion,
     InvalidRequestLine,
     InvalidRequestMethod,
+    LimitRequestHeaders,
+    LimitRequestLine,
     NoMoreData,
+    ParseException,
 )
 from gunicorn.http.parser import RequestParser
 
@@ -30,27 +33,28 @@ def _cfg(**settings) -> Config:
 def parse(cfg: Config, buf: bytes) -> str:
     """What gunicorn's parser does with ``buf`` and then the end of input: "more" (it ran out
     of input: on a socket it would have waited), "line" (it rejected the request line),
-    "done" (it parsed the head or rejected something else)."""
+    "done" (it parsed the head or rejected something else). Any error that is not one of the
+parser's own verdicts (``ParseException``) is raised: a broken call is a test error, never
+an outcome."""
     try:
         next(RequestParser(cfg, iter([buf]), ("127.0.0.1", 1)))
     except (NoMoreData, StopIteration):
         return "more"
     except (InvalidRequestLine, InvalidRequestMethod, InvalidHTTPVersion):
         return "line"
-    except Exception:
+    except ParseException:
         return "done"
     return "done"
 
 
 def parser_too_large(cfg: Config, buf: bytes) -> bool:
-    """Whether gunicorn's parser rejects ``buf`` as too large once it reads one byte more."""
-    from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
-
+    """Whether gunicorn's parser rejects ``buf`` as too large once it reads one byte more (any
+    other verdict of the parser's is False; an error that is not a verdict is raised)."""
     try:
         next(RequestParser(cfg, iter([buf, b"x"]), ("127.0.0.1", 1)))
     except (LimitRequestHeaders, LimitRequestLine):
         return True
-    except Exception:
+    except (NoMoreData, StopIteration, ParseException):
         return False
     return False
 

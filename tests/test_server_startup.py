@@ -218,7 +218,8 @@ def test_start_up_output_through_gunicorns_log(server_factory):
         assert srv.request("/clamped?ms=1")[0] == 200
         # the first worker (index 0) logs the notes as it boots, which may be after the other
         # worker answered
-        log = srv.wait_for(lambda: "@cost on GET /clamped" in srv.log() and srv.log())
+        assert srv.wait_for(lambda: "@cost on GET /clamped" in srv.log(), timeout=30), \
+            srv.log()
         log = srv.log()
     check = subprocess.run([sys.executable, "-m", "apf_gunicorn", "check", str(APPS / "seats.yaml"),
                             "--workers", "2", "--threads", "8", "--json"],
