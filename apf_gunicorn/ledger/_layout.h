@@ -5,7 +5,7 @@
 #define APF_LEDGER_LAYOUT_H
 
 enum {
-    VERSION = 6,
+    VERSION = 7,
     WORD = 8,
     NAME_BYTES = 256,
     H_MAGIC = 0,
@@ -175,6 +175,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "6a18c9bce8a0e8f6"
+#define LAYOUT_DIGEST "f840f95b6357bc8b"
 
 #endif
