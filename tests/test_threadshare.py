@@ -139,7 +139,16 @@ class ByUser:
                   distinguisher=user, flow_hash=hash(user) & 0xFFFFFFFF)
 
 
-def _setup(seats: int, nonexempt: int, app):
+def _setup(seats: int, nonexempt: int):
+    """A ledger of one level, a worker's parking and thread reserve, and a middleware whose app
+    answers 200 once ``gate`` is set."""
+    gate = threading.Event()
+
+    def app(environ, start_response):
+        assert gate.wait(10)
+        start_response("200 OK", [])
+        return [b"ok"]
+
     cap = Capacity()
     led = Ledger.create(bytearray(Ledger.size(cap)), cap)
     levels, schemas = led.configure([LevelSpec("lvl", 16, 4, 10, seats)], ["fs"],
@@ -154,7 +163,7 @@ def _setup(seats: int, nonexempt: int, app):
         add_linger=lambda until, slot, gen: led.release(slot, gen, until),
         queue_wait_limit_ns=30 * 10**9, alive=lambda: True, max_seats={"lvl": 1},
         inflight=inflight, nonexempt_threads=nonexempt)
-    return led, parking, inflight, APFMiddleware(app, ctx)
+    return led, parking, inflight, APFMiddleware(app, ctx), gate
 
 
 class Request(threading.Thread):
@@ -194,6 +203,15 @@ def _wait_for(predicate, timeout=10.0):
     return predicate()
 
 
+def _flood(mw, inflight, parking, n: int) -> list[Request]:
+    """``n`` heavy requests, one after another: the first runs (one seat), the rest park."""
+    flood = [Request(mw, inflight, "heavy") for _ in range(n)]
+    for i, t in enumerate(flood):
+        t.start()
+        assert _wait_for(lambda i=i: len(inflight) == i + 1 and len(parking) == i)
+    return flood
+
+
 def _level(led):
     return led.snapshot(time.monotonic_ns()).levels[0]
 
@@ -202,20 +220,8 @@ def test_a_light_flow_takes_the_thread_of_the_floods_newest_parked_request():
     """1 seat, 3 non-exempt threads: the flood runs one request and parks two. The light
     user's request takes the newest parked one's thread, which answers 429 thread-share; the
     light request is served in its turn, and the ledger is clean after."""
-    gate = threading.Event()
-
-    def app(environ, start_response):
-        assert gate.wait(10)
-        start_response("200 OK", [])
-        return [b"ok"]
-
-    led, parking, inflight, mw = _setup(seats=1, nonexempt=3, app=app)
-    flood = []
-    for i in range(3):
-        flood.append(Request(mw, inflight, "heavy"))
-        flood[-1].start()
-        assert _wait_for(lambda i=i: len(inflight) == i + 1 and (i == 0 or len(parking) == i))
-    assert len(parking) == 2
+    led, parking, inflight, mw, gate = _setup(seats=1, nonexempt=3)
+    flood = _flood(mw, inflight, parking, 3)
     newest = flood[2]
     light = Request(mw, inflight, "light")
     light.start()
@@ -239,18 +245,8 @@ def test_a_light_flow_takes_the_thread_of_the_floods_newest_parked_request():
 
 
 def test_the_floods_own_newcomer_is_turned_away_and_nothing_is_evicted():
-    gate = threading.Event()
-
-    def app(environ, start_response):
-        assert gate.wait(10)
-        start_response("200 OK", [])
-        return [b"ok"]
-
-    led, parking, inflight, mw = _setup(seats=1, nonexempt=3, app=app)
-    flood = [Request(mw, inflight, "heavy") for _ in range(3)]
-    for i, t in enumerate(flood):
-        t.start()
-        assert _wait_for(lambda i=i: len(inflight) == i + 1 and (i == 0 or len(parking) == i))
+    led, parking, inflight, mw, gate = _setup(seats=1, nonexempt=3)
+    flood = _flood(mw, inflight, parking, 3)
     extra = Request(mw, inflight, "heavy")
     extra.start()
     extra.join(10)
@@ -266,14 +262,7 @@ def test_the_floods_own_newcomer_is_turned_away_and_nothing_is_evicted():
 def test_a_victim_granted_meanwhile_runs_and_the_arrival_is_turned_away():
     """The victim's seat comes free just before the arrival's cancel: the ledger says it was
     dispatched, so it runs; no other victim is left, so the arrival gets thread-reserve."""
-    gate = threading.Event()
-
-    def app(environ, start_response):
-        assert gate.wait(10)
-        start_response("200 OK", [])
-        return [b"ok"]
-
-    led, parking, inflight, mw = _setup(seats=1, nonexempt=2, app=app)
+    led, parking, inflight, mw, gate = _setup(seats=1, nonexempt=2)
     # the seat is taken by another worker, so this worker's request parks
     other = led.admit(0, 99, 1, 0, 0, 1, time.monotonic_ns())
     assert other.outcome == EXECUTE
