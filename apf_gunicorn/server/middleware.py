@@ -202,7 +202,7 @@ class APFMiddleware:
         self._clamp_logged: set[tuple] = set()
         self._max_origin: dict[str, str] = {}  # level -> where its max seats come from
         self._nonexempt_threads = ctx.nonexempt_threads
-        # who holds the parked threads, by flow (only with a thread reserve)
+        # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
         self._share = ThreadShare() if ctx.inflight is not None else None
         self._rejected_total = ctx.ledger.rejected_total
         self._orca = ctx.load_report
@@ -391,7 +391,7 @@ class APFMiddleware:
         w = parking.park(slot, gen, fd)
         # (only a request holding a thread of the reserve's count can give it up)
         parked = (self._share.park((route.level, flow_hash), slot, gen, w)
-                  if route.inflight is not None and self._share is not None else None)
+                  if route.inflight is not None else None)
         if not ctx.alive():
             parking._wake(w, STOPPING)
         # runs only once the ledger says it was dispatched, whatever woke it
@@ -442,12 +442,9 @@ class APFMiddleware:
         Returns:
             True when a thread was taken; False: turn the arrival away.
         """
-        share = self._share
-        if share is None:
-            return False
         ledger, clock = self.ctx.ledger, self._clock
         try:
-            victim = share.evict((level, flow_hash),
+            victim = self._share.evict((level, flow_hash),
                                  lambda slot, gen: ledger.cancel(slot, gen, clock(),
                                                                  "thread-share"))
         except Exception:
