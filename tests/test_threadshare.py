@@ -43,9 +43,12 @@ def test_a_flow_holding_one_thread_or_none_is_never_turned_away_while_another_ho
             assert choose_victim(parked, B) == A, (own, several)
 
 
-def test_any_flow_holding_more_than_the_arrivals_gives_one_up():
-    assert choose_victim({A: 1}, B) == A
-    assert choose_victim({A: 1, B: 1}, C) == A
+def test_a_flows_only_parked_request_is_never_taken():
+    """Only parked threads are counted: a flood running on every other thread holds none
+    parked, and must not take a light user's one parked request for its newcomer."""
+    assert choose_victim({A: 1}, B) is None
+    assert choose_victim({A: 1, B: 1}, C) is None
+    assert choose_victim({A: 2, B: 1}, C) == A
     assert choose_victim({A: 3, B: 2}, B) == A
 
 
@@ -260,25 +263,29 @@ def test_the_floods_own_newcomer_is_turned_away_and_nothing_is_evicted():
 
 
 def test_a_victim_granted_meanwhile_runs_and_the_arrival_is_turned_away():
-    """The victim's seat comes free just before the arrival's cancel: the ledger says it was
-    dispatched, so it runs; no other victim is left, so the arrival gets thread-reserve."""
-    led, parking, inflight, mw, gate = _setup(seats=1, nonexempt=2)
-    # the seat is taken by another worker, so this worker's request parks
-    other = led.admit(0, 99, 1, 0, 0, 1, time.monotonic_ns())
-    assert other.outcome == EXECUTE
-    heavy = Request(mw, inflight, "heavy")
-    heavy.start()
-    assert _wait_for(lambda: len(parking) == 1)
-    inflight.append(None)  # the other non-exempt thread runs something else
+    """The seats come free just before the arrival's cancel: the ledger says the victim was
+    dispatched, so it runs; the flow's other parked request is its only one now (and granted
+    too), so the arrival gets thread-reserve."""
+    led, parking, inflight, mw, gate = _setup(seats=2, nonexempt=3)
+    # the seats are taken by another worker, so this worker's requests park
+    others = [led.admit(0, 99, 1, 0, 0, 1, time.monotonic_ns()) for _ in range(2)]
+    assert [o.outcome for o in others] == [EXECUTE] * 2
+    heavy = [Request(mw, inflight, "heavy") for _ in range(2)]
+    for i, t in enumerate(heavy):
+        t.start()
+        assert _wait_for(lambda i=i: len(parking) == i + 1)
+    inflight.append(None)  # the third non-exempt thread runs something else
     real_cancel = led.cancel
 
-    def cancel_after_a_grant(slot, gen, now, reason="time-out"):
-        granted, _ = led.finish(other.slot, other.gen, time.monotonic_ns())
-        assert [(s, g) for s, g, _ in granted] == [(slot, gen)]
-        parking.grant(slot, gen)
+    def cancel_after_the_grants(slot, gen, now, reason="time-out"):
+        for o in others:
+            granted, _ = led.finish(o.slot, o.gen, time.monotonic_ns())
+            for s, g, _ in granted:
+                parking.grant(s, g)
+        others.clear()
         return real_cancel(slot, gen, now, reason)
 
-    led.cancel = cancel_after_a_grant
+    led.cancel = cancel_after_the_grants
     light = Request(mw, inflight, "light")
     light.start()
     light.join(10)
@@ -286,8 +293,9 @@ def test_a_victim_granted_meanwhile_runs_and_the_arrival_is_turned_away():
     (st,) = [s for s in led.request_stats() if s.flow_schema == "fs"]
     assert st.rejected["thread-reserve"] == 1 and st.rejected["thread-share"] == 0
     gate.set()
-    heavy.join(10)
-    assert heavy.status == 200
+    for t in heavy:
+        t.join(10)
+    assert [t.status for t in heavy] == [200, 200]
     inflight.pop()
     assert inflight == [] and len(parking) == 0
     assert _level(led).seats_in_use == 0

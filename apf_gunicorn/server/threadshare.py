@@ -6,10 +6,11 @@ would let a flood that parked on every thread shut every other flow out before f
 sees them. Instead the **newest waiting request of the flow that holds the most parked
 threads** gives up its thread: it is taken out of the ledger (``Ledger.cancel`` with reason
 ``thread-share``), its thread wakes and answers ``429``, and the arrival keeps the thread it is
-on. The arrival is turned away itself (``thread-reserve``, as before) only when its own flow
-holds as many parked threads as any other, or nobody is parked. So a flow holding one parked
-thread or none is never turned away for threads while another holds several, and a flow that
-parked on every thread while alone gives them up one by one as other flows arrive.
+on. The arrival is turned away itself (``thread-reserve``, as before) when its own flow holds
+as many parked threads as any other, or no flow holds several (two or more). So a flow holding
+one parked thread or none is never turned away for threads while another holds several, a
+flow's only parked request is never taken, and a flow that parked on every thread while alone
+gives them up as other flows arrive, down to one.
 
 A flow is ``(priority level index, flow hash)``, as the ledger keys its queues. Only requests
 that park are tracked (:meth:`ThreadShare.park` / :meth:`ThreadShare.leave`): a request that
@@ -42,6 +43,10 @@ from typing import Any
 log = logging.getLogger("apf_gunicorn.threadshare")
 
 Flow = tuple[int, int]  # (priority level index, flow hash)
+# A flow's only parked request is never taken: its thread count says nothing of the threads
+# its flow runs (only parked requests are tracked), and a flood that runs on every other thread
+# would otherwise take a light user's one parked request whenever it held none parked itself.
+MIN_VICTIM_PARKED = 2
 
 
 def choose_victim(parked: Mapping[Flow, int], arrival: Flow) -> Flow | None:
@@ -52,11 +57,11 @@ def choose_victim(parked: Mapping[Flow, int], arrival: Flow) -> Flow | None:
             iteration order breaks ties: the first flow of those holding the most wins.
         arrival: the arriving request's flow.
     Returns:
-        The flow holding the most parked threads when that is more than ``arrival``'s own
-        flow holds; None when the arrival itself is to be turned away (its flow holds the
-        most, or ties it, or nothing is parked).
+        The flow holding the most parked threads when that is several (two or more) and more
+        than ``arrival``'s own flow holds; None when the arrival itself is to be turned away
+        (its flow holds the most, or ties it, or no flow holds several).
     """
-    best, most = None, parked.get(arrival, 0)
+    best, most = None, max(parked.get(arrival, 0), MIN_VICTIM_PARKED - 1)
     for flow, n in parked.items():
         if n > most:
             best, most = flow, n
