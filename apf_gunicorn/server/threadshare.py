@@ -43,9 +43,9 @@ from typing import Any
 log = logging.getLogger("apf_gunicorn.threadshare")
 
 Flow = tuple[int, int]  # (priority level index, flow hash)
-# A flow's only parked request is never taken: its thread count says nothing of the threads
-# its flow runs (only parked requests are tracked), and a flood that runs on every other thread
-# would otherwise take a light user's one parked request whenever it held none parked itself.
+# A flow's only parked request is never taken: parked counts say nothing of the threads a flow
+# runs, and a flood running on every other thread (none parked) would otherwise take a light
+# user's one parked request for each of its newcomers.
 MIN_VICTIM_PARKED = 2
 
 
