@@ -5,7 +5,7 @@
 #define APF_LEDGER_LAYOUT_H
 
 enum {
-    VERSION = 6,
+    VERSION = 7,
     WORD = 8,
     NAME_BYTES = 256,
     H_MAGIC = 0,
@@ -177,6 +177,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "a16292949c8be3ec"
+#define LAYOUT_DIGEST "d254165514be0e9c"
 
 #endif

@@ -22,8 +22,9 @@ from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
 # 6: the undo log (H_UNDO_N, UNDO_PAIRS pairs after the header), the server counters after
-# it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM
-VERSION = 6
+# it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM;
+# 7: thread-share rejections in the stats entries
+VERSION = 7
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 

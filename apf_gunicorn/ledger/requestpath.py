@@ -93,6 +93,7 @@ from apf_gunicorn.ledger.stats import (
     R_CONCURRENCY_LIMIT,
     R_NO_SLOT,
     R_QUEUE_FULL,
+    R_THREAD_SHARE,
     R_TIME_OUT,
     WORK_BOUNDS,
 )
@@ -469,8 +470,9 @@ class RequestPath:
         Args:
             slot, gen: the request, as :meth:`admit` returned it.
             now: the caller's monotonic ns.
-            reason: ``"time-out"`` (counted as rejected, cancelled and timed out) or anything
-                else, counted as ``"cancelled"``.
+            reason: ``"time-out"`` (counted as rejected, cancelled and timed out),
+                ``"thread-share"`` (its worker gave its thread to another flow's request:
+                rejected and cancelled) or anything else, counted as ``"cancelled"``.
         Returns:
             True when it was waiting and is now removed; False when it is no longer waiting (it
             was granted: the caller must run it and :meth:`finish` it after all).
@@ -487,7 +489,8 @@ class RequestPath:
         self._drop_waiting_locked(lb, s, sa, now)  # one event: the drop and its counts
         self._count_rejection_locked(lb)
         eb = w[sa + S_STATS] >> 1
-        r = R_TIME_OUT if reason == "time-out" else R_CANCELLED
+        r = (R_TIME_OUT if reason == "time-out" else R_THREAD_SHARE if reason == "thread-share"
+             else R_CANCELLED)
         self._log_locked(lb + L_CANCELLED, lb + L_TIMEDOUT, eb + E_REJECTED + r)
         w[lb + L_CANCELLED] += 1
         if r == R_TIME_OUT:

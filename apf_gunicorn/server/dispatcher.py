@@ -16,6 +16,8 @@ an outcome) and waits in :meth:`Parking.wait`. These wake it:
   registration older than the ``epoll_wait`` that returned it (:meth:`Parking.poll_mark`);
 * the worker stopping (``worker.alive`` false, or :meth:`Parking.stop_all` from
   ``worker_exit``): outcome ``STOPPING``, answered 503;
+* another request of its worker taking its thread (:meth:`Parking.evict`, outcome ``EVICTED``;
+  ``server/threadshare.py``: the ledger has already removed it);
 * or its own wait limit running out.
 
 The dispatcher also releases lingering seats (Kubernetes' additional latency) when their time
@@ -53,6 +55,7 @@ log = logging.getLogger("apf_gunicorn.dispatcher")
 GRANTED = 1
 CANCELLED = 2
 STOPPING = 3
+EVICTED = 4
 
 TICK_S = 0.1
 _SOCK_EVENTS = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
@@ -120,7 +123,7 @@ class Parking:
         arrives meanwhile sets the event again and is never lost.
 
         Returns:
-            GRANTED (run it), CANCELLED, STOPPING, or 0 (the deadline passed).
+            GRANTED (run it), CANCELLED, STOPPING, EVICTED, or 0 (the deadline passed).
         """
         slot, gen = w.slot, w.gen
         try:
@@ -162,11 +165,17 @@ class Parking:
                 pass
 
     def _wake(self, w: Waiter, outcome: int) -> None:
-        # CANCELLED and STOPPING replace an unconfirmed GRANTED (the waiter handles a dispatched
-        # request answered either way: Middleware._wait)
+        # CANCELLED, STOPPING and EVICTED replace an unconfirmed GRANTED (the waiter handles a
+        # dispatched request answered either way: Middleware._wait)
         if not w.outcome or (w.outcome == GRANTED and outcome != GRANTED):
             w.outcome = outcome
             w.event.set()
+
+    def evict(self, w: Waiter) -> None:
+        """Wake ``w``'s thread with EVICTED: another request of this worker took its thread,
+        and the ledger no longer holds it (``server/threadshare.py``)."""
+        with self._lock:
+            self._wake(w, EVICTED)
 
     def grant(self, slot: int, gen: int) -> None:
         """Wake the request parked on ``(slot, gen)``, if any (a grant for nobody is dropped:

@@ -166,7 +166,8 @@ def thread_budget(gen: Generation, settings: Settings, workers: int,
     return (f"{usable} hold the concurrency limit of {seats} plus only {total - limit} waiting "
             f"requests, while the configuration ({source}) allows {queued} queued (sum of "
             f"queues x queueLengthLimit); beyond that, a worker whose non-exempt threads are "
-            f"all taken answers 429 (reason thread-reserve) at once. {fix}")
+            f"all taken answers 429 at once: the newcomer (reason thread-reserve), or a parked "
+            f"request of a flow holding more parked threads (thread-share). {fix}")
 
 
 def _budget_fix(settings: Settings, workers: int, threads: int, total: int, queued: int) -> str:

@@ -2,7 +2,8 @@
 
 Per request: attributes -> FlowSchema and priority level -> work estimate -> ``ledger.admit``;
 then run now, or park the thread until the ledger grants the request, its wait limit runs out
-(429, ``time-out``), its client leaves (``cancelled``) or the worker stops (503). The seats
+(429, ``time-out``), its client leaves (``cancelled``), the worker stops (503) or another
+flow's request takes its thread (429, ``thread-share``: server/threadshare.py). The seats
 are given back (``ledger.finish``) when the response body has been sent or closed, or when
 the app raises; a watch or a long-running request holds them only until the app returns its
 iterable (its initial phase). Lingering seats (final seats, additional latency) are released
@@ -65,6 +66,7 @@ from apf_gunicorn.server.dispatcher import (
     Parking,
     finish_request,
 )
+from apf_gunicorn.server.threadshare import ThreadShare
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -200,10 +202,12 @@ class APFMiddleware:
         self._clamp_logged: set[tuple] = set()
         self._max_origin: dict[str, str] = {}  # level -> where its max seats come from
         self._nonexempt_threads = ctx.nonexempt_threads
+        # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
+        self._share = ThreadShare() if ctx.inflight is not None else None
         self._rejected_total = ctx.ledger.rejected_total
         self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
-                      "stopping": 0, "bypassed": 0, "turned_away": 0}
+                      "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
 
     # -- the request path ------------------------------------------------------------------
 
@@ -240,7 +244,8 @@ class APFMiddleware:
                 # The thread reserve: append first, then check, so racing threads can only
                 # both turn away, never both take the last non-exempt thread.
                 inflight.append(None)
-                if len(inflight) > self._nonexempt_threads:
+                if (len(inflight) > self._nonexempt_threads
+                        and not self._take_parked_thread(inflight, level, flow_hash)):
                     inflight.pop()
                     return self._turn_away(start_response, route, fs_index,
                                            initial if initial >= final else final, now)
@@ -258,7 +263,7 @@ class APFMiddleware:
         if outcome != EXECUTE:
             if outcome != QUEUED:
                 return self._reject(start_response, route)
-            answer = self._wait(environ, start_response, slot, gen, route, now)
+            answer = self._wait(environ, start_response, slot, gen, route, now, flow_hash)
             if answer is not None:
                 return answer
         # Run the app (inline rather than a method: one Python frame less per request).
@@ -362,7 +367,7 @@ class APFMiddleware:
         self._max_origin[pl.name] = max_seats_origin(pl)
         return route
 
-    def _wait(self, environ, start_response, slot, gen, route, admitted_ns):
+    def _wait(self, environ, start_response, slot, gen, route, admitted_ns, flow_hash):
         """Park until granted (returns None: run the request) or answer 429/503."""
         ctx = self.ctx
         self.stats["queued"] += 1
@@ -384,10 +389,19 @@ class APFMiddleware:
                     fd = -1
         parking = ctx.parking
         w = parking.park(slot, gen, fd)
+        # (only a request holding a thread of the reserve's count can give it up)
+        parked = (self._share.park((route.level, flow_hash), slot, gen, w)
+                  if route.inflight is not None else None)
         if not ctx.alive():
             parking._wake(w, STOPPING)
         # runs only once the ledger says it was dispatched, whatever woke it
         outcome = parking.wait(w, deadline, self._clock, ctx.ledger.dispatched)
+        if parked is not None and self._share.leave(parked):
+            # Another flow's request took this thread: the ledger removed and counted this
+            # one (thread-share), and its entry in the thread reserve went to that request.
+            hidden.held = False
+            self.stats["thread_share"] += 1
+            return self._reject(start_response, route)
         if outcome == GRANTED:
             return None
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
@@ -417,6 +431,30 @@ class APFMiddleware:
             return self._reject(start_response, route)
         self.stats["timeout"] += 1
         return self._reject(start_response, route)
+
+    def _take_parked_thread(self, inflight: list, level: int, flow_hash: int) -> bool:
+        """For a request that found no non-exempt thread: take the thread of the newest
+        parked request of the flow holding the most parked threads, if that flow holds more
+        than the request's own (server/threadshare.py). That request is removed from the
+        ledger (``thread-share``) and woken to answer 429; its entry in ``inflight`` is given
+        up here, the arrival's stays.
+
+        Returns:
+            True when a thread was taken; False: turn the arrival away.
+        """
+        ledger, clock = self.ctx.ledger, self._clock
+        try:
+            victim = self._share.evict((level, flow_hash),
+                                 lambda slot, gen: ledger.cancel(slot, gen, clock(),
+                                                                 "thread-share"))
+        except Exception:
+            log.exception("apf: taking a parked thread failed")
+            return False
+        if victim is None:
+            return False
+        inflight.pop()  # the victim's: its thread answers 429 and no longer counts
+        self.ctx.parking.evict(victim.waiter)
+        return True
 
     def _turn_away(self, start_response, route, fs_index: int, seats: int, now: int):
         """429 (``thread-reserve``) for a non-exempt request that would take one of the threads
