@@ -21,6 +21,9 @@ The decorator only sets an attribute and returns the function itself, so it may 
 below ``@app.route`` and under decorators that use ``functools.wraps``. Arguments are checked
 when the module is imported (a bad cost fails at start, not per request). Nothing here imports
 Flask: the middleware recognises a Flask app by its ``url_map`` and ``view_functions``.
+Django apps have their own decorator, :func:`apf_gunicorn.django.cost`; each module's decorator
+on the other framework's view is reported at start
+(:func:`apf_gunicorn.viewcost.unusable_costs`).
 
 :class:`ViewCosts` is what the middleware uses: ``ViewCosts.for_app(app)`` (None when the app
 is not Flask-like or tags no view), then ``lookup(method, path) -> WorkEstimate | None``.
@@ -35,12 +38,14 @@ from typing import Any, TypeVar
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing.exceptions import RoutingException
 
-from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, make_estimate
+from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from apf_gunicorn.viewcost import FLASK_ATTRIBUTE, declares_cost, tag
+from apf_gunicorn.viewcost import view_cost as _view_cost
 
 log = logging.getLogger("apf_gunicorn.flask")
 
 #: The attribute ``@cost`` sets on a view function, method or class.
-COST_ATTRIBUTE = "_apf_cost"
+COST_ATTRIBUTE = FLASK_ATTRIBUTE
 
 F = TypeVar("F")
 
@@ -55,31 +60,13 @@ def cost(seats: int = 1, final_seats: int = 0, additional_latency: Any = 0,
     are given back once the view has returned its response iterable, not when the body has
     been sent (streams). Raises ValueError naming the bad argument.
     """
-    estimate = make_estimate(seats, final_seats, additional_latency, long_running)
-
-    def decorate(view: F) -> F:
-        setattr(view, COST_ATTRIBUTE, estimate)
-        return view
-
-    return decorate
+    return tag(COST_ATTRIBUTE, seats, final_seats, additional_latency, long_running)
 
 
 def view_cost(view: Any, method: str) -> WorkEstimate | None:
     """The cost a view declares for ``method``: a class-based view's method first, then the
     view function, then the view class."""
-    view_class = getattr(view, "view_class", None)
-    if view_class is not None:
-        handler = getattr(view_class, method.lower(), None)
-        if handler is None and method == "HEAD":
-            handler = getattr(view_class, "get", None)
-        found = getattr(handler, COST_ATTRIBUTE, None)
-        if isinstance(found, WorkEstimate):
-            return found
-    found = getattr(view, COST_ATTRIBUTE, None)
-    if isinstance(found, WorkEstimate):
-        return found
-    found = getattr(view_class, COST_ATTRIBUTE, None)
-    return found if isinstance(found, WorkEstimate) else None
+    return _view_cost(view, method, COST_ATTRIBUTE)
 
 
 def is_flask_like(app: Any) -> bool:
@@ -98,12 +85,14 @@ class ViewCosts:
         self._adapter = url_map.bind("localhost")
 
     @classmethod
-    def for_app(cls, app: Any) -> ViewCosts | None:
-        """None unless ``app`` looks like a Flask app whose views declare at least one cost."""
+    def for_app(cls, app: Any, require_costs: bool = True) -> ViewCosts | None:
+        """None unless ``app`` looks like a Flask app whose views declare at least one cost
+        (any Flask app with ``require_costs=False``)."""
         if not is_flask_like(app):
             return None
         views = app.view_functions
-        if not any(_declares_cost(v) for v in list(views.values())):
+        if require_costs and not any(declares_cost(v, COST_ATTRIBUTE)
+                                     for v in list(views.values())):
             return None
         url_map = app.url_map
         if getattr(url_map, "host_matching", False):
@@ -116,7 +105,8 @@ class ViewCosts:
             log.exception("apf: cannot read the Flask URL map; @cost declarations are ignored")
             return None
 
-    def lookup(self, method: str, path: str) -> WorkEstimate | None:
+    def _view(self, method: str, path: str) -> tuple[Any, Any] | None:
+        """(rule, view function) of the view that serves the request, or None."""
         try:
             rule, _ = self._adapter.match(path, method=method, return_rule=True)
         except (HTTPException, RoutingException):  # 404, 405, redirects: no view runs
@@ -126,20 +116,47 @@ class ViewCosts:
         if method == "OPTIONS" and getattr(rule, "provide_automatic_options", False):
             return None  # Flask answers it without calling the view
         view = self.view_functions.get(rule.endpoint)
-        if view is None:
-            return None
-        return view_cost(view, method)
+        return None if view is None else (rule, view)
+
+    def lookup(self, method: str, path: str) -> WorkEstimate | None:
+        """The cost the request's view declares, or None (no view, or no cost)."""
+        found = self._view(method, path)
+        return None if found is None else view_cost(found[1], method)
+
+    def name(self, method: str, path: str) -> str | None:
+        """The endpoint and rule that serve the request (``"report (/reports/<int:year>)"``),
+        or None when no view runs."""
+        found = self._view(method, path)
+        return None if found is None else f"{found[0].endpoint} ({found[0].rule})"
 
 
-def _declares_cost(view: Any) -> bool:
-    if isinstance(getattr(view, COST_ATTRIBUTE, None), WorkEstimate):
-        return True
-    view_class = getattr(view, "view_class", None)
-    if view_class is None:
-        return False
-    handlers = [getattr(view_class, m, None) for m in _HTTP_METHODS]
-    return any(isinstance(getattr(v, COST_ATTRIBUTE, None), WorkEstimate)
-               for v in [view_class, *handlers])
+def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
+    """Every ``@cost`` of a Flask app, per (method, rule): ``[("@cost on GET
+    /reports/<int:year>", estimate)]``; empty for any other app."""
+    out: list[tuple[str, WorkEstimate]] = []
+    for rule, view in _rules(app):
+        for method in sorted(rule.methods or ()):
+            if method in ("HEAD", "OPTIONS"):
+                continue
+            est = view_cost(view, method)
+            if est is not None:
+                out.append((f"@cost on {method} {rule.rule}", est))
+    return out
 
 
-_HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete", "options", "trace", "connect")
+def named_views(app: Any) -> list[tuple[str, Any]]:
+    """(``"'endpoint' (/rule)"``, view function) of every rule of a Flask app; empty for any
+    other app."""
+    return [(f"{rule.endpoint!r} ({rule.rule})", view) for rule, view in _rules(app)]
+
+
+def _rules(app: Any) -> list[tuple[Any, Any]]:
+    """(rule, view function) of every rule of a Flask app; empty for any other app."""
+    if not is_flask_like(app):
+        return []
+    try:
+        rules = list(app.url_map.iter_rules())
+    except Exception:
+        return []
+    return [(rule, app.view_functions[rule.endpoint]) for rule in rules
+            if rule.endpoint in app.view_functions]

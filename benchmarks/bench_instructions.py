@@ -11,14 +11,14 @@ gunicorn (1 worker, 8 threads, the example app, the same config as bench_server.
 ``valgrind --tool=callgrind``, warms it up, zeroes the worker's counters, sends ``--requests``
 requests over 4 keep-alive connections, dumps the counters and divides: user-space
 instructions per request in the worker (all its threads), for bare gthread and for APF under
-each dispatch policy (``--fairness``, passed to the server as ``APF_FAIRNESS``; the default is
+each fairness (``--fairness``, passed to the server as ``APF_FAIRNESS``; the default is
 both when this build has ``maxmin``, else ``kubernetes``, and the output says which). The
-measured requests never wait (64 seats, 8 threads), so this is each policy's admit-at-once
+measured requests never wait (64 seats, 8 threads), so this is each fairness's admit-at-once
 path with everything else a request costs. With ``--baseline DIR`` also APF in another
 checkout (``git worktree add DIR <commit>``; its C extension is compiled on the fly when a
-compiler is present) under each policy it has: a baseline that lacks one (it predates
+compiler is present) under each fairness it has: a baseline that lacks one (it predates
 ``APF_FAIRNESS`` or ``maxmin``) runs ``kubernetes`` instead, once, and the output says so; the
-ratios this commit / baseline are printed per policy. With ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: with the value
+ratios this commit / baseline are printed per fairness. With ``--orca`` also for APF with ``APF_LOAD_REPORT=orca``, twice: with the value
 recomputed every 100 ms as shipped, and reused for the whole run (``APF_LOAD_REPORT_INTERVAL=60``),
 which separates the per-response cost of the ``endpoint-load-metrics`` header from the cost of
 one recomputation (a time-based cost, which valgrind's ~50x slowdown would otherwise spread
@@ -27,8 +27,8 @@ are not counted: this is the CPU work APF adds, the one part of its overhead thi
 controls. Needs valgrind (``apt-get install -y valgrind``);
 takes about a minute per server. Everything binds 127.0.0.1.
 
-``--rejecting`` and ``--orca`` run APF under the server's default policy when it is measured
-(else the first one), and compare with that policy's served request.
+``--rejecting`` and ``--orca`` run APF under the server's default fairness when it is measured
+(else the first one), and compare with that fairness's served request.
 ``--rejecting`` adds the cost of a 429: APF again, its level with one seat
 (``APF_CONCURRENCY_LIMIT=1``) and ``limitResponse: Reject``, that seat held by one long
 ``/work`` request started before the counters are zeroed, so every measured ``/hello`` is
@@ -62,7 +62,7 @@ from benchmarks.checkouts import (  # noqa: E402
     CHOICES,
     Checkout,
     build_extension,
-    choose_policies,
+    choose_fairness,
     inspect_checkout,
 )
 from tests.apps.procs import children, free_port  # noqa: E402
@@ -216,35 +216,35 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
             print(f"WARNING: /dev/shm entries left behind: {left}", file=sys.stderr)
 
 
-def plan_runs(policies: list[str], side: str, baseline: Checkout | None, *,
+def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *,
               rejecting: bool = False, orca: bool = False) -> tuple[list, dict, list]:
-    """The servers to measure: bare once, this checkout under each policy, the baseline under
-    each policy it has (kubernetes, once, for those it lacks), then --rejecting and --orca.
+    """The servers to measure: bare once, this checkout under each fairness, the baseline under
+    each fairness it has (kubernetes, once, for those it lacks), then --rejecting and --orca.
 
     Args:
-        policies: the policies to measure here (from ``choose_policies``).
-        side: the policy the --rejecting and --orca servers run.
+        fairness_names: the fairnesses to measure here (from ``choose_fairness``).
+        side: the fairness the --rejecting and --orca servers run.
         baseline: the --baseline checkout, or None.
         rejecting: add the 429 server.
         orca: add the two ORCA servers.
     Returns:
         ``(runs, against, notes)``: runs as ``(name, checkout, apf, rejecting, environment)``;
-        ``{policy: name of the baseline run it is compared with}``; lines to print (a baseline
-        that lacks a policy). ``APF_FAIRNESS`` goes to every APF server of this checkout, and
+        ``{fairness: name of the baseline run it is compared with}``; lines to print (a baseline
+        that lacks a fairness). ``APF_FAIRNESS`` goes to every APF server of this checkout, and
         to the baseline's when it reads that variable (it has flowcontrol/fairness.py).
     """
     runs = [("bare", ROOT, False, False, None)]
-    runs += [(f"apf {p}", ROOT, True, False, {"APF_FAIRNESS": p}) for p in policies]
+    runs += [(f"apf {p}", ROOT, True, False, {"APF_FAIRNESS": p}) for p in fairness_names]
     against: dict[str, str] = {}
     notes = []
     if baseline is not None:
-        for p in policies:
-            base_policy, why = baseline.runs(p)
+        for p in fairness_names:
+            base_fairness, why = baseline.runs(p)
             if why:
                 notes.append(why)
-            name = f"apf@{baseline.root} {base_policy}"
+            name = f"apf@{baseline.root} {base_fairness}"
             if name not in against.values():
-                env = {"APF_FAIRNESS": base_policy} if baseline.selectable else None
+                env = {"APF_FAIRNESS": base_fairness} if baseline.selectable else None
                 runs.append((name, baseline.root, True, False, env))
             against[p] = name
     if rejecting:
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--baseline", metavar="DIR", help="also APF in the checkout in DIR")
     ap.add_argument("--fairness", choices=CHOICES,
-                    help="the dispatch policies to measure (APF_FAIRNESS; default: both when "
+                    help="the fairnesses to measure (APF_FAIRNESS; default: both when "
                          "this build has maxmin, else kubernetes)")
     ap.add_argument("--rejecting", action="store_true",
                     help="also APF answering every request 429 (one held seat, Reject)")
@@ -271,13 +271,14 @@ def main(argv=None) -> int:
                     help="also APF with APF_LOAD_REPORT=orca (ORCA header on every response)")
     ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
-    policies, note = choose_policies(args.fairness)
+    fairness_names, note = choose_fairness(args.fairness)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 2
     print(note, flush=True)
-    # the policy --rejecting and --orca run, and the served request they are compared with
-    side = fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in policies else policies[0]
+    # the fairness --rejecting and --orca run, and the served request they are compared with
+    side = (fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in fairness_names
+            else fairness_names[0])
     checkout = None
     if args.baseline:
         base = Path(args.baseline).resolve()
@@ -289,7 +290,7 @@ def main(argv=None) -> int:
         Path(config_path).write_text(BENCH_CONFIG)
         reject_path = os.path.join(tmp, "reject.yaml")
         Path(reject_path).write_text(REJECT_CONFIG)
-        runs, against, notes = plan_runs(policies, side, checkout, rejecting=args.rejecting,
+        runs, against, notes = plan_runs(fairness_names, side, checkout, rejecting=args.rejecting,
                                          orca=args.orca)
         for line in notes:
             print(f"note: {line}", flush=True)
@@ -318,8 +319,8 @@ def main(argv=None) -> int:
             extra = f"  {n / bare:.3f} of bare, {n / served:.3f} of a served APF request ({side})"
         print(f"  {name:{width}s} {n:12,.0f}{extra}")
     if args.baseline:
-        print("this commit vs baseline, per policy (target within +1%):")
-        for p in policies:
+        print("this commit vs baseline, per fairness (target within +1%):")
+        for p in fairness_names:
             now, old = counts[f"apf {p}"], counts[against[p]]
             print(f"  {p}: {now - old:+,.0f} instructions per request ({now / old - 1:+.2%}) "
                   f"against {against[p]}")

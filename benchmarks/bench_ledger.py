@@ -1,11 +1,11 @@
-"""Benchmark the seat ledger: µs per admit+finish cycle under each dispatch policy, and how it
+"""Benchmark the seat ledger: µs per admit+finish cycle under each fairness, and how it
 grows with the queue count.
 
     .venv/bin/python benchmarks/bench_ledger.py [--fairness kubernetes|maxmin|both]
                                                 [--cycles N] [--queues 8,128,1024]
                                                 [--baseline DIR [--reps N]] [--instructions]
 
-Per dispatch policy (``--fairness``; the default is both when this build's ledger has
+Per fairness (``--fairness``; the default is both when this build's ledger has
 ``maxmin``, else ``kubernetes``, and the first line says which), for a bytearray with
 ``NullLock`` and for real POSIX shared memory with ``ProcessLock``, at 8, 128 and 1024 queues
 per level, three scenarios, each a steady state measured over ``--cycles`` admit+finish cycles
@@ -16,15 +16,15 @@ per level, three scenarios, each a steady state measured over ``--cycles`` admit
   arguments as the server's middleware calls it; ``APF_NO_ACCELERATOR=1`` measures the Python
   fast path instead, on both sides of ``--baseline``);
 * ``1000 waiting``: 4 seats and 1000 requests of random flows waiting; every cycle queues one
-  request of a (mostly new) flow and finishes one, which dispatches the policy's next request;
+  request of a (mostly new) flow and finishes one, which dispatches the fairness's next request;
 * ``flows x2``: 4 seats and as many flows as queues (8 to 1024), each keeping 2 requests
-  waiting: every cycle finishes one request, which dispatches the policy's next one, and queues
+  waiting: every cycle finishes one request, which dispatches the fairness's next one, and queues
   one more for the dispatched request's flow, so every flow stays backlogged (the case where
   ``maxmin`` orders flows, not just queues; its cost may grow with the flow count, which this
   row grows with the queue count).
 
 Prints µs per cycle (best of 7), the flatness ratio (cost at the most queues / at the fewest:
-1024/8) per row and the worst per policy and scenario, the ledger size at default capacities,
+1024/8) per row and the worst per fairness and scenario, the ledger size at default capacities,
 and the cost of the two buffer access styles considered (memoryview casts, used, vs ctypes
 structures).
 
@@ -32,9 +32,9 @@ structures).
 (e.g. a ``git worktree add /tmp/ledger-base <commit>`` checkout; its C extension is compiled in
 place when gcc is present), this checkout and that one each in a child process of its own, one
 repetition each in turn, and prints the best of ``--reps`` for each and their ratio: both see
-the same machine load, which on a shared machine matters more than anything else. A baseline without a policy (one that predates
-``LevelSpec.fairness``) runs ``kubernetes`` in that policy's rows, and the output says so. The
-summary gives, per policy, the range and geometric mean of the ratios and the flatness on both
+the same machine load, which on a shared machine matters more than anything else. A baseline without a fairness (one that predates
+``LevelSpec.fairness``) runs ``kubernetes`` in that fairness's rows, and the output says so. The
+summary gives, per fairness, the range and geometric mean of the ratios and the flatness on both
 sides.
 
 ``--instructions`` counts instead of timing (needs valgrind): each configuration on a bytearray
@@ -42,7 +42,7 @@ runs in a child under callgrind, ``PYTHONHASHSEED=0``, and the instructions of i
 cycles (2000 by default, between two dump points) are divided by their number; with
 ``--baseline`` the baseline's too. The counts do not move with the machine's load, so they
 settle what the wall-clock ratios (±10% here) cannot; about 8 s per configuration and side
-(~2.5 min per policy against a baseline).
+(~2.5 min per fairness against a baseline).
 """
 
 from __future__ import annotations
@@ -91,14 +91,14 @@ def _hashes(n: int) -> list[int]:
 HASHES = _hashes(4096)
 
 
-def _spec(queues: int, seats: int, policy: str) -> LevelSpec:
-    """The benchmark's one level, running ``policy`` (a ledger whose ``LevelSpec`` predates the
+def _spec(queues: int, seats: int, fairness: str) -> LevelSpec:
+    """The benchmark's one level, running ``fairness`` (a ledger whose ``LevelSpec`` predates the
     ``fairness`` field runs kubernetes only)."""
     args = ("bench", queues, min(6, queues), 100_000, seats)
     if "fairness" in LevelSpec._fields:
-        return LevelSpec(*args, fairness=policy)
-    if policy != KUBERNETES:
-        raise ValueError(f"this ledger's LevelSpec has no fairness field: cannot run {policy}")
+        return LevelSpec(*args, fairness=fairness)
+    if fairness != KUBERNETES:
+        raise ValueError(f"this ledger's LevelSpec has no fairness field: cannot run {fairness}")
     return LevelSpec(*args)
 
 
@@ -107,8 +107,8 @@ def _cycles(scenario: str, cycles: int) -> int:
     return cycles * AT_ONCE_FACTOR if scenario == AT_ONCE else cycles
 
 
-def _setup(led: Ledger, queues: int, scenario: str, policy: str = KUBERNETES):
-    """Configure one level running ``policy`` and bring ``scenario`` to its steady state.
+def _setup(led: Ledger, queues: int, scenario: str, fairness: str = KUBERNETES):
+    """Configure one level running ``fairness`` and bring ``scenario`` to its steady state.
 
     Returns:
         ``run(cycles) -> µs per admit+finish cycle``; ``run.state()`` gives
@@ -117,7 +117,7 @@ def _setup(led: Ledger, queues: int, scenario: str, policy: str = KUBERNETES):
     # every admit passes all ten arguments positionally, as the server's middleware does: the
     # C fast path takes exactly that call and hands any other to the Python paths
     seats = 1000 if scenario == AT_ONCE else 4
-    levels, _ = led.configure([_spec(queues, seats, policy)], ["fs"], 0)
+    levels, _ = led.configure([_spec(queues, seats, fairness)], ["fs"], 0)
     lv = levels["bench"]
     clock = [1]
     running: collections.deque = collections.deque()  # (slot, gen) executing, oldest first
@@ -226,7 +226,7 @@ def _access_styles(n: int = 200_000) -> tuple[float, float]:
     return mv_ns, ct_ns
 
 
-def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = KUBERNETES,
+def measure(buffer: str, scenario: str, queues: int, cycles: int, fairness: str = KUBERNETES,
             reps: int = 7) -> tuple[float, bool]:
     """µs per admit+finish cycle, best of ``reps`` runs of ``cycles``, and whether the ledger
     ran its C fast path (``Ledger.accelerated``).
@@ -236,14 +236,14 @@ def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = 
         scenario: one of :data:`SCENARIOS`.
         queues: queues of the level.
         cycles: cycles per repetition (``at once``: :data:`AT_ONCE_FACTOR` times as many).
-        policy: the level's dispatch policy.
+        fairness: the level's fairness.
         reps: repetitions.
     Returns:
         ``(µs per cycle, accelerated)``.
     """
     led, cleanup = FACTORIES[buffer]()
     try:
-        run = _setup(led, queues, scenario, policy)
+        run = _setup(led, queues, scenario, fairness)
         return min(run(_cycles(scenario, cycles)) for _rep in range(reps)), led.accelerated
     finally:
         cleanup()
@@ -251,7 +251,7 @@ def measure(buffer: str, scenario: str, queues: int, cycles: int, policy: str = 
 
 def _serve() -> int:
     """Child side of --baseline, one per checkout, with that checkout's apf_gunicorn: "hello" (answered with what
-    it offers, one JSON line), then per configuration "setup buffer|scenario|queues|policy"
+    it offers, one JSON line), then per configuration "setup buffer|scenario|queues|fairness"
     (answered "ok 1" when the C fast path is bound, "ok 0" when not), "rep cycles" lines (µs
     per cycle) and "done"."""
     import apf_gunicorn
@@ -263,9 +263,9 @@ def _serve() -> int:
             print(json.dumps({"package": apf_gunicorn.__file__,
                               "levelspec_field": "fairness" in LevelSpec._fields}), flush=True)
         elif cmd == "setup":
-            buffer, scenario, queues, policy = arg.split("|")
+            buffer, scenario, queues, fairness = arg.split("|")
             led, cleanup = FACTORIES[buffer]()
-            run = _setup(led, int(queues), scenario, policy)
+            run = _setup(led, int(queues), scenario, fairness)
             print(f"ok {int(led.accelerated)}", flush=True)
         elif cmd == "rep":
             print(run(int(arg)), flush=True)
@@ -280,10 +280,10 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def _flatness(costs: dict, policy: str, scenario: str, queues: tuple[int, ...]) -> float:
+def _flatness(costs: dict, fairness: str, scenario: str, queues: tuple[int, ...]) -> float:
     """The worst over both buffers of cost at the most queues / cost at the fewest."""
-    return max(costs[(policy, b, scenario, queues[-1])] / costs[(policy, b, scenario, queues[0])]
-               for b in BUFFERS)
+    return max(costs[(fairness, b, scenario, queues[-1])]
+               / costs[(fairness, b, scenario, queues[0])] for b in BUFFERS)
 
 
 class _Child:
@@ -304,11 +304,11 @@ class _Child:
         self.proc.wait(timeout=60)
 
 
-def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles: int,
+def _compare(baseline: str, fairness_names: list[str], queues: tuple[int, ...], cycles: int,
              reps: int) -> dict:
     """Current vs baseline, each in a child process of its own (alike: neither carries the
     parent's state), one repetition each in turn (so both see the same machine load), best of
-    ``reps`` for each. Returns ``{(policy, buffer, scenario, queues): (now, base)}``."""
+    ``reps`` for each. Returns ``{(fairness, buffer, scenario, queues): (now, base)}``."""
     sys.path.append(str(ROOT))
     from benchmarks.checkouts import build_extension, inspect_checkout
 
@@ -327,18 +327,18 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
                 raise RuntimeError(f"the benchmark's child imported {hello}, not {checkout}")
         now_child, base_child = children
         print(base.describe())
-        notes = [n for n in (base.runs(p)[1] for p in policies) if n]
+        notes = [n for n in (base.runs(p)[1] for p in fairness_names) if n]
         for note in notes:
             print(f"note: {note}")
-        print(f"{'policy':<11}{'buffer':<22}{'scenario':<13}{'queues':>6}{'now µs':>9}"
+        print(f"{'fairness':<11}{'buffer':<22}{'scenario':<13}{'queues':>6}{'now µs':>9}"
               f"{'base µs':>9}{'ratio':>7}")
-        for policy in policies:
-            base_policy, _ = base.runs(policy)
+        for fairness in fairness_names:
+            base_fairness, _ = base.runs(fairness)
             for buffer in BUFFERS:
                 for scenario in SCENARIOS:
                     for q in queues:
-                        acc = now_child.ask(f"setup {buffer}|{scenario}|{q}|{policy}")
-                        base_acc = base_child.ask(f"setup {buffer}|{scenario}|{q}|{base_policy}")
+                        acc = now_child.ask(f"setup {buffer}|{scenario}|{q}|{fairness}")
+                        base_acc = base_child.ask(f"setup {buffer}|{scenario}|{q}|{base_fairness}")
                         if acc != base_acc:
                             print(f"WARNING: C fast path bound here: {acc}, in the baseline: "
                                   f"{base_acc}")
@@ -349,33 +349,34 @@ def _compare(baseline: str, policies: list[str], queues: tuple[int, ...], cycles
                             old = min(old, float(base_child.ask(f"rep {n}")))
                         now_child.ask("done")
                         base_child.ask("done")
-                        results[(policy, buffer, scenario, q)] = (now, old)
-                        print(f"{policy:<11}{buffer:<22}{scenario:<13}{q:>6}{now:>9.2f}"
+                        results[(fairness, buffer, scenario, q)] = (now, old)
+                        print(f"{fairness:<11}{buffer:<22}{scenario:<13}{q:>6}{now:>9.2f}"
                               f"{old:>9.2f}{now / old:>7.2f}", flush=True)
     finally:
         for child in children:
             child.close()
     print(f"summary (this commit / baseline, µs per admit+finish, target within 10% (issue 12); "
           f"flatness {queues[-1]}/{queues[0]} queues, worst of both buffers):")
-    for policy in policies:
-        ratios = [now / old for (p, *_), (now, old) in results.items() if p == policy]
-        print(f"  {policy}: ratio {min(ratios):.2f}-{max(ratios):.2f}, geometric mean "
-              f"{_geomean(ratios):.2f}  (baseline ran {base.runs(policy)[0]})")
+    for fairness in fairness_names:
+        ratios = [now / old for (p, *_), (now, old) in results.items() if p == fairness]
+        print(f"  {fairness}: ratio {min(ratios):.2f}-{max(ratios):.2f}, geometric mean "
+              f"{_geomean(ratios):.2f}  (baseline ran {base.runs(fairness)[0]})")
         now_c = {k: v[0] for k, v in results.items()}
         old_c = {k: v[1] for k, v in results.items()}
         for scenario in SCENARIOS:
-            print(f"    {scenario:<13} flatness now {_flatness(now_c, policy, scenario, queues):.2f}"
-                  f", baseline {_flatness(old_c, policy, scenario, queues):.2f}")
+            print(f"    {scenario:<13} flatness now "
+                  f"{_flatness(now_c, fairness, scenario, queues):.2f}"
+                  f", baseline {_flatness(old_c, fairness, scenario, queues):.2f}")
     return results
 
 
 def _count(spec: str) -> int:
-    """Child side of --instructions: one configuration ("scenario|queues|policy|cycles") on a
+    """Child side of --instructions: one configuration ("scenario|queues|fairness|cycles") on a
     bytearray, warmed up, its measured cycles between two ``os.getppid()`` calls, at which
     callgrind (``--dump-before=getppid``) writes a dump."""
-    scenario, queues, policy, cycles = spec.split("|")
+    scenario, queues, fairness, cycles = spec.split("|")
     led, cleanup = _bytearray_ledger()
-    run = _setup(led, int(queues), scenario, policy)
+    run = _setup(led, int(queues), scenario, fairness)
     run(200)
     os.getppid()
     run(int(cycles))
@@ -384,7 +385,7 @@ def _count(spec: str) -> int:
     return 0
 
 
-def instructions_per_cycle(scenario: str, queues: int, policy: str, cycles: int,
+def instructions_per_cycle(scenario: str, queues: int, fairness: str, cycles: int,
                            root: Path | None = None) -> float:
     """Instructions per admit+finish cycle on a bytearray with ``NullLock``, counted by
     callgrind in a child process: the same count whatever the machine's load.
@@ -392,7 +393,7 @@ def instructions_per_cycle(scenario: str, queues: int, policy: str, cycles: int,
     Args:
         scenario: one of :data:`SCENARIOS`.
         queues: queues of the level.
-        policy: the level's dispatch policy.
+        fairness: the level's fairness.
         cycles: the cycles counted (after 200 to warm up).
         root: the checkout whose apf_gunicorn to measure (``PYTHONPATH``; None: this one).
     Returns:
@@ -407,20 +408,20 @@ def instructions_per_cycle(scenario: str, queues: int, policy: str, cycles: int,
         res = subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getppid",
                               f"--callgrind-out-file={out}", sys.executable,
                               str(Path(__file__).resolve()), "--count",
-                              f"{scenario}|{queues}|{policy}|{cycles}"],
+                              f"{scenario}|{queues}|{fairness}|{cycles}"],
                              env=env, capture_output=True, text=True)
         if res.returncode:
-            raise RuntimeError(f"{scenario}, {queues} queues, {policy} under callgrind failed: "
+            raise RuntimeError(f"{scenario}, {queues} queues, {fairness} under callgrind failed: "
                                + res.stderr.strip().splitlines()[-1])
         text = Path(out + ".2").read_text()
     return int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1)) / cycles
 
 
-def _instructions(policies: list[str], queues: tuple[int, ...], cycles: int,
+def _instructions(fairness_names: list[str], queues: tuple[int, ...], cycles: int,
                   baseline: str | None) -> dict:
-    """--instructions: per policy, scenario and queue count, instructions per cycle here (and
-    in the baseline, which runs kubernetes for a policy it lacks). Returns
-    ``{(policy, scenario, queues): (now, base or None)}``."""
+    """--instructions: per fairness, scenario and queue count, instructions per cycle here (and
+    in the baseline, which runs kubernetes for a fairness it lacks). Returns
+    ``{(fairness, scenario, queues): (now, base or None)}``."""
     from benchmarks.checkouts import build_extension, inspect_checkout
 
     base = None
@@ -429,47 +430,47 @@ def _instructions(policies: list[str], queues: tuple[int, ...], cycles: int,
         build_extension(root)
         base = inspect_checkout(root)
         print(base.describe())
-        for note in [n for n in (base.runs(p)[1] for p in policies) if n]:
+        for note in [n for n in (base.runs(p)[1] for p in fairness_names) if n]:
             print(f"note: {note}")
     print(f"instructions per admit+finish (callgrind, bytearray+NullLock, {cycles} cycles, "
           f"at once {_cycles(AT_ONCE, cycles)}):")
-    print(f"{'policy':<11}{'scenario':<13}{'queues':>6}{'now':>10}"
+    print(f"{'fairness':<11}{'scenario':<13}{'queues':>6}{'now':>10}"
           + (f"{'base':>10}{'ratio':>7}" if base else ""))
     results = {}
-    for policy in policies:
+    for fairness in fairness_names:
         for scenario in SCENARIOS:
             for q in queues:
                 n = _cycles(scenario, cycles)
-                now = instructions_per_cycle(scenario, q, policy, n)
+                now = instructions_per_cycle(scenario, q, fairness, n)
                 old = None
                 if base:
-                    old = instructions_per_cycle(scenario, q, base.runs(policy)[0], n, base.root)
-                results[(policy, scenario, q)] = (now, old)
-                print(f"{policy:<11}{scenario:<13}{q:>6}{now:>10,.0f}"
+                    old = instructions_per_cycle(scenario, q, base.runs(fairness)[0], n, base.root)
+                results[(fairness, scenario, q)] = (now, old)
+                print(f"{fairness:<11}{scenario:<13}{q:>6}{now:>10,.0f}"
                       + (f"{old:>10,.0f}{now / old:>7.3f}" if base else ""), flush=True)
     print(f"flatness ({queues[-1]} q / {queues[0]} q)" + (" and ratio to the baseline" if base
                                                           else "") + ":")
-    for policy in policies:
+    for fairness in fairness_names:
         parts = []
         for scenario in SCENARIOS:
-            now_f = results[(policy, scenario, queues[-1])][0] / results[(policy, scenario,
+            now_f = results[(fairness, scenario, queues[-1])][0] / results[(fairness, scenario,
                                                                             queues[0])][0]
             part = f"{scenario} {now_f:.3f}"
             if base:
-                old_f = (results[(policy, scenario, queues[-1])][1]
-                         / results[(policy, scenario, queues[0])][1])
-                ratios = [results[(policy, scenario, q)][0] / results[(policy, scenario, q)][1]
+                old_f = (results[(fairness, scenario, queues[-1])][1]
+                         / results[(fairness, scenario, queues[0])][1])
+                ratios = [results[(fairness, scenario, q)][0] / results[(fairness, scenario, q)][1]
                           for q in queues]
                 part += f" (baseline {old_f:.3f}; ratio {min(ratios):.3f}-{max(ratios):.3f})"
             parts.append(part)
-        print(f"  {policy:<11}" + ", ".join(parts))
+        print(f"  {fairness:<11}" + ", ".join(parts))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fairness", choices=("kubernetes", "maxmin", "both"),
-                    help="the dispatch policies to measure (default: both when this build "
+                    help="the fairnesses to measure (default: both when this build "
                          "has maxmin, else kubernetes)")
     ap.add_argument("--cycles", type=int,
                     help="cycles per repetition (default 4000; --instructions: 2000)")
@@ -488,48 +489,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.count:
         return _count(args.count)
     sys.path.append(str(ROOT))
-    from benchmarks.checkouts import choose_policies
+    from benchmarks.checkouts import choose_fairness
 
-    policies, note = choose_policies(args.fairness)
+    fairness_names, note = choose_fairness(args.fairness)
     queues = tuple(int(q) for q in args.queues.split(","))
     print(note)
     if args.instructions:
         if not shutil.which("valgrind"):
             print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
             return 2
-        _instructions(policies, queues, args.cycles or 2000, args.baseline)
+        _instructions(fairness_names, queues, args.cycles or 2000, args.baseline)
         return 0
     args.cycles = args.cycles or 4000
     if args.baseline:
-        _compare(args.baseline, policies, queues, args.cycles, args.reps)
+        _compare(args.baseline, fairness_names, queues, args.cycles, args.reps)
         return 0
     print(f"ledger size at default capacities {CAP}: {Ledger.size(CAP)} bytes "
           f"({Ledger.size(CAP) / 2**20:.2f} MiB)")
     mv_ns, ct_ns = _access_styles()
     print(f"field read+write: memoryview.cast {mv_ns:.0f} ns, ctypes Structure {ct_ns:.0f} ns "
           "(a machine-speed yardstick too: gunicorn-ipc.md measured ~75 ns for the former)")
-    print(f"{'policy':<11}{'buffer':<22}{'scenario':<13}" + "".join(f"{q:>7} q" for q in queues)
+    print(f"{'fairness':<11}{'buffer':<22}{'scenario':<13}" + "".join(f"{q:>7} q" for q in queues)
           + f"{f'{queues[-1]}/{queues[0]}':>9}  (µs per admit+finish)")
     costs = {}
     accelerated = set()
-    for policy in policies:
+    for fairness in fairness_names:
         for buffer in BUFFERS:
             for scenario in SCENARIOS:
                 row = []
                 for q in queues:
-                    cost, acc = measure(buffer, scenario, q, args.cycles, policy)
-                    costs[(policy, buffer, scenario, q)] = cost
+                    cost, acc = measure(buffer, scenario, q, args.cycles, fairness)
+                    costs[(fairness, buffer, scenario, q)] = cost
                     accelerated.add(acc)
                     row.append(cost)
-                print(f"{policy:<11}{buffer:<22}{scenario:<13}"
+                print(f"{fairness:<11}{buffer:<22}{scenario:<13}"
                       + "".join(f"{c:>9.2f}" for c in row) + f"{row[-1] / row[0]:>9.2f}",
                       flush=True)
     print("C fast path: " + {frozenset({True}): "bound", frozenset({False}): "not bound "
                              "(pure-Python paths)"}.get(frozenset(accelerated), "mixed"))
     print(f"flatness ({queues[-1]} q / {queues[0]} q, worst of both buffers):")
-    for policy in policies:
-        print(f"  {policy:<11}" + ", ".join(
-            f"{s} {_flatness(costs, policy, s, queues):.2f}" for s in SCENARIOS))
+    for fairness in fairness_names:
+        print(f"  {fairness:<11}" + ", ".join(
+            f"{s} {_flatness(costs, fairness, s, queues):.2f}" for s in SCENARIOS))
     return 0
 
 

@@ -1,13 +1,15 @@
 """Overload on a real gunicorn + apf_gunicorn: health checks under a flood and under slow
-clients, the admin endpoint under a trickle, and goodput when clients retry every 429 at once.
+clients, the admin endpoint under a trickle and under idle connections, the agent-check port
+under idle connections, and goodput when clients retry every 429 at once.
 
-    .venv/bin/python benchmarks/bench_overload.py [--only a,b,c,d] [--quick] [--no-bare]
+    .venv/bin/python benchmarks/bench_overload.py [--only a,b,c,d,e,f,g,h] [--quick] [--no-bare]
                                                   [--seconds 10] [--step-seconds 4] [--rounds 3]
 
 One APF server for every scenario, as issue 11 sets it up: 2 workers x 8 threads (2 of each
 worker's kept for exempt requests, ``APF_EXEMPT_THREADS``), ``APF_CONCURRENCY_LIMIT=16`` with
 ``tests/apps/apf.yaml`` (levels "work" and "other" get 8 seats each; their queues can park
-every thread), the admin endpoint on a free port, ``tests/apps/app.py``. Scenarios:
+every thread), the admin endpoint and the agent-check endpoint (``APF_AGENT_BIND``) on free
+ports, ``tests/apps/app.py``. Scenarios:
 
 a. flood: 64 connections of ``/work?ms=1000`` (user "heavy", ``tests/apps/flood.py``, a process
    of its own); ``GET /healthz`` on a fresh connection every 100 ms for ``--seconds``: failures,
@@ -31,6 +33,21 @@ d. goodput: the level "work" (L = 8 seats), ``/work?ms=50``, L, 5L and 20L keep-
    step the app must have run nothing for 0.5 s: a step's closed connections leave requests
    behind (parked in APF; in gthread's queue, where each still runs), which would otherwise
    count in the next step. wrk's latency percentiles cover every answer (429s included).
+e. admin idle connects: 256 connections that never send a byte fill the admin endpoint's
+   places at once, then 30 more a second for ``--seconds`` (``IdleConnects``), ``GET /metrics``
+   every 100 ms: the share answered 200 within 1 s (target >= 90%). Each new connection takes
+   the place of the one idle the longest (``server/admin.py``).
+f. agent idle connects: 30 connections a second that never send or read on the agent-check
+   port, the agent's line read every 100 ms on a fresh connection: the share within 200 ms
+   (target 100%), p50, p99.
+g. app idle connects: 30 connections a second that never send a byte on the app port
+   (``IdleConnects``) for ``--seconds``, user "alice" requesting ``/other`` in a loop, the same
+   probes (targets: 0 probe failures, p99 <= 250 ms; alice all served, p99 <= 500 ms), and the
+   connections dropped past ``APF_HEAD_CONNECTIONS``.
+h. big slow heads: 250 connections each trickling a 630 KB head (8 KB header lines every
+   100 ms, never finished) and the same probes: the workers' RSS growth (peak of their sum,
+   target <= 96 MiB), probe failures, and how the heads ended (431 past
+   ``APF_HEAD_BUFFER_LIMIT``, 408 at the head deadline).
 
 ``--quick``: 3 s windows, one round of 2 s steps (a smoke run, ~1 min). Prints the load average
 with each scenario (2 shared cores: a loaded machine stretches every latency), the server's
@@ -61,7 +78,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_server import wrk  # noqa: E402
 from tests.apps.flood import Flood  # noqa: E402
 from tests.apps.loadgen import Client  # noqa: E402
-from tests.apps.overload import Prober, SlowHeads, scrape, total  # noqa: E402
+from tests.apps.overload import (  # noqa: E402
+    IdleConnects,
+    LineProber,
+    Prober,
+    SlowHeads,
+    scrape,
+    total,
+)
 from tests.conftest import free_port, serve  # noqa: E402
 
 WORKERS, THREADS = 2, 8
@@ -146,23 +170,12 @@ def slow_heads(srv, admin: int, seconds: float) -> None:
           f"every 3 s)  ({load_note()})")
     before = scrape(admin)
     with SlowHeads(srv.port, 60, every=3.0) as slow:
-        stop = threading.Event()
-        alice = Client(srv.port, "/other", user="alice", stop=stop, timeout=5)
-        alice.start()
-        probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
-        stop.set()
-        alice.join(10)
+        probe, alice = probes_beside_alice(srv, seconds)
         closed = slow.wait_closed(timeout=max(0.0, HEADER_TIMEOUT_S + 3 - (time.monotonic()
                                                                          - slow.opened_at)))
     after = scrape(admin)
     print(probe_line("probes", probe))
-    lat = sorted(alice.latencies)
-    ok = [s for s in alice.statuses if s == 200]
-    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-    served = bool(ok) and len(ok) == len(alice.statuses) and not alice.errors
-    print(f"alice (/other, 100 ms, one connection): {len(ok)} of {len(alice.statuses)} answered "
-          f"200, {len(alice.errors)} errors, p50 {ms(statistics.median(lat)) if lat else '-'}, "
-          f"p99 {ms(p99)}  (all served: {verdict(served)})")
+    print(user_line(alice))
     ends = [t - slow.opened_at for t in slow.closed_at if t is not None]
     heads = "apf_request_head_timeouts_total"
     counted = total(after, heads) - total(before, heads)
@@ -174,18 +187,124 @@ def slow_heads(srv, admin: int, seconds: float) -> None:
           + f"; apf_request_head_timeouts_total +{counted:.0f}")
 
 
+def probes_beside_alice(srv, seconds: float) -> tuple[Prober, Client]:
+    """``/healthz`` every 100 ms for ``seconds`` while user alice requests ``/other`` in a
+    loop on one connection."""
+    stop = threading.Event()
+    alice = Client(srv.port, "/other", user="alice", stop=stop, timeout=5)
+    alice.start()
+    probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
+    stop.set()
+    alice.join(10)
+    return probe, alice
+
+
+def user_line(alice: Client, target_p99: float | None = None) -> str:
+    """alice's answers: how many 200s, errors, p50 and p99 (against ``target_p99`` if given)."""
+    lat = sorted(alice.latencies)
+    ok = [s for s in alice.statuses if s == 200]
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+    served = bool(ok) and len(ok) == len(alice.statuses) and not alice.errors
+    target = "all served" if target_p99 is None else f"all served, p99 <= {ms(target_p99)}"
+    if target_p99 is not None:
+        served = served and p99 <= target_p99
+    return (f"alice (/other, 100 ms, one connection): {len(ok)} of {len(alice.statuses)} "
+            f"answered 200, {len(alice.errors)} errors, p50 "
+            f"{ms(statistics.median(lat)) if lat else '-'}, p99 {ms(p99)}  ({target}: "
+            f"{verdict(served)})")
+
+
+def idle_connections(srv, admin: int, seconds: float) -> None:
+    print(f"\n== g. /healthz and a signed-in user beside 30 idle connections a second (they "
+          f"never send a byte)  ({load_note()})")
+    before = scrape(admin)
+    with IdleConnects(srv.port, rate=30) as idle:
+        probe, alice = probes_beside_alice(srv, seconds)
+    after = scrape(admin)
+    print(probe_line("probes", probe))
+    print(user_line(alice, target_p99=0.5))
+    dropped = dropped_between(before, after, "head-connections")
+    print(f"idle: {len(idle.socks)} opened ({idle.errors} failed); dropped past "
+          f"APF_HEAD_CONNECTIONS +{dropped:.0f}")
+
+
+def dropped_between(before: dict, after: dict, reason: str) -> float:
+    """apf_connections_dropped_total{reason} between two scrapes."""
+    name = "apf_connections_dropped_total"
+    return total(after, name, reason=reason) - total(before, name, reason=reason)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+
+
+def big_slow_heads(srv, admin: int, seconds: float) -> None:
+    print(f"\n== h. /healthz beside 250 connections each trickling a 630 KB head (8 KB lines "
+          f"every 100 ms)  ({load_note()})")
+    before = scrape(admin)
+    pids = srv.workers()
+    base = sum(_rss(p) for p in pids)
+    peak = [base]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], sum(_rss(p) for p in pids))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with SlowHeads(srv.port, 250, every=0.1, pad=8000, until=630_000) as slow:
+        probe = Prober(srv.port, "/healthz", every=0.1).run(seconds)
+        slow.wait_closed(timeout=max(0.0, HEADER_TIMEOUT_S + 3 - (time.monotonic()
+                                                                 - slow.opened_at)))
+    stop.set()
+    sampler.join(5)
+    after = scrape(admin)
+    grown = (peak[0] - base) / 2**20
+    print(probe_line("probes", probe))
+    dropped = dropped_between(before, after, "head-buffer")
+    ends = collections.Counter(r[9:12].decode() if r.startswith(b"HTTP/1.1 ") else "closed"
+                               for r in slow.replies)
+    print(f"heads: {sum(slow.sent) / 2**20:.0f} MiB sent, ended {dict(sorted(ends.items()))}; "
+          f"dropped past APF_HEAD_BUFFER_LIMIT +{dropped:.0f}; workers' RSS {base / 2**20:.0f} "
+          f"MiB, peak +{grown:.1f} MiB  (target <= 96 MiB: {verdict(grown <= 96)})")
+
+
+def share_line(what: str, probe: Prober, within: float, target: float, extra: str = "") -> str:
+    """``what: N of M answered within T = S%, p50, p99 (failures) extra (target: verdict)``."""
+    fast = sum(1 for t in probe.latencies if t <= within)
+    tries = len(probe.latencies) + len(probe.failures)
+    share = fast / tries if tries else 0.0
+    failures = "" if not probe.failures else f" (failures: {sorted(set(probe.failures))[:3]})"
+    return (f"{what}: {fast} of {tries} answered within {ms(within)} = {share:.1%}, p50 "
+            f"{ms(probe.quantile(0.5))}, p99 {ms(probe.quantile(0.99))}{failures}{extra}  "
+            f"(target >= {target:.0%}: {verdict(share >= target)})")
+
+
 def admin_trickle(admin: int, seconds: float) -> None:
     print(f"\n== c. /metrics beside 40 connections trickling a head to the admin endpoint "
           f"(a header line every 0.5 s)  ({load_note()})")
     with SlowHeads(admin, 40, every=0.5, path="/metrics"):
         probe = Prober(admin, "/metrics", every=0.1, timeout=1.0).run(seconds)
-    fast = sum(1 for t in probe.latencies if t <= 1.0)
-    tries = len(probe.latencies) + len(probe.failures)
-    share = fast / tries if tries else 0.0
-    failures = "" if not probe.failures else f" (failures: {sorted(set(probe.failures))[:3]})"
-    print(f"/metrics: {fast} of {tries} answered 200 within 1 s = {share:.1%}, p50 "
-          f"{ms(probe.quantile(0.5))}, p99 {ms(probe.quantile(0.99))}{failures}  "
-          f"(target >= 90%: {verdict(share >= 0.9)})")
+    print(share_line("/metrics (200)", probe, 1.0, 0.9))
+
+
+def admin_idle(admin: int, seconds: float) -> None:
+    print(f"\n== e. /metrics beside idle connections to the admin endpoint: 256 at once, then "
+          f"30 a second  ({load_note()})")
+    with IdleConnects(admin, rate=30, prefill=256) as idle:
+        probe = Prober(admin, "/metrics", every=0.1, timeout=1.0).run(seconds)
+    print(share_line("/metrics (200)", probe, 1.0, 0.9,
+                     f"; {len(idle.socks)} idle connections opened ({idle.errors} failed)"))
+
+
+def agent_idle(agent: int, seconds: float) -> None:
+    print(f"\n== f. the agent-check port beside 30 idle connections a second  ({load_note()})")
+    with IdleConnects(agent, rate=30) as idle:
+        probe = LineProber(agent, every=0.1, timeout=1.0).run(seconds)
+    print(share_line("agent line", probe, 0.2, 1.0,
+                     f"; {len(idle.socks)} idle connections opened ({idle.errors} failed)"))
 
 
 # -- d ------------------------------------------------------------------------------------------
@@ -284,9 +403,10 @@ def log_findings(text: str, workers: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="a,b,c,d", help="comma list of scenarios (default all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h",
+                    help="comma list of scenarios (default all)")
     ap.add_argument("--quick", action="store_true", help="short windows: a smoke run")
-    ap.add_argument("--seconds", type=float, default=10.0, help="a-c: probing window")
+    ap.add_argument("--seconds", type=float, default=10.0, help="a-c, e-h: probing window")
     ap.add_argument("--step-seconds", type=float, default=4.0, help="d: seconds per step")
     ap.add_argument("--rounds", type=int, default=3, help="d: rounds of L, 5L, 20L")
     ap.add_argument("--no-bare", action="store_true", help="d: skip bare gunicorn")
@@ -294,8 +414,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.seconds, args.step_seconds, args.rounds = 3.0, 2.0, 1
     only = set(args.only.split(","))
-    if not only <= {"a", "b", "c", "d"}:
-        raise SystemExit("--only: a comma list of a, b, c, d")
+    if not only <= set("abcdefgh"):
+        raise SystemExit("--only: a comma list of a, b, c, d, e, f, g, h")
     # wrk: a request still unanswered after 10 s counts as a socket error (time-out)
     load = functools.partial(wrk, timeout=10.0) if shutil.which("wrk") else flood_load
     gen = ("wrk" if load is not flood_load
@@ -305,9 +425,10 @@ def main(argv=None) -> int:
           f"{load_note()}; load generator for d: {gen}")
     steps = [SEATS, 5 * SEATS, 20 * SEATS]
     with tempfile.TemporaryDirectory() as tmp:
-        admin = free_port()
+        admin, agent = free_port(), free_port()
         with serve(Path(tmp), workers=WORKERS, threads=THREADS,
-                   env={"APF_ADMIN_BIND": f"127.0.0.1:{admin}"}) as srv:
+                   env={"APF_ADMIN_BIND": f"127.0.0.1:{admin}",
+                        "APF_AGENT_BIND": f"127.0.0.1:{agent}"}) as srv:
             late = all_booted(srv, WORKERS)
             if late:
                 # seen once in five starts here: a worker stuck in its app import; its room
@@ -324,6 +445,16 @@ def main(argv=None) -> int:
                 srv.idle(30)
             if "c" in only:
                 admin_trickle(admin, args.seconds)
+            if "e" in only:
+                admin_idle(admin, args.seconds)
+            if "f" in only:
+                agent_idle(agent, args.seconds)
+            if "g" in only:
+                idle_connections(srv, admin, args.seconds)
+                srv.idle(30)
+            if "h" in only:
+                big_slow_heads(srv, admin, args.seconds)
+                srv.idle(30)
             if "d" in only:
                 print(f"\n== d. goodput: /work?ms=50 on {SEATS} seats, clients re-send at once "
                       f"after a 429; {args.rounds} round(s) of {args.step_seconds:g} s per "

@@ -1,16 +1,16 @@
-"""Which dispatch policies a benchmark runs, in this checkout and in a ``--baseline`` one.
+"""Which fairnesses a benchmark runs, in this checkout and in a ``--baseline`` one.
 
-A level runs the policy its ``LevelSpec.fairness`` names, and the server's levels the one
-``APF_FAIRNESS`` names (issue 12). A checkout's ledger runs every policy in
-``flowcontrol.fairness.POLICIES`` once its ``LevelSpec`` has that field (while the selection
+A level runs the fairness its ``LevelSpec.fairness`` names, and the server's levels the one
+``APF_FAIRNESS`` names (issue 12). A checkout's ledger runs every fairness in
+``flowcontrol.fairness.NAMES`` once its ``LevelSpec`` has that field (while the selection
 plumbing was ahead of the ledger, ``fairness.AVAILABLE`` listed fewer), and only
 ``kubernetes`` before. A baseline may predate both the field and ``flowcontrol/fairness.py``:
-it then runs ``kubernetes``, and a benchmark compares a policy it lacks with that.
+it then runs ``kubernetes``, and a benchmark compares a fairness it lacks with that.
 
-    policies, note = choose_policies(args.fairness)  # ["kubernetes", "maxmin"], or SystemExit
-    base = inspect_checkout(Path("/tmp/base"))      # Checkout(policies=("kubernetes",), ...)
-    base_policy, note = base.runs("maxmin")         # ("kubernetes", "… lacks maxmin …")
-    build_extension(Path("/tmp/base"))              # its C fast path, compiled in place
+    names, note = choose_fairness(args.fairness)  # ["kubernetes", "maxmin"], or SystemExit
+    base = inspect_checkout(Path("/tmp/base"))    # Checkout(fairness_names=("kubernetes",), ...)
+    base_fairness, note = base.runs("maxmin")     # ("kubernetes", "… lacks maxmin …")
+    build_extension(Path("/tmp/base"))            # its C fast path, compiled in place
 
 ``python benchmarks/checkouts.py --probe`` with ``PYTHONPATH=<checkout>`` prints what that
 checkout offers, as one JSON line (``inspect_checkout`` runs it).
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 try:
     from apf_gunicorn.flowcontrol import fairness
-except ImportError:  # --probe of a checkout from before the policy's selection
+except ImportError:  # --probe of a checkout from before fairness could be chosen
     fairness = None
 
 #: ``--fairness`` choices.
@@ -37,48 +37,50 @@ CHOICES = ("kubernetes", "maxmin", "both")
 KUBERNETES, MAXMIN = "kubernetes", "maxmin"
 
 
-def available_policies() -> tuple[str, ...]:
-    """The dispatch policies the imported ``apf_gunicorn``'s ledger runs.
+def available_fairness() -> tuple[str, ...]:
+    """The fairnesses the imported ``apf_gunicorn``'s ledger runs.
 
     Returns:
         ``("kubernetes",)`` while ``LevelSpec`` has no ``fairness`` field or there is no
         ``flowcontrol/fairness.py``; else its ``fairness.AVAILABLE`` where that exists, else
-        its ``fairness.POLICIES``.
+        its ``fairness.NAMES`` (``fairness.POLICIES`` in checkouts that predate that name).
     """
     from apf_gunicorn.ledger import LevelSpec
 
     if fairness is None or "fairness" not in LevelSpec._fields:
         return (KUBERNETES,)
-    return tuple(getattr(fairness, "AVAILABLE", fairness.POLICIES))
+    names = getattr(fairness, "NAMES", None) or fairness.POLICIES  # a baseline may predate NAMES
+    return tuple(getattr(fairness, "AVAILABLE", names))
 
 
 def _probe() -> dict:
     import apf_gunicorn
     from apf_gunicorn.ledger import LevelSpec
 
-    return {"package": apf_gunicorn.__file__, "policies": list(available_policies()),
+    return {"package": apf_gunicorn.__file__, "fairness": list(available_fairness()),
             "levelspec_field": "fairness" in LevelSpec._fields,
             "selectable": fairness is not None}
 
 
-def choose_policies(arg: str | None, available: tuple[str, ...] | None = None
+def choose_fairness(arg: str | None, available: tuple[str, ...] | None = None
                     ) -> tuple[list[str], str]:
-    """The policies to measure for ``--fairness``, and a line saying why.
+    """The fairnesses to measure for ``--fairness``, and a line saying why.
 
     Args:
         arg: ``"kubernetes"``, ``"maxmin"``, ``"both"``, or None (the default: both when this
             build has maxmin, else kubernetes).
-        available: the policies this build's ledger runs (default:
-            :func:`available_policies`).
+        available: the fairnesses this build's ledger runs (default:
+            :func:`available_fairness`).
 
     Returns:
-        ``(policies, note)``: e.g. ``(["kubernetes", "maxmin"], "fairness: kubernetes, maxmin")``.
+        ``(fairness_names, note)``: e.g. ``(["kubernetes", "maxmin"],
+        "fairness: kubernetes, maxmin")``.
 
     Raises:
-        SystemExit: ``arg`` asks for a policy this build lacks (the message says which).
+        SystemExit: ``arg`` asks for a fairness this build lacks (the message says which).
     """
     if available is None:
-        available = available_policies()
+        available = available_fairness()
     if arg is None:
         arg = "both" if MAXMIN in available else KUBERNETES
         if arg == KUBERNETES:
@@ -97,33 +99,33 @@ class Checkout(NamedTuple):
 
     root: Path
     package: str  # the apf_gunicorn/__init__.py that was imported (proves PYTHONPATH won)
-    policies: tuple[str, ...]  # its available_policies()
+    fairness_names: tuple[str, ...]  # its available_fairness()
     levelspec_field: bool  # its LevelSpec has a ``fairness`` field
     selectable: bool  # it has flowcontrol/fairness.py, so its server reads APF_FAIRNESS
 
     def describe(self) -> str:
         """One line for a benchmark's output: where the package is, what it runs."""
-        return (f"baseline {self.package}: policies {', '.join(self.policies)}; LevelSpec "
+        return (f"baseline {self.package}: fairness {', '.join(self.fairness_names)}; LevelSpec "
                 f"{'has' if self.levelspec_field else 'has no'} fairness field; its server "
                 f"{'reads' if self.selectable else 'predates'} APF_FAIRNESS")
 
-    def runs(self, policy: str) -> tuple[str, str]:
-        """The policy this checkout runs when ``policy`` is asked for, and a note.
+    def runs(self, fairness_name: str) -> tuple[str, str]:
+        """The fairness this checkout runs when ``fairness_name`` is asked for, and a note.
 
         Returns:
-            ``(policy, "")`` when it has the policy, else ``("kubernetes", note)``, the note
-            saying that the baseline lacks ``policy`` and runs kubernetes instead.
+            ``(fairness_name, "")`` when it has that fairness, else ``("kubernetes", note)``, the
+            note saying that the baseline lacks ``fairness_name`` and runs kubernetes instead.
         """
-        if policy in self.policies:
-            return policy, ""
+        if fairness_name in self.fairness_names:
+            return fairness_name, ""
         why = ("LevelSpec has no fairness field" if not self.levelspec_field
-               else f"it runs {', '.join(self.policies)}")
-        return KUBERNETES, (f"baseline {self.root} lacks {policy} ({why}): "
-                            f"its {policy} rows run kubernetes")
+               else f"it runs {', '.join(self.fairness_names)}")
+        return KUBERNETES, (f"baseline {self.root} lacks {fairness_name} ({why}): "
+                            f"its {fairness_name} rows run kubernetes")
 
 
 def inspect_checkout(root: Path) -> Checkout:
-    """Ask a checkout (in a child process, ``PYTHONPATH=root``) which policies it runs.
+    """Ask a checkout (in a child process, ``PYTHONPATH=root``) which fairnesses it runs.
 
     Args:
         root: the checkout's top directory (holding ``apf_gunicorn/``).
@@ -144,7 +146,7 @@ def inspect_checkout(root: Path) -> Checkout:
     info = json.loads(res.stdout)
     if not Path(info["package"]).resolve().is_relative_to(root):
         raise RuntimeError(f"PYTHONPATH={root} imported {info['package']}, not the checkout's")
-    return Checkout(root, info["package"], tuple(info["policies"]), info["levelspec_field"],
+    return Checkout(root, info["package"], tuple(info["fairness"]), info["levelspec_field"],
                     info["selectable"])
 
 

@@ -1,9 +1,9 @@
-"""Draw per-flow seats over time in Kubernetes' windup scenario under both dispatch policies
+"""Draw per-flow seats over time in Kubernetes' windup scenario under both fairnesses
 (``docs/images/fairness.png``), from the simulator (virtual time: no server, about a second).
 
     .venv/bin/pip install '.[plot]'              # matplotlib, only for the picture
     .venv/bin/python benchmarks/plot_fairness.py [--out docs/images/fairness.png] [--json FILE]
-    .venv/bin/python benchmarks/plot_fairness.py --only kubernetes    # one policy, one panel
+    .venv/bin/python benchmarks/plot_fairness.py --only kubernetes    # one fairness, one panel
 
 The scenario is Kubernetes' ``TestWindup`` (``tests/scenarios/kubernetes/
 k8s-13-windup-upper-bound.yaml``): a limit of 3 seats, two flows of 2 threads each sending 1 s
@@ -12,7 +12,7 @@ From 20 s on both want 2 seats, so the max-min fair share is 1.5 each. Kubernete
 remembers the first window (the second flow's queue "wound up" virtual time while it was
 light) and splits the second window 1.25 / 1.75 (±16.7 %).
 
-Each panel is one policy: each flow's executing seats (``apf-gunicorn simulate --timeline``:
+Each panel is one fairness: each flow's executing seats (``apf-gunicorn simulate --timeline``:
 the exact average over each 100 ms step) and its fair share per window; the legend gives each
 flow's second-window average and its deviation from the fair share. The numbers are printed and
 written with ``--json``.
@@ -36,21 +36,21 @@ POINTS = 400  # steps over the 40 s of evaluation: 100 ms each
 COLORS = ("#2471a3", "#c0392b", "#229954", "#7d3c98")
 
 
-def data(policy: str, scenario: Path = WINDUP, points: int = POINTS) -> dict[str, Any]:
-    """Run ``scenario`` under ``policy`` and return what the picture draws.
+def data(fairness_name: str, scenario: Path = WINDUP, points: int = POINTS) -> dict[str, Any]:
+    """Run ``scenario`` under ``fairness_name`` and return what the picture draws.
 
     Args:
-        policy: ``kubernetes`` or ``maxmin`` (replaces the scenario's, as ``--fairness``).
+        fairness_name: ``kubernetes`` or ``maxmin`` (replaces the scenario's, as ``--fairness``).
         scenario: a queueSet or configuration-form scenario file.
         points: steps of the timeline up to the last evaluation.
 
     Returns:
-        ``{"policy", "scenario", "limit", "stepSeconds", "times", "flows": {name: [seats per
+        ``{"fairness", "scenario", "limit", "stepSeconds", "times", "flows": {name: [seats per
         step]}, "windows": [{"start", "end", "flows": {name: {"average", "fairShare",
         "deviation"}}}]}``; ``deviation`` is ``average / fairShare - 1``.
     """
     sc = load_scenario(str(scenario))
-    result = simulate(sc, fairness=policy, timeline=points)
+    result = simulate(sc, fairness=fairness_name, timeline=points)
     tl = result.timeline
     windows = []
     for w in result.windows:
@@ -68,7 +68,7 @@ def data(policy: str, scenario: Path = WINDUP, points: int = POINTS) -> dict[str
         shown = str(scenario.relative_to(ROOT))
     except ValueError:
         shown = str(scenario)
-    return {"policy": policy, "scenario": shown, "limit": limit,
+    return {"fairness": fairness_name, "scenario": shown, "limit": limit,
             "stepSeconds": tl.width_ns / 1e9, "times": tl.times(),
             "flows": {name: tl.series(i) for i, name in enumerate(tl.names)},
             "windows": windows}
@@ -80,23 +80,24 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
     for w in d["windows"]:
         for name, f in w["flows"].items():
             dev = "" if f["deviation"] is None else f" ({f['deviation']:+.1%})"
-            out.append(f"{d['policy']:<10} {w['start']:>4g}-{w['end']:<4g} s  {name}: "
+            out.append(f"{d['fairness']:<10} {w['start']:>4g}-{w['end']:<4g} s  {name}: "
                        f"{f['average']:.3f} seats, fair share {f['fairShare']:.3f}{dev}")
     return out
 
 
 def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
-    """One panel per policy, side by side, same axes; writes a PNG to ``out``."""
+    """One panel per fairness, side by side, same axes; writes a PNG to ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(results)
-    fig, axes = plt.subplots(1, len(policies), figsize=(4.8 * len(policies) + 1.2, 4.0),
+    fairness_names = list(results)
+    fig, axes = plt.subplots(1, len(fairness_names),
+                             figsize=(4.8 * len(fairness_names) + 1.2, 4.0),
                              dpi=90, sharey=True, squeeze=False)
-    for ax, policy in zip(axes[0], policies, strict=True):
-        d = results[policy]
+    for ax, fairness_name in zip(axes[0], fairness_names, strict=True):
+        d = results[fairness_name]
         step = d["stepSeconds"]
         last = d["windows"][-1]
         for k, (name, seats) in enumerate(d["flows"].items()):
@@ -110,14 +111,14 @@ def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
                           linestyles="dashed", lw=0.9, alpha=0.7)
         for w in d["windows"][1:]:
             ax.axvline(w["start"], color="#777777", lw=0.6, alpha=0.6)
-        ax.set_title(f"fairness: {policy}", fontsize=10, loc="left")
+        ax.set_title(f"fairness: {fairness_name}", fontsize=10, loc="left")
         ax.set_xlabel("seconds (virtual time)")
         ax.set_xlim(0, d["windows"][-1]["end"])
         ax.set_ylim(0, d["limit"] + 0.6)
         ax.grid(True, alpha=0.25)
         ax.legend(fontsize=7.5, loc="upper right", framealpha=0.9)
     axes[0][0].set_ylabel("executing seats (100 ms average)")
-    fig.suptitle(f"Kubernetes' TestWindup: limit {results[policies[0]]['limit']} seats, two "
+    fig.suptitle(f"Kubernetes' TestWindup: limit {results[fairness_names[0]]['limit']} seats, two "
                  "flows\n(dashed: each flow's max-min fair share per window)", fontsize=9.5)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -128,8 +129,8 @@ def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "images" / "fairness.png"))
-    parser.add_argument("--only", choices=fairness.POLICIES,
-                        help="draw this policy alone (default: every policy, side by side)")
+    parser.add_argument("--only", choices=fairness.NAMES,
+                        help="draw this fairness alone (default: every fairness, side by side)")
     parser.add_argument("--scenario", default=str(WINDUP), help="scenario file (default: "
                         "TestWindup)")
     parser.add_argument("--points", type=int, default=POINTS, help="timeline steps (default "
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
-    for policy in [args.only] if args.only else list(fairness.POLICIES):
-        results[policy] = data(policy, Path(args.scenario), args.points)
+    for fairness_name in [args.only] if args.only else list(fairness.NAMES):
+        results[fairness_name] = data(fairness_name, Path(args.scenario), args.points)
     for d in results.values():
         print("\n".join(summary_lines(d)))
     if args.json:

@@ -3,7 +3,7 @@
 ``scripts/haproxy-example.sh`` runs this module; ``tests/test_haproxy.py`` reuses its pieces.
 
     python -m examples.haproxy_demo            # start everything, measure, print, stop
-    python -m examples.haproxy_demo --serve    # start everything and wait for Ctrl-C
+    python -m examples.haproxy_demo --serve    # start everything; Ctrl-C or SIGTERM stops it all
 
 Server ``a`` has twice the concurrency limit of server ``b`` (6 and 3 seats by default; 2
 workers x 6 threads each, the app of ``examples/app.py``, the APF configuration
@@ -399,10 +399,37 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+class Stopped(BaseException):
+    """A stop signal arrived (SIGTERM, SIGINT, SIGHUP): unwind, stopping what was started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def raise_on_stop_signals() -> None:
+    """Turn the first stop signal into :class:`Stopped`, raised wherever the main thread is, so
+    ``running``'s cleanup stops HAProxy and both servers (they run in sessions of their own: a
+    signal to this process alone never reaches them). Later stop signals are ignored, so they
+    cannot cut that cleanup short."""
+    def stop(signum, _frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--serve", action="store_true",
-                        help="start everything on fixed ports and wait for Ctrl-C")
+                        help="start everything on fixed ports and wait for Ctrl-C or SIGTERM")
+    parser.add_argument("--free-ports", action="store_true",
+                        help="--serve: on free ports (printed) instead of the fixed ones")
     parser.add_argument("--workdir", default="/tmp/apf-haproxy-example")
     parser.add_argument("--probe", type=int, metavar="PORT",
                         help="(internal) query this agent port every 50 ms until terminated, "
@@ -416,22 +443,32 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.05)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.serve:
-        ports = {"a": 8001, "b": 8002, "a_agent": 9201, "b_agent": 9202, "agent_front": 8080,
-                 "rr_front": 8081, "stats": 8404}
-        with running(workdir, agent_inter="1s", ports=ports) as setup:
-            print(f"HAProxy: agent-weighted http://{HOST}:{setup.agent_front}/  round robin "
-                  f"http://{HOST}:{setup.rr_front}/  stats http://{HOST}:{setup.stats_port}"
-                  f"/stats\nservers: a {setup.servers[0].addr} (agent {HOST}:9201), b "
-                  f"{setup.servers[1].addr} (agent {HOST}:9202); logs in {workdir}; Ctrl-C "
-                  "stops", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(3600)
-        return 0
-    with running(workdir) as setup:
-        print(report(measure(setup)))
+    raise_on_stop_signals()
+    try:
+        if args.serve:
+            serve(workdir, None if args.free_ports else {
+                "a": 8001, "b": 8002, "a_agent": 9201, "b_agent": 9202, "agent_front": 8080,
+                "rr_front": 8081, "stats": 8404})
+        else:
+            with running(workdir) as setup:
+                print(report(measure(setup)))
+    except Stopped as e:
+        print(f"stopped by {signal.Signals(e.signum).name}; HAProxy and both servers are "
+              "stopped", flush=True)
+        return 0 if e.signum == signal.SIGINT else 128 + e.signum
     return 0
+
+
+def serve(workdir: Path, ports: dict | None) -> None:
+    """Start everything and wait until a stop signal (:class:`Stopped`) stops it all."""
+    with running(workdir, agent_inter="1s", ports=ports) as setup:
+        a, b = setup.servers
+        print(f"HAProxy: agent-weighted http://{HOST}:{setup.agent_front}/  round robin "
+              f"http://{HOST}:{setup.rr_front}/  stats http://{HOST}:{setup.stats_port}"
+              f"/stats\nservers: a {a.addr} (agent {HOST}:{a.agent_port}), b {b.addr} (agent "
+              f"{HOST}:{b.agent_port}); logs in {workdir}; Ctrl-C or SIGTERM stops", flush=True)
+        while True:
+            time.sleep(3600)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # Usage:
 #   bash scripts/haproxy-example.sh          # start, measure agent weights vs round robin, stop
 #   bash scripts/haproxy-example.sh --serve  # start on fixed ports (HAProxy :8080/:8081, stats
-#                                            # :8404/stats, agents :9201/:9202); Ctrl-C stops
+#                                            # :8404/stats, agents :9201/:9202); Ctrl-C,
+#                                            # SIGTERM or SIGHUP stops HAProxy and both servers
 # Needs HAProxy: apt-get install haproxy (Debian/Ubuntu).
 set -euo pipefail
 cd "$(dirname "$0")/.."

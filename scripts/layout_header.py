@@ -1,8 +1,9 @@
 """Write apf_gunicorn/ledger/_layout.h, the C header of the ledger's layout constants.
 
-``_fastpath.c`` includes the header instead of copying ``layout.py``'s constants by hand; the
+``_fastpath.c`` includes the header instead of copying ``layout.py``'s constants (and the
+arithmetic constants it shares with ``seatseconds.py`` and ``service.py``) by hand; the
 header is committed, so building the extension needs no Python step. Run this after changing
-``apf_gunicorn/ledger/layout.py``, then reinstall (``bash scripts/test.sh --co -q``) so the
+one of them, then reinstall (``bash scripts/test.sh --co -q``) so the
 extension is rebuilt::
 
     .venv/bin/python scripts/layout_header.py           # regenerate

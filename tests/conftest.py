@@ -66,8 +66,10 @@ class Server:
         with open(self.counter_path, "r+b") as f:
             f.write(bytes(256))
 
-    def ledger_snapshot(self):
-        """A snapshot of the server's ledger, read from its shared memory."""
+    @contextlib.contextmanager
+    def attached_ledger(self):
+        """The server's ledger, attached from its shared memory (with the ledger's own lock),
+        for the duration of the ``with`` block."""
         import mmap
 
         import posix_ipc
@@ -83,16 +85,28 @@ class Server:
         view = memoryview(mm)[shm.HEADER_SIZE:]
         led = Ledger.attach(view, lock=ProcessLock())
         try:
-            return led.snapshot(time.monotonic_ns())
+            yield led
         finally:
             led.close()
             view.release()
             mm.close()
 
+    def ledger_snapshot(self):
+        """A snapshot of the server's ledger, read from its shared memory."""
+        with self.attached_ledger() as led:
+            return led.snapshot(time.monotonic_ns())
+
+    def ledger_repairs(self) -> int:
+        """How many times a locker found the ledger lock's holder dead (or the ledger dirty)
+        and repaired it: the ledger header's repair count."""
+        from apf_gunicorn.ledger import layout as L
+        with self.attached_ledger() as led:
+            return int(led.repair_view().w[L.H_REPAIRS])
+
     def level(self, name: str):
         return next(lv for lv in self.ledger_snapshot().levels if lv.name == name)
 
-    def idle(self, timeout: float = 10.0):
+    def idle(self, timeout: float = 30.0):
         """Wait until no level has seats in use or requests waiting; returns the snapshot."""
         def check():
             snap = self.ledger_snapshot()
@@ -101,7 +115,20 @@ class Server:
             return None if busy else snap
         return self.wait_for(check, timeout)
 
-    def wait_for(self, predicate, timeout: float = 10.0, step: float = 0.05):
+    def wait_for_answers(self, clients, more: int = 20, timeout: float = 60.0) -> bool:
+        """Wait until ``clients`` (``tests.apps.loadgen.Client``) got ``more`` answers than they
+        have now: the server is serving them (under load, between a kill or reload and the
+        next step). Returns whether they did within ``timeout``."""
+        def answers() -> int:
+            return sum(len(c.statuses) for c in clients)
+
+        seen = answers()
+        return bool(self.wait_for(lambda: answers() >= seen + more, timeout))
+
+    def wait_for(self, predicate, timeout: float = 30.0, step: float = 0.05):
+        """``predicate()``'s first truthy value, polled every ``step`` s; its last value (falsy)
+        once ``timeout`` s have passed. The caller checks the result. The default deadline is
+        generous: a loaded machine is slow, and a condition met returns at once."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()

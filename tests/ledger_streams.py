@@ -54,7 +54,7 @@ def drive(seed: int, pair: tuple[Ledger, Ledger], same: Callable[[Ledger, Ledger
           fairness: str = "kubernetes") -> tuple[list[int], int, int]:
     """Run the stream of ``seed`` on both ledgers of ``pair`` (freshly created, same capacity),
     asserting equal results after every operation and calling ``same(a, b, what)``; then
-    :func:`verify` both. ``fairness``: the queuing levels' dispatch policy, or ``"mixed"``:
+    :func:`verify` both. ``fairness``: the queuing levels' fairness, or ``"mixed"``:
     level a ``kubernetes``, level b switching between the two at reconfigurations. Returns
     (the level indices, admits, finishes)."""
     rnd = random.Random(seed)

@@ -1,6 +1,6 @@
-"""Reference model of the ``maxmin`` dispatch policy (test-only), in the ledger's data layout.
+"""Reference model of the ``maxmin`` fairness (test-only), in the ledger's data layout.
 
-This is the readable statement of the policy that the shared-memory ledger implements and is
+This is the readable statement of the fairness that the shared-memory ledger implements and is
 checked against (same scenario -> same dispatch decisions). It is written the way the ledger
 stores things, so that the Python and C ledgers can follow it word for word:
 
@@ -18,7 +18,7 @@ stores things, so that the Python and C ledgers can follow it word for word:
 
 Admission is Kubernetes' (shuffle sharding over the level's queues with the rotating offset and
 the least waiting work, the queue-length limit, ``queue-full`` only when every seat is busy);
-only the dispatch order differs. The policy (``docs/fairness.md`` explains it and its bound):
+only the dispatch order differs. The fairness (``docs/fairness.md`` explains it and its bound):
 
 * **Start tags per flow.** ``tag`` is the flow's virtual start in seat-ns. When a flow goes from
   nothing waiting to something waiting, ``tag = max(tag, V)`` and it takes the next backlog
@@ -92,7 +92,7 @@ class Level:
 
 
 class MaxMinModel:
-    """Levels, queues, slots and flows of one ledger under the ``maxmin`` policy.
+    """Levels, queues, slots and flows of one ledger under the ``maxmin`` fairness.
 
     Args:
         slots: the slot table's size (also the flow table's).

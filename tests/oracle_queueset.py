@@ -364,7 +364,7 @@ class OracleLevels:
     """Several oracle queue sets behind one backend, with the slice of the ledger API that
     borrowing uses (``take_demand_stats``, ``set_limits``): the configuration form on the
     reference port. ``specs``: (name, desired_queues, hand_size, queue_length_limit, limit
-    [, fairness]); the reference port is Kubernetes' policy only."""
+    [, fairness]); the reference port is Kubernetes' fairness only."""
 
     name = "oracle"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import select
 import socket
 import time
 
@@ -87,7 +88,7 @@ def test_endpoints(served) -> None:
     status, text = get(admin, "/debug/api_priority_and_fairness/dump_queues")
     assert status == 200 and len(text.splitlines()) == 1 + 8
 
-    # the policy columns only when asked (any non-empty value, as includeRequestDetails)
+    # the fairness columns only when asked (any non-empty value, as includeRequestDetails)
     plain = get(admin, "/debug/api_priority_and_fairness/dump_priority_levels")[1]
     assert get(admin, "/debug/api_priority_and_fairness/dump_priority_levels"
                       "?includeFairness=")[1] == plain
@@ -96,7 +97,7 @@ def test_endpoints(served) -> None:
     rows = [r.replace(" ", "").split(",") for r in text.splitlines()]
     assert status == 200 and rows[0][10:] == ["Fairness", "VirtualTime", "ActiveFlows",
                                               "ReservedFlow", "Reservations"]
-    # no policy on the exempt and the Reject-type (no queues) levels
+    # no fairness on the exempt and the Reject-type (no queues) levels
     assert {r[0]: r[10] for r in rows[1:]} == {"catch-all": "", "exempt": "",
                                                "workload-low": "kubernetes"}
     assert [r[:10] for r in rows] == [r.replace(" ", "").split(",") for r in plain.splitlines()]
@@ -124,7 +125,11 @@ def test_endpoints(served) -> None:
 
 
 def test_malformed_and_slow_clients_do_not_kill_it(served) -> None:
-    admin, _ = served
+    _, view = served
+    # a 30 s deadline: a server that waited on the slow connection would answer nothing else
+    # before cutting it (counted in timed_out)
+    admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=30.0)
+    assert admin.start()
     slow = socket.create_connection(("127.0.0.1", admin.port))  # sends nothing
     try:
         for junk in (b"\x00\xff garbage\r\n\r\n", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
@@ -135,11 +140,11 @@ def test_malformed_and_slow_clients_do_not_kill_it(served) -> None:
                 reply = s.recv(200)
                 # an error status (HTTP/0.9-style body for a garbled request line) or a close
                 assert reply == b"" or reply.startswith(b"HTTP/") or b"Error code: " in reply
-        start = time.monotonic()
-        assert get(admin, "/healthz") == (200, "ok\n")  # served while the slow one idles
-        assert time.monotonic() - start < 1.0
+        assert get(admin, "/healthz") == (200, "ok\n")
+        assert admin._server.timed_out == 0  # served while the slow one idles, not after it
     finally:
         slow.close()
+        admin.stop()
 
 
 def test_port_in_use_is_reported_not_raised(served, caplog) -> None:
@@ -183,7 +188,7 @@ def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PriorityLevelName,") and "workload-low" in out
-    assert "Fairness" in out.splitlines()[0]  # the policy columns by default
+    assert "Fairness" in out.splitlines()[0]  # the fairness columns by default
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "levels", "--kubernetes"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("CancelledRequests")  # Kubernetes' exact layout
@@ -231,7 +236,39 @@ def _read_all(s: socket.socket) -> bytes:
     return reply
 
 
-def test_connection_flood_is_capped_and_recovers(served) -> None:
+def _wait(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (ok := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ok
+
+
+def _server_peers(admin: AdminServer) -> list[int]:
+    """The client ports of the connections counted against the cap, the idlest first."""
+    out = []
+    for c in list(admin._server.active.values()):
+        try:
+            out.append(c.sock.getpeername()[1])
+        except OSError:  # closed by the loop meanwhile
+            out.append(None)
+    return out
+
+
+def _gone(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` (EOF or reset), without waiting long."""
+    s.settimeout(2)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_full_slots_drop_the_connection_idle_the_longest(served) -> None:
+    """Idle and trickling connections fill every place: each new connection takes the place of
+    the one idle the longest (a byte received moves a connection to the back), which is closed
+    and counted; /metrics is answered 200 throughout, and the loop keeps one thread."""
     _, view = served
     cap = 8
     admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=30.0,
@@ -239,65 +276,75 @@ def test_connection_flood_is_capped_and_recovers(served) -> None:
     assert admin.start()
     held: list[socket.socket] = []
     try:
-        for i in range(cap):  # idle and slowloris connections fill every place
-            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
-            if i % 2:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            held.append(s)
-        start = time.monotonic()
-        for _ in range(3 * cap):  # the flood beyond the cap: each answered at once
-            s = socket.create_connection(("127.0.0.1", admin.port), timeout=5)
-            held.append(s)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            reply = _read_all(s)  # the server closes after the 503
-            assert reply.startswith(b"HTTP/1.1 503 "), reply
-            assert reply.endswith(b"too many admin connections, try again\n")
-        assert time.monotonic() - start < 5.0
+        for _ in range(cap):  # idle connections fill every place
+            held.append(socket.create_connection(("127.0.0.1", admin.port), timeout=5))
+        ports = [s.getsockname()[1] for s in held]
+        assert _wait(lambda: len(admin._server.conns) == cap)  # all accepted
+        held[0].sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")  # the oldest trickles a byte
+        assert _wait(lambda: any(c.buf for c in list(admin._server.conns.values())))
+
+        status, text = get(admin, "/metrics")  # one place more: held[1] is idle the longest
+
+        assert status == 200 and "apf_current_limit_seats" in text, (status, text)
+        assert admin._server.dropped == 1
+        assert _gone(held[1])
+        # (the answered connection leaves the count just after its last byte is sent)
+        assert _wait(lambda: _server_peers(admin) == ports[2:] + ports[:1]), \
+            _server_peers(admin)
+        for _ in range(3 * cap):  # a flood of idle connections beyond the cap
+            held.append(socket.create_connection(("127.0.0.1", admin.port), timeout=5))
+        newest = [s.getsockname()[1] for s in held[-cap:]]
+        assert _wait(lambda: _server_peers(admin) == newest), _server_peers(admin)
+        assert admin._server.dropped == 1 + 3 * cap - 1  # the first one took the free place
+        assert all(_gone(s) for s in held[:-cap])  # the oldest went first, held[0] too
+        assert get(admin, "/metrics")[0] == 200
+        assert admin._server.refused == 0
         assert _admin_threads() == 2  # the fixture's endpoint and this one: one thread each
-        assert admin._server.refused == 3 * cap
     finally:
         for s in held:
             s.close()
-    try:
-        # the flood is over: the loop sees the closes, and scrapes are served again
-        deadline = time.monotonic() + 5.0
-        while True:
-            status, text = get(admin, "/metrics")
-            if status == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert status == 200 and "apf_current_limit_seats" in text
-    finally:
         admin.stop()
 
 
 def test_trickling_clients_get_one_deadline_and_never_block_scrapes(served) -> None:
     """40 connections that send their head one byte every 0.2 s: the deadline is per
-    connection, not per read (1.5 s here), and /metrics answers at once meanwhile."""
+    connection, not per read (1.5 s here), and /metrics answers meanwhile.
+
+    The trickle goes on until every connection is answered: a per-read deadline would never
+    cut a connection that sends a byte every 0.2 s, so each must be answered 408 long before
+    its 140-byte head is sent (28 s)."""
     _, view = served
     admin = AdminServer("127.0.0.1:0", lambda: view, metrics_source=EmptySource(), timeout=1.5)
     assert admin.start()
     trickle = [socket.create_connection(("127.0.0.1", admin.port), timeout=5) for _ in range(40)]
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
-    start = time.monotonic()
     scrapes = []
+    replies: dict[socket.socket, bytes] = {}
     try:
         i = 0
-        while time.monotonic() - start < 1.2:
-            for s in trickle:
-                s.send(head[i:i + 1])
+        while len(replies) < len(trickle) and i < len(head):
+            open_ = [s for s in trickle if s not in replies]
+            readable, _, _ = select.select(open_, [], [], 0)
+            for s in readable:
+                replies[s] = _read_all(s)
+            for s in open_:
+                if s not in replies:
+                    try:
+                        s.send(head[i:i + 1])
+                    except OSError:  # cut between the select and the send
+                        replies[s] = _read_all(s)
             i += 1
             t0 = time.monotonic()
             status, text = get(admin, "/metrics")
             scrapes.append((status, time.monotonic() - t0))
-            time.sleep(0.2)
+            time.sleep(0.2)  # the trickle's pace
         assert scrapes and all(st == 200 for st, _ in scrapes), scrapes
-        print("scrape seconds under the trickle:", [round(d, 3) for _, d in scrapes])
-        for s in trickle:  # still sending, yet cut at the connection's deadline
-            s.send(head[i:i + 1])
-            reply = _read_all(s)
-            assert reply.startswith(b"HTTP/1.1 408 "), reply
-        assert time.monotonic() - start < 1.5 + 2.0
+        print(f"cut after {i} bytes; scrape seconds under the trickle:",
+              [round(d, 3) for _, d in scrapes])
+        assert len(replies) == len(trickle), \
+            f"{len(trickle) - len(replies)} connections never cut while they sent {i} bytes"
+        assert all(r.startswith(b"HTTP/1.1 408 ") for r in replies.values()), replies
+        assert i < len(head), "cut only once the whole head was sent"
         assert admin._server.timed_out == 40
     finally:
         for s in trickle:

@@ -115,6 +115,30 @@ def test_agent_server_answers_each_connection_once_and_ignores_what_it_is_sent()
         _ask(srv.port)
 
 
+def test_idle_connections_never_hold_the_agent():
+    """The agent answers each connection as it accepts it and keeps none: 300 connections that
+    never send nor read (more than the listen backlog, more than the admin endpoint's places)
+    each already hold their line, and the next one is answered too. (The agent has no places
+    to fill, so nothing is dropped; benchmarks/bench_overload.py f times it.)"""
+    srv = AgentServer(("127.0.0.1", 0), lambda: b"up ready 50%\n")
+    assert srv.start()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+        assert _ask(srv.port) == b"up ready 50%\n"
+        assert srv.served == 301
+        for s in idle:  # answered and closed by the server, though never read
+            reply = b""
+            while chunk := s.recv(64):
+                reply += chunk
+            assert reply == b"up ready 50%\n"
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
+
+
 def test_sigterm_drains_first_then_stops():
     agent = AgentState(SimpleNamespace(ledger=None))
     stopped, timers = [], []

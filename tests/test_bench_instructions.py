@@ -1,7 +1,7 @@
 """benchmarks/bench_instructions.py, the instructions-per-request benchmark: which servers it
-plans for each policy and baseline (a baseline without a policy runs kubernetes, once, and is
-named so), and a short real callgrind run of a gunicorn worker under every policy this build
-has (``checkouts.available_policies()``: maxmin too once ``LevelSpec`` takes a policy;
+plans for each fairness and baseline (a baseline without a fairness runs kubernetes, once, and is
+named so), and a short real callgrind run of a gunicorn worker under every fairness this build
+has (``checkouts.available_fairness()``: maxmin too once ``LevelSpec`` takes a fairness;
 skipped without valgrind). No instruction count is asserted beyond being a plausible positive
 number."""
 
@@ -31,12 +31,12 @@ def bench(monkeypatch):
     return mod
 
 
-def _checkout(bench, policies, field, selectable):
-    return bench.Checkout(Path("/base"), "/base/apf_gunicorn/__init__.py", policies, field,
+def _checkout(bench, fairness_names, field, selectable):
+    return bench.Checkout(Path("/base"), "/base/apf_gunicorn/__init__.py", fairness_names, field,
                           selectable)
 
 
-def test_plan_a_baseline_that_predates_the_policies(bench):
+def test_plan_a_baseline_that_predates_the_fairnesses(bench):
     old = _checkout(bench, ("kubernetes",), False, False)
     runs, against, notes = bench.plan_runs(["kubernetes", "maxmin"], "kubernetes", old)
     names = [r[0] for r in runs]
@@ -48,7 +48,7 @@ def test_plan_a_baseline_that_predates_the_policies(bench):
     assert len(notes) == 1 and "lacks maxmin (LevelSpec has no fairness field)" in notes[0]
 
 
-def test_plan_a_baseline_with_both_policies_and_the_side_runs(bench):
+def test_plan_a_baseline_with_both_fairnesses_and_the_side_runs(bench):
     new = _checkout(bench, ("kubernetes", "maxmin"), True, True)
     runs, against, notes = bench.plan_runs(["kubernetes", "maxmin"], "maxmin", new,
                                            rejecting=True, orca=True)
@@ -71,13 +71,13 @@ def test_plan_without_a_baseline(bench):
 @pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("valgrind") and shutil.which("callgrind_control")),
                     reason="needs valgrind (apt-get install -y valgrind)")
-def test_a_short_callgrind_run_under_the_default_policy(bench, tmp_path):
-    """One real worker under callgrind (the policy only changes APF_FAIRNESS, which the plan
-    tests above check per policy; each run costs ~30 s)."""
-    policy = fairness.SERVER_DEFAULT
+def test_a_short_callgrind_run_under_the_default_fairness(bench, tmp_path):
+    """One real worker under callgrind (the fairness only changes APF_FAIRNESS, which the plan
+    tests above check per fairness; each run costs ~30 s)."""
+    fairness_name = fairness.SERVER_DEFAULT
     config = tmp_path / "bench.yaml"
     config.write_text(bench.BENCH_CONFIG)
     per_request, dump = bench.instructions_per_request(
-        ROOT, True, str(config), 8, str(tmp_path), extra_env={"APF_FAIRNESS": policy})
+        ROOT, True, str(config), 8, str(tmp_path), extra_env={"APF_FAIRNESS": fairness_name})
     assert 100_000 < per_request < 100_000_000
     assert Path(dump).is_file() and Path(dump).parent == tmp_path

@@ -1,7 +1,7 @@
-"""benchmarks/bench_ledger.py, the ledger's cost benchmark, briefly under every policy this build
-has (``checkouts.available_policies()``: maxmin too once ``LevelSpec`` takes a policy): each
+"""benchmarks/bench_ledger.py, the ledger's cost benchmark, briefly under every fairness this build
+has (``checkouts.available_fairness()``: maxmin too once ``LevelSpec`` takes a fairness): each
 scenario reaches and keeps the steady state it claims (one dispatch per cycle; in ``flows x2`` every flow keeps 2 waiting), the
-policy reaches ``LevelSpec``, the requests admitted at once take the C fast path when it is
+fairness reaches ``LevelSpec``, the requests admitted at once take the C fast path when it is
 built (as the server's do), and ``--baseline`` runs its child protocol end to end (against
 this checkout itself). No timing is asserted."""
 
@@ -20,9 +20,9 @@ from apf_gunicorn.ledger import LevelSpec
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
-from benchmarks.checkouts import available_policies  # noqa: E402
+from benchmarks.checkouts import available_fairness  # noqa: E402
 
-AVAILABLE = available_policies()
+AVAILABLE = available_fairness()
 
 
 def _load(monkeypatch, name: str):
@@ -38,13 +38,13 @@ def bench(monkeypatch):
     return _load(monkeypatch, "bench_ledger")
 
 
-@pytest.mark.parametrize("policy", AVAILABLE)
+@pytest.mark.parametrize("fairness_name", AVAILABLE)
 @pytest.mark.parametrize("queues", [8, 64])
-def test_each_scenario_keeps_its_steady_state(bench, policy, queues):
+def test_each_scenario_keeps_its_steady_state(bench, fairness_name, queues):
     for scenario in bench.SCENARIOS:
         led, cleanup = bench._bytearray_ledger()
         try:
-            run = bench._setup(led, queues, scenario, policy)
+            run = bench._setup(led, queues, scenario, fairness_name)
             before = led.snapshot(0).levels[0].dispatched
             assert run(200) > 0
             lv = led.snapshot(0).levels[0]
@@ -64,14 +64,14 @@ def test_each_scenario_keeps_its_steady_state(bench, policy, queues):
             cleanup()
 
 
-@pytest.mark.parametrize("policy", AVAILABLE)
-def test_at_once_runs_what_the_server_runs(bench, policy):
+@pytest.mark.parametrize("fairness_name", AVAILABLE)
+def test_at_once_runs_what_the_server_runs(bench, fairness_name):
     """With the C extension bound, an admitted-at-once request never reaches a Python frame of
     the ledger (the benchmark calls admit as the middleware does); without it, the Python
     fast path runs."""
     led, cleanup = bench._bytearray_ledger()
     try:
-        run = bench._setup(led, 8, bench.AT_ONCE, policy)
+        run = bench._setup(led, 8, bench.AT_ONCE, fairness_name)
         run(5)  # the first admit creates the level's stats entry in Python
         frames = []
 
@@ -92,61 +92,62 @@ def test_at_once_runs_what_the_server_runs(bench, policy):
         cleanup()
 
 
-@pytest.mark.parametrize("policy", AVAILABLE)
-def test_measure_on_shared_memory(bench, policy):
-    cost, accelerated = bench.measure(bench.BUFFERS[1], bench.FLOWS, 8, 50, policy, reps=1)
+@pytest.mark.parametrize("fairness_name", AVAILABLE)
+def test_measure_on_shared_memory(bench, fairness_name):
+    cost, accelerated = bench.measure(bench.BUFFERS[1], bench.FLOWS, 8, 50, fairness_name, reps=1)
     assert cost > 0 and isinstance(accelerated, bool)
 
 
-def test_the_policy_reaches_levelspec(bench):
-    for policy in fairness.POLICIES:
+def test_the_fairness_reaches_levelspec(bench):
+    for fairness_name in fairness.NAMES:
         if "fairness" in LevelSpec._fields:
-            assert bench._spec(8, 4, policy).fairness == policy
-        elif policy == fairness.KUBERNETES:
-            assert bench._spec(8, 4, policy) == LevelSpec("bench", 8, 6, 100_000, 4)
+            assert bench._spec(8, 4, fairness_name).fairness == fairness_name
+        elif fairness_name == fairness.KUBERNETES:
+            assert bench._spec(8, 4, fairness_name) == LevelSpec("bench", 8, 6, 100_000, 4)
         else:
             with pytest.raises(ValueError, match="no fairness field"):
-                bench._spec(8, 4, policy)
+                bench._spec(8, 4, fairness_name)
 
 
-def test_main_prints_each_policy_and_the_flatness(bench, capsys):
+def test_main_prints_each_fairness_and_the_flatness(bench, capsys):
     assert bench.main(["--cycles", "20", "--queues", "8,16"]) == 0
     out = capsys.readouterr().out
-    for policy in AVAILABLE:
+    for fairness_name in AVAILABLE:
         for scenario in bench.SCENARIOS:
-            assert sum(line.startswith(f"{policy:<11}") and scenario in line
+            assert sum(line.startswith(f"{fairness_name:<11}") and scenario in line
                        for line in out.splitlines()) == 2  # both buffers
-        assert f"  {policy:<11}at once " in out
+        assert f"  {fairness_name:<11}at once " in out
     assert "16/8" in out and "flatness (16 q / 8 q" in out
 
 
 def test_baseline_child_protocol_against_this_checkout(bench, capsys):
     results = bench._compare(str(ROOT), list(AVAILABLE), (8, 16), cycles=20, reps=1)
     out = capsys.readouterr().out
-    assert f"baseline {ROOT / 'apf_gunicorn' / '__init__.py'}: policies " in out
+    assert f"baseline {ROOT / 'apf_gunicorn' / '__init__.py'}: fairness " in out
     assert len(results) == len(AVAILABLE) * 2 * 3 * 2
     assert all(now > 0 and base > 0 for now, base in results.values())
     assert "WARNING" not in out  # the same C fast path state on both sides
-    for policy in AVAILABLE:
-        assert f"  {policy}: ratio " in out and f"(baseline ran {policy})" in out
+    for fairness_name in AVAILABLE:
+        assert f"  {fairness_name}: ratio " in out and f"(baseline ran {fairness_name})" in out
 
 
-def test_policy_choice_and_a_baseline_without_the_field(monkeypatch):
+def test_fairness_choice_and_a_baseline_without_the_field(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
-    from benchmarks.checkouts import Checkout, choose_policies, inspect_checkout
+    from benchmarks.checkouts import Checkout, choose_fairness, inspect_checkout
 
-    assert choose_policies(None, ("kubernetes",))[0] == ["kubernetes"]
-    assert "maxmin is not available" in choose_policies(None, ("kubernetes",))[1]
-    assert choose_policies(None, ("kubernetes", "maxmin"))[0] == ["kubernetes", "maxmin"]
-    assert choose_policies("maxmin", ("kubernetes", "maxmin"))[0] == ["maxmin"]
+    assert choose_fairness(None, ("kubernetes",))[0] == ["kubernetes"]
+    assert "maxmin is not available" in choose_fairness(None, ("kubernetes",))[1]
+    assert choose_fairness(None, ("kubernetes", "maxmin"))[0] == ["kubernetes", "maxmin"]
+    assert choose_fairness("maxmin", ("kubernetes", "maxmin"))[0] == ["maxmin"]
     with pytest.raises(SystemExit, match="maxmin is not available"):
-        choose_policies("both", ("kubernetes",))
+        choose_fairness("both", ("kubernetes",))
     old = Checkout(Path("/old"), "/old/apf_gunicorn/__init__.py", ("kubernetes",), False, False)
-    policy, note = old.runs("maxmin")
-    assert policy == "kubernetes" and "lacks maxmin (LevelSpec has no fairness field)" in note
+    fairness_name, note = old.runs("maxmin")
+    assert fairness_name == "kubernetes"
+    assert "lacks maxmin (LevelSpec has no fairness field)" in note
     assert old.runs("kubernetes") == ("kubernetes", "")
     here = inspect_checkout(ROOT)
-    assert here.policies == AVAILABLE and here.selectable
+    assert here.fairness_names == AVAILABLE and here.selectable
     assert here.levelspec_field == ("fairness" in LevelSpec._fields)
 
 
@@ -154,8 +155,9 @@ def test_policy_choice_and_a_baseline_without_the_field(monkeypatch):
 @pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind (apt-get install -y "
                                                          "valgrind)")
 def test_instructions_per_cycle_under_callgrind(bench):
-    """--instructions' data part: the at-once cycle under each policy, counted twice alike."""
-    for policy in AVAILABLE:
-        counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, policy, 100) for _ in range(2)]
+    """--instructions' data part: the at-once cycle under each fairness, counted twice alike."""
+    for fairness_name in AVAILABLE:
+        counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, fairness_name, 100)
+                  for _ in range(2)]
         assert 100 < counts[0] < 1_000_000
         assert counts[0] == pytest.approx(counts[1], rel=0.01)

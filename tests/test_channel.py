@@ -47,3 +47,65 @@ def test_large_batches_and_garbage():
     finally:
         inbox.close()
         sender.close()
+
+
+def test_datagrams_from_processes_outside_the_server_are_refused(caplog):
+    """Abstract names can be reached by any process in the network namespace (another container
+    of the pod): the inbox keeps only datagrams whose kernel-given sender pid it trusts."""
+    from apf_gunicorn.server.channel import PeerCheck
+
+    token = _token()
+    allowed = {12345}  # this test process is not one of "the server's" pids
+    inbox = GrantInbox(token, 0, trusted=PeerCheck(1, lambda: allowed, refresh_s=0.0))
+    sender = GrantSender(token)
+    try:
+        assert sender.send(0, [[1, 1]])
+        assert inbox.receive() == []
+        assert inbox.refused == 1
+        assert "not a process of this server" in caplog.text
+        allowed.add(os.getpid())  # a worker that registered since: read again on a miss
+        assert sender.send(0, [[2, 5]])
+        assert inbox.receive() == [(2, 5)]
+    finally:
+        inbox.close()
+        sender.close()
+
+
+def test_peer_check_refuses_other_uids_and_rereads_pids_at_most_every_refresh():
+    from apf_gunicorn.server.channel import PeerCheck
+
+    reads = []
+    now = [0.0]
+
+    def pids():
+        reads.append(now[0])
+        return {7}
+
+    check = PeerCheck(5, pids, uid=1000, refresh_s=0.1, clock=lambda: now[0])
+    assert check(5, 0)  # the master, whatever its uid (gunicorn --user: workers drop to 1000)
+    assert not check(7, 0)  # a worker's pid, another uid
+    assert not check(0, 1000)  # pid 0: a sender outside our pid namespace
+    assert check(7, 1000) and reads == [0.0]
+    for _ in range(100):  # a flood of unknown pids costs one read per refresh period
+        assert not check(99, 1000)
+    assert len(reads) == 1
+    now[0] = 0.2
+    assert not check(99, 1000) and len(reads) == 2
+
+
+def test_send_errors_are_counted_and_logged_never_raised(caplog):
+    """EPERM (a security policy) escaped from ``send`` and out of the middleware as a 500,
+    leaking the seats of the request whose admission dispatched the grant."""
+    class Refusing:
+        def sendto(self, data, addr):
+            raise PermissionError(1, "Operation not permitted")
+
+        def close(self):
+            pass
+
+    sender = GrantSender(_token())
+    sender.sock.close()
+    sender.sock = Refusing()
+    sender.send_grants([(1, 1, 3), (2, 1, 4)])
+    assert sender.dropped == 2
+    assert caplog.text.count("could not be sent") == 1  # once per errno

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from apf_gunicorn.cli import main
+from tests.test_cli_explain import health_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "config"
@@ -79,9 +82,9 @@ def test_text_output_with_a_given_limit(capsys):
         "48",
         "96",
         "15",
-        "1",
-        "1",
         "12",
+        "3",
+        "1",
     ]
 
 
@@ -119,11 +122,47 @@ def test_invalid_configuration_as_json(capsys):
     assert e["file"] == str(DATA / "missing.yaml") and e["message"].startswith("cannot read ")
 
 
-def test_dangling_schemas_are_warnings(capsys):
-    code, out, err = run_check(capsys, str(DATA / "kubectl-list.yaml"), "--json")
-    assert code == 0
-    assert json.loads(out)["dangling"][0]["name"] == "batch-jobs"
-    assert err.startswith("warning: ") and '"batch-jobs"' in err and 'named "batch"' in err
+def test_dangling_schema_exits_1_naming_file_schema_and_field(capsys):
+    path = DATA / "kubectl-list.yaml"
+    code, out, err = run_check(capsys, str(path), "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["valid"] is True  # the server would start, without the schema
+    (d,) = doc["dangling"]
+    assert (d["name"], d["priorityLevel"], d["field"]) == (
+        "batch-jobs", "batch", "spec.priorityLevelConfiguration.name")
+    lines = err.splitlines()
+    assert lines[0] == (f"{path}: 1 dangling FlowSchema (the server would start without it, "
+                        "as Kubernetes does):")
+    assert lines[1].startswith(f'  {path}: FlowSchema "batch-jobs": '
+                               'spec.priorityLevelConfiguration.name: This FlowSchema references '
+                               'the PriorityLevelConfiguration object named "batch"')
+    assert "Define that PriorityLevelConfiguration or name an existing one" in lines[1]
+    assert len(lines) == 2
+    code, out, err = run_check(capsys, str(path))
+    assert code == 1 and out.startswith("Server concurrency limit") and "batch-jobs" in err
+
+
+@pytest.mark.parametrize("level", ["exempt", "catch-all"])
+def test_schema_naming_an_undefined_mandatory_level_is_fine(capsys, tmp_path, level):
+    path = tmp_path / "probes.yaml"
+    path.write_text(health_config(level))
+    code, out, err = run_check(capsys, str(path), "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert doc["dangling"] == []
+    assert [(fs["name"], fs["priorityLevel"]) for fs in doc["flowSchemas"]] == [
+        ("exempt", "exempt"), ("health", level), ("tenants", "tenants"), ("web", "tenants"),
+        ("catch-all", "catch-all")]
+
+
+def test_one_error_is_singular(capsys, tmp_path):
+    path = tmp_path / "one.yaml"
+    path.write_text(health_config("exempt").replace("matchingPrecedence: 100",
+                                                    "matchingPrecedence: 0.5"))
+    code, _, err = run_check(capsys, str(path))
+    assert code == 1
+    assert err.splitlines()[0] == f"{path}: invalid configuration (1 error):"
 
 
 def test_invalid_configuration_lists_every_error(capsys):
@@ -203,7 +242,7 @@ spec:
 
 
 def test_fairness_annotation_shown(tmp_path, capsys):
-    """Each level's policy annotation is reported, in the JSON and in the text."""
+    """Each level's fairness annotation is reported, in the JSON and in the text."""
     path = tmp_path / "apf.yaml"
     path.write_text(ANNOTATED)
     code, out, err = run_check(capsys, str(path), "--json")
@@ -213,5 +252,23 @@ def test_fairness_annotation_shown(tmp_path, capsys):
     path.write_text(ANNOTATED.replace("maxmin", "kubernetes"))
     code, out, err = run_check(capsys, str(path))
     assert code == 0 and err == ""
-    assert ("Dispatch policy by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
+    assert ("Fairness by annotation (apf-gunicorn.io/fairness): tenants kubernetes; "
             "other levels: APF_FAIRNESS (default maxmin).") in out.splitlines()
+
+
+def test_max_seats_annotation_shown(tmp_path, capsys):
+    """A level's apf-gunicorn.io/max-seats replaces Kubernetes' 15% in MAX SEATS, and check
+    says which levels set it."""
+    path = tmp_path / "apf.yaml"
+    path.write_text(ANNOTATED.replace("{apf-gunicorn.io/fairness: maxmin}",
+                                      '{apf-gunicorn.io/max-seats: "4"}'))
+    code, out, err = run_check(capsys, str(path), "--concurrency-limit", "8", "--json")
+    assert code == 0 and err == ""
+    levels = {lv["name"]: (lv["maxSeats"], lv["maxSeatsAnnotation"])
+              for lv in json.loads(out)["priorityLevels"]}
+    assert levels["tenants"] == (4, 4)  # 15% of its 7 nominal seats would be 2
+    assert levels["catch-all"] == (None, None)
+    code, out, err = run_check(capsys, str(path), "--concurrency-limit", "8")
+    assert code == 0 and err == ""
+    assert ("Max seats by annotation (apf-gunicorn.io/max-seats): tenants 4; other queuing "
+            "levels: Kubernetes' 15% of nominal.") in out.splitlines()

@@ -31,7 +31,7 @@ def _no_apf_environment(monkeypatch):
 
 
 def core(out: dict) -> dict:
-    """The classification keys (the others: identity, attributes, seats, policy, notes)."""
+    """The classification keys (the others: identity, attributes, seats, fairness, notes)."""
     return {k: out[k] for k in CORE}
 
 
@@ -85,13 +85,16 @@ def test_human_output(capsys):
     uid_fs, uid_pl = derived_uid("FlowSchema", "exempt"), derived_uid(
         "PriorityLevelConfiguration", "exempt")
     assert lines == [
+        "configuration: builtin:kubernetes (from --config)",
+        "concurrency limit: 64 seats, the server's default for 2 workers x 64 threads: workers "
+        "x threads / 2 unless APF_CONCURRENCY_LIMIT is set (check it with --concurrency-limit)",
         "user: admin", "groups: system:masters, system:authenticated",
         "request: resource request: verb=delete apiGroup='' apiVersion='' namespace='x' "
         "resource='pods' subresource='' name='y'",
         f"flowSchema: exempt (uid {uid_fs})", f"priorityLevel: exempt (uid {uid_pl})",
         "flow: (one flow for the whole FlowSchema)", "distinguisher: ", "flowHash: 0",
         "hand: (no queues)", "seats: 1 (default) (limit 64 seats)",
-        "policy: none (exempt: never queued, so no dispatch policy)"]
+        "fairness: none (exempt: never queued)"]
 
 
 CUSTOM = """
@@ -135,30 +138,114 @@ def test_custom_config_file(tmp_path, capsys):
                    "flowHash": 0, "hand": []}
 
 
-def test_policy_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
-    """The level's annotation wins over APF_FAIRNESS; explain names the policy and its
+def test_fairness_of_the_level_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
+    """The level's annotation wins over APF_FAIRNESS; explain names the fairness and its
     source."""
     argv = ("--user", "bob", "--verb", "create", "--resource", "orders", "--api-group", "shop",
             "--namespace", "acme")
     path = tmp_path / "apf.yaml"
     path.write_text(CUSTOM)
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("maxmin", "default", [])
+    assert (out["fairness"], out["fairnessSource"], out["notes"]) == ("maxmin", "default", [])
     monkeypatch.setenv("APF_FAIRNESS", "kubernetes")
     out = explain_json(capsys, "--config", str(path), *argv)
-    assert (out["policy"], out["policySource"], out["notes"]) == ("kubernetes", "APF_FAIRNESS", [])
+    assert (out["fairness"], out["fairnessSource"], out["notes"]) == ("kubernetes",
+                                                                       "APF_FAIRNESS", [])
     path.write_text(CUSTOM.replace("metadata: {name: tenants}\nspec:\n  type: Limited",
                                    "metadata:\n  name: tenants\n  annotations: "
                                    "{apf-gunicorn.io/fairness: kubernetes}\nspec:\n"
                                    "  type: Limited", 1))
     assert main(["explain", "--config", str(path), *argv]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "policy: kubernetes (annotation apf-gunicorn.io/fairness)" in lines
+    assert "fairness: kubernetes (annotation apf-gunicorn.io/fairness)" in lines
     assert not [line for line in lines if line.startswith("note:")]
     out = explain_json(capsys, "--config", "builtin:kubernetes", "--user", "admin", "--group",
                        "system:masters", "--verb", "get", "--path", "/")
-    assert (out["priorityLevel"], out["policy"], out["policySource"]) == ("exempt", None,
-                                                                          "exempt")
+    assert (out["priorityLevel"], out["fairness"], out["fairnessSource"]) == ("exempt", None,
+                                                                              "exempt")
+
+
+def test_configuration_and_limit_and_where_they_come_from(tmp_path, capsys, monkeypatch):
+    argv = ("--user", "alice", "--verb", "get", "--path", "/healthz")
+    out = explain_json(capsys, *argv)
+    assert (out["config"], out["configSource"]) == ("builtin:webapp",
+                                                    "the default: APF_CONFIG is not set")
+    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 64
+    assert out["concurrencyLimitSource"].startswith("the server's default for 2 workers x 64")
+    # --workers and --threads as check takes them
+    out = explain_json(capsys, *argv, "--workers", "3", "--threads", "10")
+    assert out["concurrencyLimit"] == 15
+    assert out["concurrencyLimitSource"].startswith("the server's default for 3 workers x 10")
+    monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "40")
+    monkeypatch.setenv("APF_CONFIG", "builtin:kubernetes")
+    out = explain_json(capsys, *argv, "--workers", "3", "--threads", "10")
+    assert (out["config"], out["configSource"]) == ("builtin:kubernetes", "from APF_CONFIG")
+    assert (out["concurrencyLimit"], out["concurrencyLimitSource"]) == (
+        40, "from APF_CONCURRENCY_LIMIT")
+    out = explain_json(capsys, *argv, "--concurrency-limit", "7", "--config", "builtin:webapp")
+    assert (out["config"], out["configSource"]) == ("builtin:webapp", "from --config")
+    assert (out["concurrencyLimit"], out["concurrencyLimitSource"]) == (
+        7, "from --concurrency-limit")
+    assert main(["explain", *argv]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    assert first == "configuration: builtin:kubernetes (from APF_CONFIG)"
+    assert second == "concurrency limit: 40 seats, from APF_CONCURRENCY_LIMIT"
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", *argv, "--concurrency-limit", "0"])
+    assert exc.value.code == 2 and "must be positive, got 0" in capsys.readouterr().err
+
+
+# A probe schema sending GET /healthz to LEVEL, and a schema sending everything else to tenants.
+HEALTH_SCHEMAS = """
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: health}
+spec:
+  priorityLevelConfiguration: {name: LEVEL}
+  matchingPrecedence: 100
+  rules:
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: [get], nonResourceURLs: [/healthz]}]
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: web}
+spec:
+  priorityLevelConfiguration: {name: tenants}
+  matchingPrecedence: 500
+  rules:
+  - subjects: [{kind: Group, group: {name: system:unauthenticated}}]
+    nonResourceRules: [{verbs: ["*"], nonResourceURLs: ["*"]}]
+"""
+
+
+def health_config(level: str) -> str:
+    """CUSTOM plus HEALTH_SCHEMAS, the probe schema naming ``level``."""
+    return CUSTOM + "---" + HEALTH_SCHEMAS.replace("LEVEL", level)
+
+
+@pytest.mark.parametrize("level", ["exempt", "catch-all"])
+def test_schema_naming_an_undefined_mandatory_level(tmp_path, capsys, level):
+    path = tmp_path / "apf.yaml"
+    path.write_text(health_config(level))
+    out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
+    assert (out["flowSchema"], out["priorityLevel"], out["notes"]) == ("health", level, [])
+    assert out["priorityLevelUID"] == derived_uid("PriorityLevelConfiguration", level)
+
+
+def test_dangling_schema_that_would_have_matched_is_named(tmp_path, capsys):
+    path = tmp_path / "apf.yaml"
+    path.write_text(health_config("probes"))
+    out = explain_json(capsys, "--config", str(path), "--request", "GET /healthz")
+    assert (out["flowSchema"], out["priorityLevel"]) == ("web", "tenants")
+    (note,) = out["notes"]
+    assert note.startswith(f"FlowSchema 'health' ({path}, matchingPrecedence 100) matches this "
+                           "request but was skipped: This FlowSchema references the "
+                           'PriorityLevelConfiguration object named "probes" but there is no '
+                           "such object")
+    # a request the dangling schema would not match gets no note
+    out = explain_json(capsys, "--config", str(path), "--request", "POST /healthz")
+    assert out["notes"] == []
 
 
 def test_invalid_config_exit_1(tmp_path, capsys):
@@ -204,7 +291,7 @@ def test_request_resource_path_as_the_server(capsys, monkeypatch):
                                  "name": ""}
     assert (out["user"], out["groups"]) == ("bob", ["system:authenticated"])
     assert out["notes"] == ["--user sent as X-Remote-User by a trusted proxy"]
-    assert out["policy"] == "maxmin"  # the server's default
+    assert out["fairness"] == "maxmin"  # the server's default
     assert out["seats"]["initial"] == 1 and out["seats"]["source"] == "default"
     watch = explain_json(capsys, *K8S, "--request", "GET /api/v1/pods?watch=true", "--user", "b")
     assert watch["attributes"]["verb"] == "watch" and watch["seats"]["longRunning"] is True
@@ -253,6 +340,16 @@ def test_request_address_flows(capsys, monkeypatch):
     assert c["user"] == "addr:127.0.0.1" and "--user ignored" in c["notes"][0]
 
 
+def test_request_address_flows_with_the_builtin_configuration(capsys, monkeypatch):
+    """The built-in anonymous level shuffle-shards clients: no one-queue note, a hand each."""
+    monkeypatch.setenv("APF_USER_FROM", "address")
+    a, b = (explain_json(capsys, "--request", "GET /work", "--remote-addr", addr)
+            for addr in ("203.0.113.1", "203.0.113.2"))
+    assert (a["flowSchema"], a["priorityLevel"], a["notes"]) == ("anonymous", "anonymous", [])
+    assert a["distinguisher"] == "addr:203.0.113.1" and a["flowHash"] != b["flowHash"]
+    assert len(a["hand"]) == len(b["hand"]) == 3 and a["hand"] != b["hand"]
+
+
 def test_request_costs(capsys, monkeypatch):
     apps = ROOT / "tests" / "apps"
     monkeypatch.setenv("APF_ROUTES", str(apps / "seats_routes.yaml"))
@@ -265,7 +362,7 @@ def test_request_costs(capsys, monkeypatch):
     assert clamped["seats"]["requested"]["initial"] == 4
     assert clamped["seats"]["initial"] == clamped["seats"]["maxSeats"] < 4
     linger = explain_json(capsys, *argv, "--request", "GET /linger")
-    assert (linger["seats"]["final"], linger["seats"]["additionalLatency"]) == (2, "2s")
+    assert (linger["seats"]["final"], linger["seats"]["additionalLatency"]) == (2, "6s")
     assert main(["explain", *argv, "--request", "GET /clamped"]) == 0
     assert "clamped to the level's max" in capsys.readouterr().out
 

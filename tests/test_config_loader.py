@@ -102,15 +102,34 @@ def test_directory_loads_yaml_and_yml_sorted_and_orders_schemas():
     assert cfg.priority_levels["catch-all"].source == BUILTIN_SOURCE
 
 
-def test_schema_referencing_missing_exempt_level_is_dangling(tmp_path):
-    # Kubernetes counts only configured (not imagined) levels when deciding usability.
-    path = write(tmp_path, "c.yaml", SCHEMA.format(name="ops", prec=50, pl="exempt"))
+@pytest.mark.parametrize("level", ["exempt", "catch-all"])
+def test_schema_may_name_an_undefined_mandatory_level(tmp_path, level):
+    # In a cluster the bootstrap ensurer creates the mandatory objects before the controller
+    # digests anything, so Kubernetes' own probe schema works without defining "exempt".
+    path = write(tmp_path, "c.yaml", SCHEMA.format(name="ops", prec=50, pl=level))
     cfg = load_configuration(path)
-    assert [fs.name for fs, _ in cfg.dangling] == ["ops"]
-    assert [fs.name for fs in cfg.flow_schemas] == ["exempt", "catch-all"]
+    assert cfg.dangling == [] and cfg.warnings() == []
+    assert [fs.name for fs in cfg.flow_schemas] == ["exempt", "ops", "catch-all"]
+    assert cfg.flow_schemas[1].priority_level == level
+    assert cfg.priority_levels[level] is MANDATORY_PRIORITY_LEVELS[level]
 
 
-def test_broken_exempt_level_is_ignored_and_imagined(tmp_path):
+def test_schema_naming_a_missing_level_is_dangling_and_explained(tmp_path):
+    path = write(tmp_path, "c.yaml", LEVEL.format(name="web", shares=5),
+                 SCHEMA.format(name="ops", prec=50, pl="wbe"))
+    cfg = load_configuration(path)
+    assert [(fs.name, msg) for fs, msg in cfg.dangling] == [("ops", dangling_message("wbe"))]
+    (err,) = cfg.dangling_errors()
+    assert (err.file, err.kind, err.name, err.field) == (
+        str(path), "FlowSchema", "ops", "spec.priorityLevelConfiguration.name")
+    assert err.message.endswith(
+        'the schema is dangling, so no request ever matches it. Define that '
+        'PriorityLevelConfiguration or name an existing one ("web", "exempt", "catch-all")')
+    assert cfg.warnings() == [str(err)]
+
+
+def test_broken_exempt_level_gets_the_bootstrap_spec(tmp_path):
+    # spec.exempt missing: the controller would find it broken, the ensurer rewrites it.
     path = write(
         tmp_path,
         "c.yaml",
@@ -119,10 +138,15 @@ def test_broken_exempt_level_is_ignored_and_imagined(tmp_path):
         SCHEMA.format(name="ops", prec=50, pl="exempt"),
     )
     cfg = load_configuration(path)
-    assert cfg.broken == [("exempt", "broken union structure at the top, for Exempt")]
-    assert cfg.priority_levels["exempt"] is MANDATORY_PRIORITY_LEVELS["exempt"]
-    assert [fs.name for fs, _ in cfg.dangling] == ["ops"]
-    assert any("broken" in w for w in cfg.warnings())
+    assert cfg.broken == [] and cfg.dangling == []
+    exempt = cfg.priority_levels["exempt"]
+    assert (exempt.uid, exempt.source) == ("u1", str(path))
+    assert exempt.type == "Exempt" and exempt.nominal_concurrency_shares == 0
+    assert [(pl.name, reason) for pl, reason in cfg.repaired] == [
+        ("exempt", "broken union structure at the top, for Exempt")]
+    (warning,) = cfg.warnings()
+    assert warning.startswith(f'{path}: PriorityLevelConfiguration "exempt": broken union')
+    assert "as Kubernetes' ensurer rewrites it" in warning
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
@@ -259,6 +283,35 @@ def test_webapp_set_shape():
     users = cfg.priority_levels["users"]
     assert anonymous.nominal_concurrency_shares < users.nominal_concurrency_shares
     assert anonymous.borrowing_limit_percent == 0 and users.lendable_percent == 0
+
+
+def test_webapp_anonymous_clients_are_shuffle_sharded():
+    """With APF_USER_FROM=address each anonymous client is a flow (user addr:..., group
+    system:unauthenticated): one flooding address fills only its own hand of queues, so
+    another address finds a free queue unless its whole hand lies inside the flooder's."""
+    from apf_gunicorn.flowcontrol.matching import Classifier, hand
+    from apf_gunicorn.flowcontrol.objects import RequestAttributes
+
+    cfg = load_configuration(builtin_path("webapp"))
+    classifier = Classifier(cfg)
+
+    def hand_of(address: str) -> set[int]:
+        c = classifier.classify(RequestAttributes(f"addr:{address}",
+                                                  ("system:unauthenticated",), "get", "/work"))
+        assert (c.flow_schema.name, c.priority_level.name) == ("anonymous", "anonymous")
+        return set(hand(c))
+
+    flooder = hand_of("203.0.113.66")
+    q = cfg.priority_levels["anonymous"].queuing
+    assert len(flooder) == q.hand_size == 3
+    blocked = sum(hand_of(f"198.51.{i // 256}.{i % 256}") <= flooder for i in range(2000))
+    assert blocked / 2000 < 0.01  # 1 in C(12, 3) = 220 expected
+    # one client parks at most hand x queueLengthLimit threads; the queues of both levels
+    # together hold what the default 2 x 64 threads park beside the 64 executing seats
+    assert q.hand_size * q.queue_length_limit == 3
+    waiting = sum(pl.queuing.queues * pl.queuing.queue_length_limit
+                  for pl in cfg.priority_levels.values() if pl.queuing is not None)
+    assert waiting == 2 * (64 - 2) - 64
 
 
 def test_mandatory_manifests_match_typed_bootstrap_objects():

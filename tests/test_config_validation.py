@@ -347,6 +347,35 @@ def test_wrong_types_are_errors_not_crashes(name, doc, expected):
     assert errors_of(doc) == sorted(expected)
 
 
+ALL_AT_ONCE_CASES = [
+    ("unknown field next to bad values",
+     fs({"matchingPrecidence": 5, "matchingPrecedence": 20000,
+         "distinguisherMethod": {"type": "ByIP"}}),
+     ["spec.matchingPrecidence: unknown field",
+      "spec.matchingPrecedence: Invalid value: 20000: must not be greater than 10000",
+      'spec.distinguisherMethod.type: Unsupported value: "ByIP": supported values: '
+      '"ByNamespace", "ByUser"']),
+    ("misspelt spec: the missing spec is reported too", fs(specs={}) | {"spec": None},
+     ["specs: unknown field",
+      "spec.priorityLevelConfiguration.name: Required value: must reference a priority level"]),
+    ("unknown field and a bad queuing", pl({**queue(queues=512, hand=8), "limted": {}}),
+     ["spec.limted: unknown field",
+      "spec.limited.limitResponse.queuing.handSize: Invalid value: 8: required entropy bits of "
+      "deckSize 512 and handSize 8 should not be greater than 60"]),
+    # a wrong type is not echoed by the checks of its zero value, but other fields still count
+    ("wrong type next to a bad value",
+     fs({"priorityLevelConfiguration": ["a"], "matchingPrecedence": -3}),
+     ['spec.priorityLevelConfiguration: Invalid value: []string{"a"}: must be a map',
+      "spec.matchingPrecedence: Invalid value: -3: must be a positive value"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, doc, expected", ALL_AT_ONCE_CASES,
+                         ids=[c[0] for c in ALL_AT_ONCE_CASES])
+def test_every_error_of_an_object_is_reported_at_once(name, doc, expected):
+    assert errors_of(doc) == sorted(expected)
+
+
 def test_unknown_kind():
     obj, errs = parse_object(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, "f.yaml"
@@ -505,7 +534,7 @@ def test_arbitrary_documents_never_crash(value):
                    for e in errs)
 
 
-# -- apf-gunicorn.io/fairness: a priority level's dispatch policy ----------------------------
+# -- apf-gunicorn.io/fairness: a priority level's fairness -----------------------------------
 
 FAIRNESS_KEY = "metadata.annotations[apf-gunicorn.io/fairness]"
 
@@ -517,7 +546,7 @@ def annotated(doc, annotations):
 
 
 @pytest.mark.parametrize("value", ["maxmin", "kubernetes"])
-def test_fairness_annotation_sets_the_level_policy(value):
+def test_fairness_annotation_sets_the_level_fairness(value):
     obj, errs = parse_object(annotated(pl(queue()), {"apf-gunicorn.io/fairness": value}), "f")
     assert errs == [] and obj.obj.fairness == value
     reject = {"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}
@@ -531,7 +560,7 @@ def test_without_the_annotation_the_level_follows_the_server():
 
 
 FAIRNESS_CASES = [
-    ("unknown policy", pl(queue()), {"apf-gunicorn.io/fairness": "fair"},
+    ("unknown fairness", pl(queue()), {"apf-gunicorn.io/fairness": "fair"},
      [f'{FAIRNESS_KEY}: Unsupported value: "fair": supported values: "kubernetes", "maxmin"']),
     ("case matters", pl(queue()), {"apf-gunicorn.io/fairness": "MaxMin"},
      [f'{FAIRNESS_KEY}: Unsupported value: "MaxMin": supported values: "kubernetes", "maxmin"']),
@@ -540,13 +569,13 @@ FAIRNESS_CASES = [
     ("exempt level", pl({"type": "Exempt", "exempt": {}}, name="exempt"),
      {"apf-gunicorn.io/fairness": "maxmin"},
      [f"{FAIRNESS_KEY}: Forbidden: an exempt priority level never queues, so it has no "
-      "dispatch policy"]),
+      "fairness"]),
     ("on a FlowSchema", fs(), {"apf-gunicorn.io/fairness": "maxmin"},
-     [f"{FAIRNESS_KEY}: Forbidden: the dispatch policy is chosen per priority level: annotate "
+     [f"{FAIRNESS_KEY}: Forbidden: fairness is chosen per priority level: annotate "
       "the PriorityLevelConfiguration"]),
     ("misspelt key", pl(queue()), {"apf-gunicorn.io/fairnes": "maxmin"},
      ["metadata.annotations[apf-gunicorn.io/fairnes]: unknown annotation (known: "
-      "apf-gunicorn.io/fairness)"]),
+      "apf-gunicorn.io/fairness, apf-gunicorn.io/max-seats)"]),
 ]  # fmt: skip
 
 
@@ -564,3 +593,57 @@ def test_fairness_annotation_error_in_a_file(tmp_path):
     assert [str(e) for e in errs] == [
         'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
         f'{FAIRNESS_KEY}: Unsupported value: "fifo": supported values: "kubernetes", "maxmin"']
+
+
+# -- apf-gunicorn.io/max-seats: a priority level's widest request ----------------------------
+
+MAX_SEATS_KEY = "metadata.annotations[apf-gunicorn.io/max-seats]"
+
+
+def test_max_seats_annotation_sets_the_level_max_seats():
+    obj, errs = parse_object(annotated(pl(queue()), {"apf-gunicorn.io/max-seats": "4"}), "f")
+    assert errs == [] and obj.obj.max_seats == 4
+    reject = {"type": "Limited", "limited": {"limitResponse": {"type": "Reject"}}}
+    obj, errs = parse_object(annotated(pl(reject), {"apf-gunicorn.io/max-seats": " 12 "}), "f")
+    assert errs == [] and obj.obj.max_seats == 12
+    obj, errs = parse_object(pl(queue()), "f")
+    assert errs == [] and obj.obj.max_seats is None
+
+
+MAX_SEATS_CASES = [
+    ("zero", pl(queue()), {"apf-gunicorn.io/max-seats": "0"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "0": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("not a number", pl(queue()), {"apf-gunicorn.io/max-seats": "four"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "four": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("negative", pl(queue()), {"apf-gunicorn.io/max-seats": "-2"},
+     [f'{MAX_SEATS_KEY}: Invalid value: "-2": must be a positive integer of seats, at most '
+      '1000000 (e.g. "4")']),
+    ("unquoted", pl(queue()), {"apf-gunicorn.io/max-seats": 4},
+     [f"{MAX_SEATS_KEY}: Invalid value: 4: must be a string"]),
+    ("exempt level", pl({"type": "Exempt", "exempt": {}}, name="exempt"),
+     {"apf-gunicorn.io/max-seats": "4"},
+     [f"{MAX_SEATS_KEY}: Forbidden: an exempt priority level never queues, so it has no "
+      "max seats"]),
+    ("on a FlowSchema", fs(), {"apf-gunicorn.io/max-seats": "4"},
+     [f"{MAX_SEATS_KEY}: Forbidden: the widest request (max seats) is chosen per priority "
+      "level: annotate the PriorityLevelConfiguration"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, doc, annotations, expected", MAX_SEATS_CASES,
+                         ids=[c[0] for c in MAX_SEATS_CASES])
+def test_max_seats_annotation_errors_name_the_field(name, doc, annotations, expected):
+    assert errors_of(annotated(doc, annotations)) == expected
+
+
+def test_max_seats_annotation_error_in_a_file():
+    """The loader's text names the file, the object and the annotation."""
+    text = yaml.safe_dump(annotated(pl(queue(), name="tenants"),
+                                    {"apf-gunicorn.io/max-seats": "1.5"}))
+    _objs, errs = load_text(text, "config/tenants.yaml")
+    assert [str(e) for e in errs] == [
+        'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
+        f'{MAX_SEATS_KEY}: Invalid value: "1.5": must be a positive integer of seats, at most '
+        '1000000 (e.g. "4")']

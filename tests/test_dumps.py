@@ -169,10 +169,17 @@ def test_detail_round_trip_truncation_and_garbage() -> None:
 def test_distinguisher_filled_on_every_level():
     """Kubernetes computes a distinguisher only for levels with more than one queue; the dump
     names the flow on every level (single queue, Reject, exempt) by the FlowSchema's method."""
+    import dataclasses
+
     from apf_gunicorn.flowcontrol.loader import load_configuration
     from apf_gunicorn.flowcontrol.matching import Classifier
+    from apf_gunicorn.flowcontrol.objects import QueuingConfig
 
     cfg = load_configuration("builtin:webapp")
+    one_queue = dataclasses.replace(cfg.priority_levels["anonymous"],
+                                    queuing=QueuingConfig(1, 1, 12))
+    cfg = dataclasses.replace(cfg, priority_levels={**cfg.priority_levels,
+                                                    "anonymous": one_queue})
     classifier = Classifier(cfg)
     anon = RequestAttributes("addr:127.0.0.2", ("system:unauthenticated",), "get", "/x")
     c = classifier.classify(anon)
@@ -184,9 +191,9 @@ def test_distinguisher_filled_on_every_level():
     assert decode_detail(encode_detail(probe, c))["d"] == ""  # no method: one flow
 
 
-# -- the dispatch policies' columns and dump_flows (not Kubernetes') ---------------------------
+# -- the fairness columns and dump_flows (not Kubernetes') ------------------------------
 
-def _policy_ledger():
+def _fairness_ledger():
     """A real ledger with a maxmin level (C=4) holding a reservation for a 4-seat head, a
     kubernetes level with requests waiting, and an exempt level."""
     from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec
@@ -210,8 +217,8 @@ def _policy_ledger():
     return led
 
 
-def test_default_dumps_keep_kubernetes_columns_on_every_policy() -> None:
-    snap = _policy_ledger().snapshot(2 * SEC)
+def test_default_dumps_keep_kubernetes_columns_on_every_fairness() -> None:
+    snap = _fairness_ledger().snapshot(2 * SEC)
     levels = [[c.strip() for c in line.split(",")]
               for line in dump_priority_levels(snap).splitlines()]
     assert levels[0] == list(LEVEL_HEADERS) and all(len(r) == 10 for r in levels)
@@ -225,7 +232,7 @@ def test_default_dumps_keep_kubernetes_columns_on_every_policy() -> None:
     assert max(k8s) > "0.00000000ss"
 
 
-def test_fairness_columns_name_the_policy_and_its_virtual_time() -> None:
+def test_fairness_columns_name_the_fairness_and_its_virtual_time() -> None:
     snap = NS(now=0, flow_schema_names=[], levels=[
         level("global-default", desired_queues=2, current_r=150_000_000, fairness="kubernetes",
               queues=[queue(0, next_dispatch_r=300_000_000)]),
@@ -255,7 +262,7 @@ def test_fairness_columns_name_the_policy_and_its_virtual_time() -> None:
 
 
 def test_dump_flows_lists_each_maxmin_flow_against_v() -> None:
-    led = _policy_ledger()
+    led = _fairness_ledger()
     snap = led.snapshot(2 * SEC)
     rows = [[c.strip() for c in line.split(",")] for line in dump_flows(snap).splitlines()]
     assert rows[0] == list(FLOW_HEADERS)

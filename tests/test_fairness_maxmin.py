@@ -1,4 +1,4 @@
-"""The ``maxmin`` dispatch policy against issue 12's "Done means" fairness numbers.
+"""The ``maxmin`` fairness against issue 12's "Done means" fairness numbers.
 
 Each scenario runs through the simulator's uniform harness twice: on the production ledger
 with its level configured ``LevelSpec(..., fairness="maxmin")`` and on the reference model
@@ -127,8 +127,8 @@ def test_kubernetes_scenarios_within_done_means_margin(name, backend):
     assert model is None or verify(model) == []
 
 
-def test_kubernetes_policy_stays_as_it_was():
-    """The same scenarios under the default policy keep Kubernetes' deviations (the reason
+def test_kubernetes_fairness_stays_as_it_was():
+    """The same scenarios under the default fairness keep Kubernetes' deviations (the reason
     for maxmin): TestWindup's second window is off by 16.7%."""
     result = simulate(load_scenario(os.path.join(K8S, "k8s-13-windup-upper-bound.yaml")))
     devs = deviations(result)

@@ -10,13 +10,22 @@ reply times under flood are reported, not asserted).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from examples import haproxy_demo
+from tests.apps.procs import children
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [
     pytest.mark.server,
@@ -55,7 +64,7 @@ def test_haproxy_follows_the_agent_weights_and_drains(tmp_path):
     # ... so the small server turns fewer away than under round robin. (The total of 429s is
     # not asserted: the weights are 100 ms samples, and server a's own bursts of 429s moved
     # it between 9 and 20 against round robin's 15 to 18 in one afternoon's runs, under
-    # either dispatch policy: docs/load-balancers.md.)
+    # either fairness: docs/load-balancers.md.)
     assert agent["429_by_server"]["b"] < rr["429_by_server"]["b"], (agent, rr)
     # The agent port answered every query during the flood, with a weight.
     assert agent["agent_ms"]["n"] >= 5 and all(k.endswith("%") for k in agent["agent_replies"])
@@ -67,3 +76,51 @@ def test_haproxy_follows_the_agent_weights_and_drains(tmp_path):
     assert drain["b_new_requests_while_draining"] <= 2, drain
     assert drain["a_requests_meanwhile"] >= 10, drain
     assert drain["client_errors"] == 0 and set(drain["client_statuses"]) <= {200, 429}, drain
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_stopped_by_sigterm_stops_haproxy_and_both_servers(tmp_path):
+    """``haproxy-example.sh --serve`` (it execs this module) stopped with SIGTERM leaves no
+    HAProxy, gunicorn master or worker behind (they run in sessions of their own)."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "examples.haproxy_demo", "--serve", "--free-ports",
+         "--workdir", str(tmp_path)], cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started: set[int] = set()
+    try:
+        banner = demo.stdout.readline()  # printed once HAProxy sees both servers up
+        assert banner.startswith("HAProxy:"), banner + demo.stdout.read()
+        started = _descendants(demo.pid)
+        names = {open(f"/proc/{p}/comm").read().strip() for p in started if _alive(p)}
+        assert "haproxy" in names and len(started) >= 7, (names, started)  # + 2 x (1 + 2)
+        demo.send_signal(signal.SIGTERM)
+        out, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 128 + signal.SIGTERM, out
+        assert "stopped by SIGTERM" in out, out
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in started):
+            time.sleep(0.1)
+        assert not [p for p in started if _alive(p)], out
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        for p in started | _descendants(demo.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)

@@ -60,7 +60,7 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
 @pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
 def test_c_and_python_paths_leave_identical_ledgers(seed: int, fairness: str) -> None:
-    """``fairness``: the queuing levels' dispatch policy (``mixed``: see ``drive``)."""
+    """``fairness``: the queuing levels' fairness (``mixed``: see ``drive``)."""
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, slow = _pair(learn)
     counted = Counted(fast, "_admit_locked", "_finish_locked")  # the C hand-overs

@@ -1,7 +1,7 @@
 """The Python fast paths against the general path: same operations, byte-identical ledgers.
 
 ``fastpath.py`` computes admit-at-once and the plain finish in locals and writes the records
-back in one go; the general path (``requestpath.py`` and the dispatch policy) does the same
+back in one go; the general path (``requestpath.py`` and the fairness) does the same
 as Kubernetes does it: enqueue, then dispatch; finish, release the seats, remove an emptied
 queue. Here one pure-Python ledger runs with its fast paths and another with them forced off,
 on the same random operation streams, and every result and the whole buffer must agree after
@@ -70,7 +70,7 @@ def _same(a: Ledger, b: Ledger, what: str) -> None:
 @pytest.mark.parametrize("fairness", ["kubernetes", "maxmin", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
 def test_python_fast_paths_leave_what_the_general_path_leaves(seed: int, fairness: str) -> None:
-    """``fairness``: the queuing levels' dispatch policy (``mixed``: see ``drive``)."""
+    """``fairness``: the queuing levels' fairness (``mixed``: see ``drive``)."""
     learn = seed % 4 >= 2  # levels learn their service estimate (G) from finished requests
     fast, general = _pair(learn)
     assert not fast.accelerated and not general.accelerated

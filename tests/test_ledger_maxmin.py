@@ -1,6 +1,6 @@
-"""The ledger's ``maxmin`` policy against its reference model, decision by decision.
+"""The ledger's ``maxmin`` fairness against its reference model, decision by decision.
 
-``tests/maxmin_model.py`` states the policy; ``apf_gunicorn/ledger/maxmin.py`` implements it over
+``tests/maxmin_model.py`` states it; ``apf_gunicorn/ledger/maxmin.py`` implements it over
 the shared buffer. Both are driven with the same operations (through the simulator's harness,
 and by random streams with cancels, lingering, final-seat caps and too-wide requests over two
 levels), and after every operation they must agree on the outcome, the slot, the requests
@@ -241,7 +241,38 @@ def test_reaped_worker_and_repair_keep_the_flow_state_consistent():
     assert repair.verify(led) == []
 
 
-def test_switching_policy_keeps_waiting_requests():
+@pytest.mark.parametrize("accelerate", [True, False], ids=["c", "python"])
+def test_a_parked_flow_competes_again_when_its_worker_dies(accelerate):
+    """A new flow is parked at its equal share until its first completion. When the worker
+    running its one request dies, nothing completes (nothing is learnt) and it holds nothing:
+    it must compete again with its tag, not wait until no other flow has anything waiting."""
+    cap = Capacity(slots=32, levels=4, queues=64, workers=4)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock(), accelerate=accelerate)
+    if accelerate and not led.accelerated:
+        pytest.skip("the C fast paths are not built (or APF_NO_ACCELERATOR is set)")
+    names, _ = led.configure([LevelSpec("l", 8, 2, 8, 2, "maxmin")], ["fs"], 0)
+    lv = names["l"]
+    lb = led._lvb + lv * 40
+    new = led.admit(lv, 1, 1, 0, 0, 1, 10)  # flow 1, on worker 1: never finishes anything
+    other = led.admit(lv, 2, 1, 0, 50_000_000, 0, 20)  # flow 2 is charged 50 ms more
+    assert (new.outcome, other.outcome) == (EXECUTE, EXECUTE)
+    waits = led.admit(lv, 1, 1, 0, 0, 0, 30)
+    more = [led.admit(lv, 2, 1, 0, 0, 0, 40 + i) for i in range(3)]
+    assert [r.outcome for r in [waits, *more]] == [QUEUED] * 4
+    led.finish(other.slot, other.gen, 1000)
+    led.release(other.slot, other.gen, 2000)  # a seat frees: flow 1 is first, but capped
+    flows = led._maxmin.flow_state_locked(lb)["flows"]
+    assert flows[1]["parked"] and flows[1]["tag"] < flows[2]["tag"]
+
+    granted = led.reap_worker(1, 3000)  # flow 1's worker dies: its seat frees
+
+    assert [(g[0], g[1]) for g in granted] == [(waits.slot, waits.gen)], \
+        "the seat went to flow 2, whose tag is 50 ms later"
+    assert not led._maxmin.flow_state_locked(lb)["flows"][1]["parked"]
+    assert repair.verify(led) == []
+
+
+def test_switching_fairness_keeps_waiting_requests():
     cap = Capacity(slots=32, levels=4, queues=64)
     led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
     names, _ = led.configure([LevelSpec("l", 8, 2, 8, 2)], ["fs"], 0)

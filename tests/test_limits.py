@@ -128,3 +128,23 @@ def test_reject_level_has_no_max_seats_and_zero_shares_gets_zero():
     limits = compute_limits([jail, CATCH_ALL], 10)
     assert limits["jail"] == LevelLimits(0, 0, 10, 0, 10, None)
     assert compute_limits([jail], 10)["jail"].nominal == 0  # shareSum 0 does not divide by zero
+
+
+def test_max_seats_annotation_replaces_kubernetes_rule():
+    """apf-gunicorn.io/max-seats (PriorityLevel.max_seats) sets the widest request of a
+    queuing or Reject level, above or below Kubernetes' 15%; exempt levels keep None."""
+    import dataclasses
+
+    from apf_gunicorn.flowcontrol.limits import max_seats_origin
+
+    small = queuing("small", 1, hand=1)
+    wide = dataclasses.replace(small, name="wide", max_seats=4)
+    reject = PriorityLevel(name="reject", type="Limited", nominal_concurrency_shares=1,
+                           limit_response="Reject", max_seats=3)
+    limits = compute_limits([small, wide, reject], 8)  # 8 / 3 shares: nominal 3 each
+    assert limits["small"].max_seats == 1  # ceil(0.15 x 3)
+    assert limits["wide"].max_seats == 4
+    assert limits["reject"].max_seats == 3
+    assert "apf-gunicorn.io/max-seats annotation" in max_seats_origin(wide)
+    assert max_seats_origin(small).startswith("Kubernetes' rule")
+    assert "set it with the apf-gunicorn.io/max-seats" in max_seats_origin(small)

@@ -5,7 +5,6 @@ and ORCA headers on a real server."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -244,20 +243,24 @@ def test_orca_headers_on_a_real_server(server_factory):
         assert "exempt_utilization" not in report["named_metrics"]
         # probes (exempt) went through APF too: they carry it
         assert ORCA_HEADER in srv.request("/healthz")[1]
-        # "work" has 8 seats and queues 2 x 2: 16 clients of 1.5 s fill it and get 429s
-        clients = [Client(srv.port, "/work?ms=1500", user=f"u{i}", count=1) for i in range(16)]
+        # "work" has 8 seats and queues 2 x 2: 16 clients of 5 s fill it and get 429s (the 4
+        # queued ones after the 0.5 s wait limit)
+        clients = [Client(srv.port, "/work?ms=5000", user=f"u{i}", count=1) for i in range(16)]
         for c in clients:
             c.start()
-        time.sleep(0.6)  # everyone admitted, queued or rejected (not a timing assertion)
-        busy = {}
-        for _ in range(3):  # past the 100 ms cache of this worker
-            time.sleep(0.15)
-            status, busy, _ = srv.request("/other?ms=1")
-        report = parse_orca_text(busy[ORCA_HEADER])
-        assert report["named_metrics"]["work_utilization"] == 1.0
+        assert srv.wait_for(lambda: srv.level("work").seats_in_use == 8, timeout=30)
+
+        def full_report():
+            # a worker's report is cached for 100 ms: ask until one shows the full level
+            status, headers, _ = srv.request("/other?ms=1")
+            report = parse_orca_text(headers[ORCA_HEADER])
+            return report["named_metrics"]["work_utilization"] == 1.0 and report
+
+        report = srv.wait_for(full_report, timeout=30)
+        assert report, "no report showed the full level while its 8 seats were in use"
         assert 0 < report["application_utilization"] < 1
         for c in clients:
-            c.join(30)
+            c.join(60)
         answers = [(s, h) for c in clients for s, h in zip(c.statuses, c.headers, strict=False)]
         rejected = [h for s, h in answers if s == 429]
         assert rejected, [s for s, _ in answers]

@@ -345,9 +345,9 @@ def test_epoch_advance_total_follows_the_ledger() -> None:
     assert (snap_level.epoch_advances, snap_level.epoch_advance_failures) == (1, 1)
 
 
-def test_dispatch_policy_and_virtual_time_per_level() -> None:
-    """Each queuing level names its policy (an info series) and exports the virtual time that
-    policy orders by: R under kubernetes, V under maxmin; maxmin levels also export their
+def test_fairness_and_virtual_time_per_level() -> None:
+    """Each queuing level names its fairness (an info series) and exports the virtual time that
+    fairness orders by: R under kubernetes, V under maxmin; maxmin levels also export their
     active flows and the seats held for a reserved wide head. Exempt levels have none."""
     from apf_gunicorn.ledger import QUEUED, Capacity, Ledger, LevelSpec
 
@@ -359,9 +359,9 @@ def test_dispatch_policy_and_virtual_time_per_level() -> None:
     mm, k8s = levels["mm"], levels["k8s"]
     col = LedgerCollector("apf", lambda: MasterView(ledger=led, workers=1, clock=lambda: 0))
     got = _scrape(col)
-    assert got[_k("apf_dispatch_policy_info", priority_level="mm", fairness="maxmin")] == 1
-    assert got[_k("apf_dispatch_policy_info", priority_level="k8s", fairness="kubernetes")] == 1
-    assert not any('"exempt"' in k for k in got if "policy" in k or "virtual" in k)
+    assert got[_k("apf_fairness_info", priority_level="mm", fairness="maxmin")] == 1
+    assert got[_k("apf_fairness_info", priority_level="k8s", fairness="kubernetes")] == 1
+    assert not any('"exempt"' in k for k in got if "fairness_info" in k or "virtual" in k)
     assert got[_k("apf_active_flows", priority_level="mm")] == 0
     assert got[_k("apf_reserved_seats", priority_level="mm")] == 0
     assert not any("k8s" in k for k in got if "flows" in k or "reserv" in k)
@@ -385,7 +385,7 @@ def test_dispatch_policy_and_virtual_time_per_level() -> None:
 
 
 def test_metrics_text_passes_promtool(tmp_path) -> None:
-    """The whole /metrics text (both policies, borrowing, request stats) passes
+    """The whole /metrics text (both fairnesses, borrowing, request stats) passes
     ``promtool check metrics``, Prometheus' own linter (apt-get install prometheus)."""
     import shutil
 

@@ -1,5 +1,5 @@
 """benchmarks/plot_fairness.py, the fairness picture's script: its data part on Kubernetes'
-TestWindup (the simulator's per-flow seats timeline under each policy) and its command line.
+TestWindup (the simulator's per-flow seats timeline under each fairness) and its command line.
 The picture is drawn only when matplotlib (the optional ``plot`` extra) is installed."""
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def test_windup_data_under_maxmin(plotter):
         assert abs(f["deviation"]) <= 0.03
 
 
-def test_main_draws_both_policies_or_names_what_is_missing(plotter, tmp_path, capsys):
+def test_main_draws_both_fairnesses_or_names_what_is_missing(plotter, tmp_path, capsys):
     out, numbers = tmp_path / "fairness.png", tmp_path / "fairness.json"
     has_plot = importlib.util.find_spec("matplotlib") is not None
     code = plotter.main(["--out", str(out), "--json", str(numbers)])
     err = capsys.readouterr().err
-    assert sorted(json.loads(numbers.read_text())) == sorted(fairness.POLICIES)
+    assert sorted(json.loads(numbers.read_text())) == sorted(fairness.NAMES)
     assert code == (0 if has_plot else 2)
     assert ("matplotlib is missing" in err) != has_plot
     if has_plot:

@@ -284,12 +284,20 @@ def test_trusted_proxy_on_a_unix_socket(server_factory, tmp_path):
     assert via_tcp[FS_UID] == derived_uid("FlowSchema", "anonymous")
 
 
-def test_dump_names_the_flow_on_a_single_queue_level(server_factory):
-    """builtin:webapp's anonymous level has one queue, where Kubernetes computes no
+def test_dump_names_the_flow_on_a_single_queue_level(server_factory, tmp_path):
+    """builtin:webapp with an anonymous level of one queue, where Kubernetes computes no
     distinguisher; the dump's FlowDistingsher column still names the flow."""
+    from apf_gunicorn.flowcontrol.loader import builtin_path
+
+    config = tmp_path / "webapp"
+    config.mkdir()
+    for f in builtin_path("webapp").glob("*.yaml"):
+        (config / f.name).write_text(f.read_text().replace(
+            "queues: 12\n        handSize: 3\n", "queues: 1\n        handSize: 1\n"))
+    assert "queues: 1\n" in (config / "webapp.yaml").read_text()
     aport = free_port()
     env = {"APF_USER_FROM": "address", "APF_ADMIN_BIND": f"127.0.0.1:{aport}"}
-    with server_factory(workers=1, threads=4, config="builtin:webapp", env=env) as srv:
+    with server_factory(workers=1, threads=4, config=str(config), env=env) as srv:
         t = threading.Thread(target=send, args=(srv.port, "GET", "/work?ms=3000"),
                              kwargs={"source": "127.0.0.2"})
         t.start()

@@ -103,20 +103,22 @@ def test_borrowing_lends_idle_seats_and_gives_them_back(server_factory):
         for c in work + light:
             c.start()
         try:
-            # flooded level borrows the light level's lendable seats within two periods
+            # the flooded level borrows the light level's lendable seats (the adjustment, its
+            # period and numbers, is tested with Kubernetes' vectors in tests/test_borrowing.py;
+            # here: that the server runs it; how soon is printed, not bounded)
             t0 = time.monotonic()
             raised = srv.wait_for(
                 lambda: gauge(scrape(aport), "apf_current_limit_seats", "work") > 8,
-                timeout=2.5, step=0.1)
+                timeout=30, step=0.1)
             took = time.monotonic() - t0
             m = scrape(aport)
             print(f"work limit {gauge(m, 'apf_current_limit_seats', 'work')} after {took:.1f}s, "
                   f"other {gauge(m, 'apf_current_limit_seats', 'other')}")
-            assert raised, "work did not borrow within two 1 s periods"
+            assert raised, "work did not borrow in 30 s of 1 s periods"
             assert gauge(m, "apf_current_limit_seats", "other") < 8
-            time.sleep(1.0)
-            _, top = srv.counters()["work"]  # most ever executing at once: 8 without borrowing
-            assert top > 8, f"the app saw at most {top} executing: no extra concurrency"
+            # most ever executing at once: 8 without borrowing
+            assert srv.wait_for(lambda: srv.counters()["work"][1] > 8, timeout=30), \
+                f"the app saw at most {srv.counters()['work'][1]} executing: no extra concurrency"
 
             # the light level's demand returns: its seats come back within two periods
             other = [Client(srv.port, "/other?ms=100", user=f"o{i}", stop=stop_other)
@@ -127,11 +129,11 @@ def test_borrowing_lends_idle_seats_and_gives_them_back(server_factory):
             t0 = time.monotonic()
             back = srv.wait_for(
                 lambda: gauge(scrape(aport), "apf_current_limit_seats", "other") >= 8,
-                timeout=2.5, step=0.1)
+                timeout=30, step=0.1)
             m = scrape(aport)
             print(f"other limit back to {gauge(m, 'apf_current_limit_seats', 'other')} after "
                   f"{time.monotonic() - t0:.1f}s; work {gauge(m, 'apf_current_limit_seats', 'work')}")
-            assert back, "the lender did not get its seats back within two periods"
+            assert back, "the lender did not get its seats back in 30 s of 1 s periods"
             assert gauge(m, "apf_current_limit_seats", "work") <= 9
         finally:
             stop_work.set()
@@ -167,18 +169,30 @@ def test_metrics_match_dumps_and_clients_across_kill_and_hup(server_factory):
         for c in everyone:
             c.start()
         try:
-            time.sleep(1.0)
             # mid-load: requests executing, queued and rejected on several levels
-            m = scrape(aport)
-            assert total(m, "apf_current_executing_requests", priority_level="work") > 0
-            assert total(m, "apf_rejected_requests_total", priority_level="other",
-                         reason="concurrency-limit") > 0
-            assert total(m, "apf_rejected_requests_total", priority_level="work",
-                         reason="queue-full") > 0
-            os.kill(srv.workers()[0], signal.SIGKILL)
-            time.sleep(1.5)
+            def mid_load():
+                m = scrape(aport)
+                return (total(m, "apf_current_executing_requests", priority_level="work") > 0
+                        and total(m, "apf_rejected_requests_total", priority_level="other",
+                                  reason="concurrency-limit") > 0
+                        and total(m, "apf_rejected_requests_total", priority_level="work",
+                                  reason="queue-full") > 0)
+
+            assert srv.wait_for(mid_load, timeout=60, step=0.1), scrape(aport)
+            workers = srv.workers()
+            victim = workers[0]
+            os.kill(victim, signal.SIGKILL)
+            # reaped and replaced; then served under load again before the HUP
+            assert srv.wait_for(lambda: victim not in srv.workers()
+                                and len(srv.workers()) == 2, timeout=30), srv.workers()
+            assert srv.wait_for_answers(everyone), "not served under load"
+            before_hup = set(srv.workers())
             os.kill(srv.pid, signal.SIGHUP)
-            time.sleep(2.0)
+            # the HUP replaces every worker; then served under load again
+            assert srv.wait_for(lambda: len(srv.workers()) == 2
+                                and not before_hup & set(srv.workers()), timeout=60), \
+                (before_hup, srv.workers())
+            assert srv.wait_for_answers(everyone), "not served under load"
         finally:
             stop.set()
             for c in everyone:
@@ -316,7 +330,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
             assert srv.wait_for(lambda: srv.level("fair").requests_executing == 22, timeout=15)
             wide.start()
             assert srv.wait_for(
-                lambda: gauge(scrape(aport), "apf_reserved_seats", "fair") == 4, timeout=5)
+                lambda: gauge(scrape(aport), "apf_reserved_seats", "fair") == 4, timeout=30)
             m = scrape(aport)
             plain = admin_get(aport, DUMP + "dump_priority_levels")
             levels = admin_get(aport, DUMP + "dump_priority_levels?includeFairness=1")
@@ -336,7 +350,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
         assert still_waiting == 1, "the wide request ran before the views were read"
         assert all(c.statuses == [200] for c in [*narrow, wide])
 
-    # Kubernetes' text by default; the policy columns only when asked
+    # Kubernetes' text by default; the fairness columns only when asked
     assert plain.splitlines()[0] == LEVEL_HEADER
     assert tabwriter(parse_dump(levels)) == levels
     rows = parse_dump(levels)
@@ -348,7 +362,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
     assert int(fair[col["Reservations"]]) >= 1
     assert fair[col["VirtualTime"]].endswith("ss")
     exempt = next(r for r in rows if r[0] == "exempt")
-    assert exempt[col["Fairness"]] == ""  # exempt levels have no dispatch policy
+    assert exempt[col["Fairness"]] == ""  # exempt levels have no fairness
 
     frows = parse_dump(flows)
     fcol = {name: i for i, name in enumerate(frows[0])}
@@ -365,7 +379,7 @@ def test_maxmin_state_in_dumps_metrics_and_the_cli(server_factory):
         assert (n[fcol["ExecutingRequests"]], n[fcol["SeatsInUse"]], n[fcol["Reserved"]]) == \
             ("1", "1", "false")
 
-    assert m[("apf_dispatch_policy_info", (("fairness", "maxmin"),
+    assert m[("apf_fairness_info", (("fairness", "maxmin"),
                                            ("priority_level", "fair")))] == 1
     assert gauge(m, "apf_active_flows", "fair") == 23
     assert m[("apf_virtual_time_seat_seconds", (("fairness", "maxmin"),
@@ -419,18 +433,28 @@ def test_retry_after_grows_on_every_worker(server_factory):
             if conn is not None:
                 conn.close()
 
+        def late_by_worker() -> dict[int, int]:
+            """The highest Retry-After per worker among the 429s after 4 s of overload."""
+            with lock:
+                late = [(pid, ra) for pid, ra, t in seen if t - start > 4.0]
+            return {pid: max(ra for p, ra in late if p == pid) for pid, _ in late}
+
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(24)]
         start = time.monotonic()
         for t in threads:
             t.start()
-        time.sleep(6.0)
-        stop.set()
-        for t in threads:
-            t.join(15)
+        try:
+            # until every worker answered a 429 with a grown Retry-After (or 60 s)
+            grown = srv.wait_for(lambda: (by := late_by_worker()).keys() >= set(srv.workers())
+                         and all(v > 1 for v in by.values()), timeout=60, step=0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(15)
         workers = set(srv.workers())
-        late = [(pid, ra) for pid, ra, t in seen if t - start > 4.0]
-        by_worker = {pid: max(ra for p, ra in late if p == pid) for pid, _ in late}
+        by_worker = late_by_worker()
         print(f"{len(seen)} 429s; highest Retry-After per worker after 4 s: {by_worker}")
+        assert grown, f"workers {workers}; highest Retry-After per worker after 4 s {by_worker}"
         assert set(by_worker) == workers, "429s seen from every worker"
         assert all(v > 1 for v in by_worker.values())
 

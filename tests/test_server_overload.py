@@ -31,9 +31,9 @@ def test_slow_heads_hold_no_thread_and_get_408_at_their_deadline(server_factory)
             run_clients([user], timeout=20)
             assert not probes.failures, probes.failures
             assert user.statuses == [200] * 10, (user.statuses, user.errors)
-            assert all(t is None for t in slow.closed_at), "a slow head was cut too early"
-            # still trickling, yet cut at their 3 s deadline (counted from accept)
-            assert slow.wait_closed(timeout=10)
+            # still trickling, yet cut at their 3 s deadline (counted from accept; not before
+            # it: min(late) below, whatever the time the probes and the user took)
+            assert slow.wait_closed(timeout=30)
         late = [t - slow.opened_at for t in slow.closed_at]
         print(f"slow heads closed {min(late):.2f}-{max(late):.2f} s after opening; probe p99 "
               f"{probes.quantile(0.99) * 1e3:.0f} ms")

@@ -45,7 +45,8 @@ def _concurrent(srv, path: str, n: int) -> list[int]:
 
 def test_four_seat_route_runs_two_at_a_time(srv) -> None:
     srv.reset_counters()
-    statuses = _concurrent(srv, "/wide?ms=600", 5)
+    # 2 s each: the five overlap even when the machine is slow to send them
+    statuses = _concurrent(srv, "/wide?ms=2000", 5)
     running, most = srv.counters()["heavy"]
     assert running == 0
     assert most == 2, statuses  # 8 seats / 4 per request, across both workers
@@ -60,11 +61,11 @@ def test_cost_above_max_seats_is_clamped(srv) -> None:
     srv.reset_counters()
     # "narrow" has 8 seats and Kubernetes' max seats 2: @cost(seats=4) is admitted as 2, so
     # four run at once and the rest queue (all succeed).
-    statuses = _concurrent(srv, "/clamped?ms=500", 6)
+    statuses = _concurrent(srv, "/clamped?ms=2000", 6)
     assert statuses == [200] * 6
     assert srv.counters()["light"][1] == 4
     assert "admits at most 2 seat(s) per request; clamped to 2" in srv.log()
-    srv.idle()
+    assert srv.idle() is not None
 
 
 def test_final_seats_linger_after_the_response(srv) -> None:
@@ -72,18 +73,19 @@ def test_final_seats_linger_after_the_response(srv) -> None:
     t0 = time.monotonic()
     status, _, body = srv.request("/linger")
     assert (status, body) == (200, b"lingering\n")
-    # gunicorn closes the body (our finish) just after sending it: wait for that
+    # gunicorn closes the body (our finish) just after sending it: wait for that (within the
+    # 6 s tail: seen later, the seats would be back and the check below fails)
     level = srv.wait_for(lambda: (lv := srv.level("narrow")).requests_executing == 0 and lv,
-                         timeout=1)
-    assert time.monotonic() - t0 < 1.5, "too slow to observe the 2 s tail"
+                         timeout=5)
+    assert level, "the request did not finish"
     assert level.requests_executing == 0  # as Kubernetes: done executing, seats still held
-    assert level.seats_in_use == 2  # the 2 final seats, after the response
+    assert level.seats_in_use == 2, "the 2 final seats, after the response"
     (req,) = [r for r in level.requests]
-    assert (req.initial_seats, req.final_seats, req.additional_latency_ns) == (1, 2, 2 * 10**9)
-    # released by the owner's dispatcher once the 2 s have passed
-    snap = srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
+    assert (req.initial_seats, req.final_seats, req.additional_latency_ns) == (1, 2, 6 * 10**9)
+    # released by the owner's dispatcher once the 6 s have passed, not before
+    snap = srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=30)
     assert snap
-    assert time.monotonic() - t0 >= 1.9
+    assert time.monotonic() - t0 >= 5.9
 
 
 def _open_stream(srv, path: str):
@@ -116,7 +118,7 @@ def test_regular_stream_holds_seats_until_the_body_is_sent(srv) -> None:
         assert resp.read() == b"second\n"
     finally:
         conn.close()
-    assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=5)
+    assert srv.wait_for(lambda: srv.level("narrow").seats_in_use == 0, timeout=30)
 
 
 def test_the_workers_ledger_runs_the_paths_this_test_run_runs(srv) -> None:

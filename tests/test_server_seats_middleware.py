@@ -260,6 +260,10 @@ def test_clamp_to_level_max_seats_logs_once(env, caplog) -> None:
     (record,) = [r for r in caplog.records if "clamped" in r.getMessage()]
     assert ("APF_ROUTES for GET /wide asks for 20 seat(s) (final 0) but priority level 'lvl' "
             "admits at most 6 seat(s) per request; clamped to 6") in record.getMessage()
+    # the warning says where the maximum comes from and how to change it
+    assert ("that maximum is Kubernetes' rule: 15% of its nominal seats, at most nominal / "
+            "handSize; set it with the apf-gunicorn.io/max-seats annotation"
+            ) in record.getMessage()
 
 
 def test_cost_is_computed_once_per_shape(env, monkeypatch) -> None:

@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 WORKER = "apf_gunicorn.server.worker.ApfThreadWorker"
 
 
-def _burst(srv, n=8, ms=500):
+def _burst(srv, n=8, ms=500, counter="heavy"):
     results = []
 
     def one():
-        status, _, body = srv.request(f"/work?ms={ms}&c=heavy", timeout=30)
+        status, _, body = srv.request(f"/work?ms={ms}&c={counter}", timeout=30)
         results.append((status, body.decode().split("pid=")[-1].strip(), time.monotonic()))
 
     t0 = time.monotonic()
@@ -40,7 +40,18 @@ def test_accept_gating_balances_workers(server_factory):
     # how uneven depends on scheduling.
     conf = ("-k", WORKER, "--no-control-socket")
     with server_factory(workers=2, threads=1, conf=conf) as srv:
-        srv.request("/hello")
+        # Both workers up and serving first: the fixture returns once one answered, and a
+        # worker still booting during the burst leaves every round to the other.
+        # (Two at once: a worker with its one thread busy leaves the other request to the
+        # other worker.)
+        served_by = set()
+
+        def both_serve():
+            warm, _ = _burst(srv, n=2, ms=200, counter="warm")
+            served_by.update(pid for _, pid, _ in warm)
+            return len(served_by) == 2
+
+        assert srv.wait_for(both_serve, timeout=60), f"only {served_by} answered"
         results, makespan = _burst(srv)
     assert all(r[0] == 200 for r in results)
     split = sorted(collections.Counter(r[1] for r in results).values())

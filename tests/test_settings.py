@@ -74,11 +74,11 @@ def test_service_estimate_is_learnt_unless_fixed(value, ns, learn):
     assert (s.service_estimate_ns, s.learn_service) == (ns, learn)
 
 
-@pytest.mark.parametrize("value, policy", [
+@pytest.mark.parametrize("value, fairness", [
     (None, "maxmin"), ("", "maxmin"), ("kubernetes", "kubernetes"), ("Kubernetes", "kubernetes"),
     ("maxmin", "maxmin"), ("MaxMin", "maxmin"), (" maxmin ", "maxmin"),
 ])
-def test_fairness_setting(value, policy):
+def test_fairness_setting(value, fairness):
     """APF_FAIRNESS: maxmin unless set (an empty value is unset), any case."""
     s = load_settings({} if value is None else {"APF_FAIRNESS": value})
-    assert s.dispatch_policy == policy
+    assert s.fairness == fairness

@@ -346,7 +346,7 @@ def test_cli_lists_every_error_and_prints_a_legend(tmp_path) -> None:
     assert table.startswith("fairness: queueSet kubernetes\n\nwindow 0s .. 50s")
 
 
-# -- choosing the dispatch policy (issue 12) --------------------------------------------------------
+# -- choosing the fairness (issue 12) -------------------------------------------------------------
 
 KUBERNETES_SCENARIOS = os.path.join(HERE, "scenarios", "kubernetes")
 
@@ -356,7 +356,7 @@ def test_queue_set_fairness_defaults_to_kubernetes() -> None:
     assert parse_scenario(with_("queueSet.fairness", "maxmin")).queue_set.fairness == "maxmin"
     names = [n for n in os.listdir(KUBERNETES_SCENARIOS) if n.endswith(".yaml")]
     assert len(names) == 39
-    for name in names:  # Kubernetes' harness scenarios: no field, Kubernetes' policy
+    for name in names:  # Kubernetes' harness scenarios: no field, Kubernetes' fairness
         scenario = load_scenario(os.path.join(KUBERNETES_SCENARIOS, name))
         assert scenario.queue_set.fairness == "kubernetes", name
 
@@ -372,7 +372,7 @@ def test_fairness_errors_name_the_field(doc, field) -> None:
     assert info.value.field == field
 
 
-def test_the_scenario_or_the_override_chooses_the_policy() -> None:
+def test_the_scenario_or_the_override_chooses_the_fairness() -> None:
     """maxmin runs when the scenario or the override asks for it (and is reported), and the
     override wins over the scenario."""
     for scenario, override in ((parse_scenario(with_("queueSet.fairness", "maxmin")), None),
@@ -424,7 +424,7 @@ def test_configuration_form_fairness_and_annotations() -> None:
     with pytest.raises(ScenarioError) as info:
         parse_scenario(_configured("fifo"))
     assert info.value.field == "fairness"
-    # the annotation names the level's policy; it beats the scenario's (and --fairness)
+    # the annotation names the level's fairness; it beats the scenario's (and --fairness)
     result = simulate(parse_scenario(_configured(annotation="maxmin")), fairness="kubernetes")
     assert result.fairness == {"tenants": "maxmin", "exempt": None, "catch-all": "kubernetes"}
     result = simulate(parse_scenario(_configured("kubernetes", annotation="kubernetes")))
@@ -486,3 +486,14 @@ def test_timeline_agrees_with_the_window_averages() -> None:
             assert sum(s[lo:hi]) / (hi - lo) == pytest.approx(
                 w.clients[name].average_executing_seats, abs=1e-12)
     assert simulate(scenario).timeline is None
+
+
+def test_configuration_form_schema_may_name_an_undefined_mandatory_level() -> None:
+    """As in check, explain and the server: the mandatory levels exist without being defined,
+    so the client's schema sends it to exempt (before: dangling, and catch-all took it)."""
+    doc = _configured()
+    doc["objects"] = doc["objects"][1:]
+    doc["objects"][0]["spec"]["priorityLevelConfiguration"]["name"] = "exempt"
+    levels = simulate(parse_scenario(doc)).windows[0].priority_levels
+    assert levels["exempt"]["averageExecutingSeats"] > 0
+    assert levels["catch-all"]["averageExecutingSeats"] == 0

@@ -1,6 +1,6 @@
 """The adaptive concurrency limit (``auto``) in virtual time: the production controller
 (apf_gunicorn.flowcontrol.adaptive) against backends whose service time depends on
-concurrency (apf_gunicorn.simulate.capacity), under both dispatch policies. No wall clock."""
+concurrency (apf_gunicorn.simulate.capacity), under both fairnesses (kubernetes, maxmin). No wall clock."""
 
 from __future__ import annotations
 

@@ -29,9 +29,10 @@ def test_misspelled_setting_gets_the_closest_known_name() -> None:
         "unknown setting APF_TRUSTED_PROXY is ignored; did you mean APF_TRUSTED_PROXIES?",
         "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADMIN_BIND, "
         "APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY, APF_BORROWING_PERIOD, APF_CONCURRENCY_LIMIT, "
-        "APF_CONFIG, APF_EXEMPT_THREADS, APF_FAIRNESS, APF_GROUP_HEADER, APF_HEADER_TIMEOUT, APF_INSTANCE, "
+        "APF_CONFIG, APF_EXEMPT_THREADS, APF_FAIRNESS, APF_GROUP_HEADER, APF_HEADER_TIMEOUT, "
+        "APF_HEAD_BUFFER_LIMIT, APF_HEAD_CONNECTIONS, APF_INSTANCE, "
         "APF_JWT_AUDIENCE, APF_JWT_GROUPS_CLAIM, APF_JWT_ISSUER, APF_JWT_KEY, "
-        "APF_LOAD_REPORT, APF_LOAD_REPORT_INTERVAL, APF_METRICS_PREFIX, APF_NO_ACCELERATOR, "
+        "APF_LOAD_REPORT, APF_LOAD_REPORT_INTERVAL, APF_METRICS_PREFIX, APF_NO_ACCELERATOR, APF_PATHS, "
         "APF_QUEUE_WAIT_LIMIT, APF_REQUEST_INFO, APF_ROUTES, APF_SERVICE_ESTIMATE, "
         "APF_TRUSTED_PROXIES, APF_USER_FROM, APF_USER_HEADER, APF_WORKER_OOM_SCORE_ADJ, "
         "APF_WORK_ESTIMATOR",
@@ -71,8 +72,8 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
 
 
-def test_ready_line_names_the_policy_and_annotated_levels(tmp_path) -> None:
-    """APF_FAIRNESS is named with where it came from; a level that chooses its own policy by
+def test_ready_line_names_the_fairness_and_annotated_levels(tmp_path) -> None:
+    """APF_FAIRNESS is named with where it came from; a level that chooses its own fairness by
     annotation says so (here kubernetes, the one this build runs)."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -116,7 +117,8 @@ def test_route_notes_name_every_level_that_clamps_a_declared_cost() -> None:
                                      "APF_ROUTES routes.yaml: routes[0] (/export/<path:rest>)"]
     max_seats = {"exempt": 100, "big": 8, "mid": 2, "tiny": 1}
     notes = startup.route_notes(costs, max_seats, {"exempt"})
-    tail = " (a level's widest request; see docs/work-estimation.md)"
+    tail = (" (a level's widest request, Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats "
+            "annotation sets it; see docs/work-estimation.md)")
     assert notes == [
         "@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to 1 on priority level "
         "tiny; clamped to 2 on priority level mid" + tail,
@@ -140,7 +142,13 @@ def test_route_notes_use_the_servers_max_seats() -> None:
                                 level_max_seats(gen, settings), {"exempt"})
     assert notes == ["@cost on GET /clamped asks for 4 seat(s): clamped to 1 on priority level "
                      "catch-all; clamped to 2 on priority level narrow (a level's widest "
-                     "request; see docs/work-estimation.md)"]
+                     "request, Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats "
+                     "annotation sets it; see docs/work-estimation.md)"]
+    annotated = startup.route_notes(startup.declared_costs(app, None), {"narrow": 2},
+                                    set(), {"narrow"})
+    assert annotated == ["@cost on GET /clamped asks for 4 seat(s): clamped to 2 on priority "
+                         "level narrow (a level's widest request, set by their "
+                         "apf-gunicorn.io/max-seats annotation; see docs/work-estimation.md)"]
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
 """The start-up thread-budget check, against the shipped defaults and a config that overflows."""
 
+import re
+
+import pytest
+
 from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.loader import load_configuration
@@ -33,3 +37,45 @@ def test_fewer_threads_than_the_limit_is_called_out():
     settings = load_settings({"APF_CONCURRENCY_LIMIT": "200"}, workers=2, threads=64)
     msg = thread_budget(_generation(None), settings, 2, 64)
     assert msg is not None and "cannot even run the concurrency limit of 200" in msg
+
+
+def test_an_unset_limit_is_named_as_the_default_with_its_formula():
+    # An ordinary size with the default limit: the warning must not blame APF_CONCURRENCY_LIMIT
+    # (not set) and must say where the limit came from.
+    settings = load_settings({}, workers=2, threads=16)
+    msg = thread_budget(_generation(None), settings, 2, 16)
+    assert msg is not None
+    assert "16 seats (the default, workers x threads / 2 = 2 x 16 / 2; " \
+           "APF_CONCURRENCY_LIMIT is not set)" in msg, msg
+    assert "(APF_CONCURRENCY_LIMIT)" not in msg
+    settings = load_settings({"APF_CONCURRENCY_LIMIT": "20"}, workers=2, threads=16)
+    assert "20 seats (APF_CONCURRENCY_LIMIT)" in thread_budget(_generation(None), settings, 2, 16)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("threads", [3, 4, 8, 16, 32])
+@pytest.mark.parametrize("limit", [None, "4", "16", "50"])
+def test_the_named_threads_and_limit_fit(workers, threads, limit):
+    """Every warning names a --threads, and an APF_CONCURRENCY_LIMIT when one fits the present
+    threads; with either, the check passes (the default limit grows with the threads)."""
+    env = {} if limit is None else {"APF_CONCURRENCY_LIMIT": limit}
+    gen = _generation(None)
+    msg = thread_budget(gen, load_settings(env, workers=workers, threads=threads),
+                        workers, threads)
+    if msg is None:
+        return
+    m = re.search(r"--threads (\d+) fits", msg)
+    assert m, msg
+    more = int(m.group(1))
+    assert more > threads
+    assert thread_budget(gen, load_settings(env, workers=workers, threads=more),
+                         workers, more) is None, msg
+    assert thread_budget(gen, load_settings(env, workers=workers, threads=more - 1),
+                         workers, more - 1) is not None, "not the smallest: " + msg
+    m = re.search(r"APF_CONCURRENCY_LIMIT=(\d+) with these threads", msg)
+    if m:
+        fitted = {"APF_CONCURRENCY_LIMIT": m.group(1)}
+        assert thread_budget(gen, load_settings(fitted, workers=workers, threads=threads),
+                             workers, threads) is None, msg
+    else:
+        assert "cannot hold its 60 at any limit" in msg, msg

@@ -1,19 +1,27 @@
 """``apf-gunicorn check PATH [--concurrency-limit N | --workers W --threads T] [--json]``.
 
 Validates a configuration and prints every priority level with the seats it gets (and the
-dispatch policy of levels that choose one by annotation), the FlowSchemas in matching order,
-and dangling schemas and broken levels as warnings (on stderr).
+fairness of levels that choose one by annotation) and the FlowSchemas in matching order;
+broken or repaired levels are warnings and dangling FlowSchemas errors (on stderr).
 ``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
 ``mandatory``).
+
+Like a cluster, a configuration need not define the mandatory objects (``exempt`` and
+``catch-all``, levels and schemas): they exist as the bootstrap ensurer makes them, and a
+FlowSchema may name either level. A FlowSchema naming any other level that the configuration
+does not define is *dangling*: Kubernetes accepts it and marks it ``Dangling``, and the server
+starts without it (logging a warning), but since a configuration is read whole this is a
+mistake (usually a typo), so ``check`` lists each one, with file, schema and field, and exits 1.
 
 The server concurrency limit is ``--concurrency-limit N`` (what ``APF_CONCURRENCY_LIMIT`` gives
 the server), else the server's own default for ``--workers`` x ``--threads`` (workers x threads
 / 2, with ``apf_gunicorn.conf``'s 2 workers x 64 threads when not given); the output says which.
 
-Exit status: 0 valid (warnings allowed), 1 invalid (every error listed on stderr, or as a JSON
+Exit status: 0 valid (warnings allowed); 1 invalid (every error listed on stderr, or as a JSON
 object ``{"valid": false, "errors": [{"file", "kind", "name", "field", "message"}]}`` on stdout
-under ``--json``), 2 the path cannot be read (JSON: one error with only ``file`` and
-``message``).
+under ``--json``), or valid for the server but with a dangling FlowSchema (the full report is
+printed, ``"valid": true`` with a non-empty ``"dangling"`` list under ``--json``); 2 the path
+cannot be read (JSON: one error with only ``file`` and ``message``).
 """
 
 from __future__ import annotations
@@ -23,65 +31,25 @@ import json
 import sys
 from typing import Any
 
-from apf_gunicorn import conf
-from apf_gunicorn.cli.common import load_or_report
+from apf_gunicorn.cli.common import add_limit_arguments, load_or_report, plural, server_limit
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.configuration import Configuration
-from apf_gunicorn.flowcontrol.limits import LevelLimits, compute_limits, nominal_sum
+from apf_gunicorn.flowcontrol.limits import (
+    MAX_SEATS_ANNOTATION,
+    LevelLimits,
+    compute_limits,
+    nominal_sum,
+)
 from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
-from apf_gunicorn.server.settings import default_concurrency_limit
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path", metavar="PATH", help="YAML file, directory of *.yaml/*.yml, or builtin:NAME"
     )
-    parser.add_argument(
-        "--concurrency-limit",
-        type=_positive_int,
-        metavar="N",
-        help="server concurrency limit in seats, as APF_CONCURRENCY_LIMIT (default: the "
-        "server's default for --workers x --threads)",
-    )
-    parser.add_argument(
-        "--workers", type=_positive_int, default=conf.workers, metavar="W",
-        help=f"gunicorn workers, for the default limit (default {conf.workers}, as "
-        "apf_gunicorn.conf)",
-    )
-    parser.add_argument(
-        "--threads", type=_positive_int, default=conf.threads, metavar="T",
-        help=f"threads per worker, for the default limit (default {conf.threads}, as "
-        "apf_gunicorn.conf)",
-    )
+    add_limit_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON object (errors too)")
-
-
-def server_limit(args: argparse.Namespace) -> tuple[int, str]:
-    """The concurrency limit ``check`` uses and a phrase saying where it comes from.
-
-    Args:
-        args: parsed ``check`` arguments (``concurrency_limit``, ``workers``, ``threads``).
-
-    Returns:
-        (seats, source), e.g. ``(600, "from --concurrency-limit")``.
-    """
-    if args.concurrency_limit is not None:
-        return args.concurrency_limit, "from --concurrency-limit"
-    limit = default_concurrency_limit(args.workers, args.threads)
-    return limit, (f"the server's default for {args.workers} workers x {args.threads} threads: "
-                   "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
-                   "(check it with --concurrency-limit)")
 
 
 def error_report(path: str, exc: BaseException) -> dict:
@@ -119,8 +87,18 @@ def run(args: argparse.Namespace) -> int:
         return cfg
     limit, source = server_limit(args)
     limits = compute_limits(cfg.priority_levels.values(), limit)
+    dangling = cfg.dangling_errors()
+    dangling_texts = {str(err) for err in dangling}
     for warning in cfg.warnings():
-        print(f"warning: {warning}", file=sys.stderr)
+        if warning not in dangling_texts:
+            print(f"warning: {warning}", file=sys.stderr)
+    if dangling:
+        # Kubernetes stores such a schema and marks it Dangling; in one file it is a mistake.
+        skipped = "it" if len(dangling) == 1 else "them"
+        print(f"{args.path}: {plural(len(dangling), 'dangling FlowSchema')} (the server would "
+              f"start without {skipped}, as Kubernetes does):", file=sys.stderr)
+        for err in dangling:
+            print(f"  {err}", file=sys.stderr)
     if args.json:
         doc = report(cfg, limits, limit)
         doc["concurrencyLimitSource"] = source
@@ -128,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(cfg, limits, limit, source))
-    return 0
+    return 1 if dangling else 0
 
 
 def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int) -> dict:
@@ -155,6 +133,7 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
                 "handSize": q.hand_size if q else None,
                 "queueLengthLimit": q.queue_length_limit if q else None,
                 "fairness": pl.fairness,
+                "maxSeatsAnnotation": pl.max_seats,
                 "uid": pl.uid,
                 "source": pl.source,
             }
@@ -171,8 +150,9 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
         for fs in cfg.flow_schemas
     ]
     dangling = [
-        {"name": fs.name, "priorityLevel": fs.priority_level, "source": fs.source, "message": msg}
-        for fs, msg in cfg.dangling
+        {"name": fs.name, "priorityLevel": fs.priority_level, "source": fs.source, "message": msg,
+         "field": err.field, "error": str(err)}
+        for (fs, msg), err in zip(cfg.dangling, cfg.dangling_errors(), strict=True)
     ]
     return {
         "valid": True,
@@ -182,6 +162,8 @@ def report(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int
         "flowSchemas": schemas,
         "dangling": dangling,
         "brokenPriorityLevels": [{"name": n, "reason": r} for n, r in cfg.broken],
+        "repairedPriorityLevels": [{"name": pl.name, "source": pl.source, "reason": r}
+                                   for pl, r in cfg.repaired],
         "sources": list(cfg.sources),
     }
 
@@ -218,9 +200,14 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
     chosen = [f"{name} {pl.fairness}" for name, pl in cfg.priority_levels.items()
               if pl.fairness is not None]
     if chosen:
-        out.append(f"Dispatch policy by annotation ({fairness.ANNOTATION}): "
+        out.append(f"Fairness by annotation ({fairness.ANNOTATION}): "
                    f"{', '.join(chosen)}; "
                    f"other levels: APF_FAIRNESS (default {fairness.SERVER_DEFAULT}).\n")
+    widest = [f"{name} {pl.max_seats}" for name, pl in cfg.priority_levels.items()
+              if pl.max_seats is not None]
+    if widest:
+        out.append(f"Max seats by annotation ({MAX_SEATS_ANNOTATION}): {', '.join(widest)}; "
+                   "other queuing levels: Kubernetes' 15% of nominal.\n")
     fs_rows = [["FLOW SCHEMA", "PRECEDENCE", "PRIORITY LEVEL", "DISTINGUISHER", "SOURCE"]]
     for fs in cfg.flow_schemas:
         fs_rows.append([fs.name, str(fs.matching_precedence), fs.priority_level,

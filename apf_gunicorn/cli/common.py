@@ -1,5 +1,8 @@
-"""Helpers the subcommands share: loading a configuration and reporting why it failed.
+"""Helpers the subcommands share: the server-limit arguments, loading a configuration and
+reporting why it failed.
 
+    add_limit_arguments(parser)               # --concurrency-limit, --workers, --threads
+    limit, source = server_limit(args)        # (64, "the server's default for 2 workers ...")
     cfg = load_or_report(path, "check")
     if isinstance(cfg, int):
         return cfg          # 1: invalid (every error printed), 2: unreadable
@@ -7,11 +10,86 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.configuration import Configuration
-from apf_gunicorn.flowcontrol.loader import load_configuration
+from apf_gunicorn.flowcontrol.loader import BUILTIN_PREFIX, DEFAULT_BUILTIN, load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
+from apf_gunicorn.server.settings import default_concurrency_limit
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 error"``, ``"2 errors"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or not positive.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--concurrency-limit``, ``--workers`` and ``--threads``: what :func:`server_limit`
+    reads."""
+    parser.add_argument(
+        "--concurrency-limit",
+        type=positive_int,
+        metavar="N",
+        help="server concurrency limit in seats, as APF_CONCURRENCY_LIMIT (default: the "
+        "server's default for --workers x --threads)",
+    )
+    parser.add_argument(
+        "--workers", type=positive_int, default=conf.workers, metavar="W",
+        help=f"gunicorn workers, for the default limit (default {conf.workers}, as "
+        "apf_gunicorn.conf)",
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=conf.threads, metavar="T",
+        help=f"threads per worker, for the default limit (default {conf.threads}, as "
+        "apf_gunicorn.conf)",
+    )
+
+
+def server_limit(args: argparse.Namespace, environment_limit: int | None = None
+                 ) -> tuple[int, str]:
+    """The server concurrency limit a command assumes, and a phrase saying where it comes from.
+
+    Args:
+        args: parsed arguments of :func:`add_limit_arguments` (``concurrency_limit``,
+            ``workers``, ``threads``).
+        environment_limit: ``APF_CONCURRENCY_LIMIT`` when the command reads the environment
+            and it is set, else None.
+
+    Returns:
+        (seats, source), e.g. ``(600, "from --concurrency-limit")``: ``--concurrency-limit``,
+        else ``APF_CONCURRENCY_LIMIT``, else the server's default for ``--workers`` x
+        ``--threads``.
+    """
+    if args.concurrency_limit is not None:
+        return args.concurrency_limit, "from --concurrency-limit"
+    if environment_limit is not None:
+        return environment_limit, "from APF_CONCURRENCY_LIMIT"
+    limit = default_concurrency_limit(args.workers, args.threads)
+    return limit, (f"the server's default for {args.workers} workers x {args.threads} threads: "
+                   "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
+                   "(check it with --concurrency-limit)")
+
+
+def config_name(path: str | None) -> str:
+    """What a configuration path stands for: the path, or ``builtin:webapp`` for None."""
+    return path if path is not None else BUILTIN_PREFIX + DEFAULT_BUILTIN
 
 
 def load_or_report(path: str | None, command: str) -> Configuration | int:
@@ -21,7 +99,8 @@ def load_or_report(path: str | None, command: str) -> Configuration | int:
     try:
         return load_configuration(path)
     except ConfigErrors as exc:
-        print(f"{where}: invalid configuration ({len(exc.errors)} errors):", file=sys.stderr)
+        print(f"{where}: invalid configuration ({plural(len(exc.errors), 'error')}):",
+              file=sys.stderr)
         for err in exc.errors:
             print(f"  {err}", file=sys.stderr)
         return 1

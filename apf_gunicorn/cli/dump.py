@@ -1,8 +1,9 @@
 """`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests|flows [--details] [--kubernetes]`.
 
 Fetches one of the debug dumps from a running server's admin endpoint and prints it. ``levels``
-and ``queues`` end with each level's dispatch policy and virtual time (``?includeFairness=1``)
-unless ``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
+and ``queues`` end with each level's fairness and virtual time (``?includeFairness=1``),
+and ``levels`` with its nominal, current and used seats (``&includeSeats=1``), unless
+``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
 ``maxmin`` levels. The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in
 default.
 
@@ -30,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--details", action="store_true",
                         help="requests: add user, verb, path and resource columns")
     parser.add_argument("--kubernetes", action="store_true",
-                        help="levels, queues: Kubernetes' exact columns, without the dispatch "
-                             "policy and virtual time appended")
+                        help="levels, queues: Kubernetes' exact columns, without the fairness, "
+                             "virtual time and seats appended")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
 
 
@@ -41,7 +42,7 @@ def url_for(admin: str, what: str, details: bool, kubernetes: bool = False) -> s
     Args:
         admin: the admin endpoint's address; what: a key of :data:`WHAT`;
         details: requests: ask for the request details;
-        kubernetes: levels, queues: leave out the fairness columns.
+        kubernetes: levels, queues: leave out the fairness (and seat) columns.
     Returns:
         The URL.
     Raises:
@@ -53,7 +54,9 @@ def url_for(admin: str, what: str, details: bool, kubernetes: bool = False) -> s
     url = f"http://{host}:{port}{DUMP_PREFIX}{WHAT[what]}"
     if details and what == "requests":
         url += "?includeRequestDetails=1"
-    elif what in ("levels", "queues") and not kubernetes:
+    elif what == "levels" and not kubernetes:
+        url += "?includeFairness=1&includeSeats=1"
+    elif what == "queues" and not kubernetes:
         url += "?includeFairness=1"
     return url
 

@@ -9,7 +9,7 @@ build and resolves it with the server's own resolver (:mod:`apf_gunicorn.server.
 Kubernetes API paths, ``APF_ROUTES``, ``APF_REQUEST_INFO``, ``APF_TRUSTED_PROXIES``,
 ``APF_USER_HEADER``/``APF_GROUP_HEADER``, ``APF_USER_FROM``), read from the environment as the
 server reads it. Then it classifies the request and estimates its cost as the server does:
-FlowSchema, priority level, flow (distinguisher and hash), hand, seats and the dispatch policy.
+FlowSchema, priority level, flow (distinguisher and hash), hand, seats and the fairness.
 
 Who sends it: ``--header "K: V"`` (repeatable; repeated names are joined with ``,`` as
 gunicorn joins them) and ``--remote-addr IP`` (default 127.0.0.1) are sent as given.
@@ -22,21 +22,31 @@ The attribute form (``--verb`` with ``--path`` for a non-resource request or ``-
 and its fields) skips the resolver and classifies those attributes as they are.
 
 ``--config`` takes what ``check`` takes (a YAML file, a directory, ``builtin:NAME``) and
-defaults to ``APF_CONFIG``, else the built-in configuration. ``--app module:app`` lets
-``@cost`` declarations count; ``APF_ROUTES`` costs and the ``APF_WORK_ESTIMATOR`` hook count
-when set. Seats are clamped to the level's maximum, which depends on the concurrency limit:
-``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the default of apf_gunicorn's
-``conf.py`` (workers x threads / 2).
+defaults to ``APF_CONFIG``, else the built-in configuration (``builtin:webapp``). ``--app
+module:app`` (a Flask app, or a Django project's ``mysite.wsgi:application``) names the view
+that serves the request and lets its ``@cost`` count; a view cost the app cannot read (Flask's
+decorator on a Django view, or the reverse) becomes a note; ``APF_ROUTES`` costs and the
+``APF_WORK_ESTIMATOR`` hook count when set. Seats are clamped to the level's maximum, which
+depends on the concurrency limit: ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``,
+else the server's default for ``--workers`` x ``--threads`` (workers x threads / 2; both
+default to apf_gunicorn's ``conf.py``, as in ``check``). The output starts with the
+configuration and the limit used, and where each came from. A dangling FlowSchema (one naming
+a level the configuration lacks) that matches the request ahead of the chosen one gets a note.
 
-JSON keys: ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevelUID``,
+JSON keys: ``config`` (the path, or ``builtin:webapp``), ``configSource`` (``from --config``,
+``from APF_CONFIG`` or the default), ``concurrencyLimit`` and ``concurrencyLimitSource``,
+``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevelUID``,
 ``flow`` (who the flow is, by the FlowSchema's distinguisher method, on every level),
 ``distinguisher`` and ``flowHash`` (Kubernetes': empty and 0 unless the level has more than
 one queue), ``hand`` (the queue indices the flow is dealt; empty when the
 level does not queue), ``user``, ``groups``, ``attributes`` (the resolved request), ``seats``
-(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``requested``,
-``maxSeats``, ``concurrencyLimit``), ``policy`` (the level's dispatch policy,
-``kubernetes`` or ``maxmin``; null on the exempt level), ``policySource`` (``annotation
-apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``notes``.
+(``initial``, ``final``, ``additionalLatency``, ``longRunning``, ``source``, ``view`` (the
+``--app`` view that serves the request, or null), ``requested``, ``maxSeats``,
+``maxSeatsFrom``, ``concurrencyLimit``), ``fairness`` (the level's fairness,
+``kubernetes`` or ``maxmin``; null on the exempt level), ``fairnessSource`` (``annotation
+apf-gunicorn.io/fairness``, ``APF_FAIRNESS``, ``default`` or ``exempt``), ``paths`` (whether
+``/api/`` and ``/apis/`` paths are Kubernetes API requests here, and why: ``APF_PATHS`` and the
+FlowSchemas' resource rules; null in the attribute form), ``notes``.
 Exit status: 0 explained, 1 invalid configuration, 2 unusable arguments, settings or files.
 """
 
@@ -50,20 +60,24 @@ import os
 import sys
 from typing import Any
 
+from apf_gunicorn.cli.common import add_limit_arguments, config_name, load_or_report, server_limit
 from apf_gunicorn.flowcontrol import fairness, identity
+from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
-from apf_gunicorn.flowcontrol.limits import compute_limits
+from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
     flow_distinguisher,
+    flow_schema_matches,
     hand,
 )
-from apf_gunicorn.flowcontrol.objects import RequestAttributes
+from apf_gunicorn.flowcontrol.objects import FlowSchema, RequestAttributes
 from apf_gunicorn.flowcontrol.requestinfo import (
     ANONYMOUS_USER,
     identity_groups,
     parse_kubernetes_path,
+    path_parsing,
 )
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
@@ -98,10 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the peer address (default {DEFAULT_REMOTE_ADDR}, or a trusted "
                              "proxy's with --user)")
     parser.add_argument("--app", metavar="MODULE:APP", default=None,
-                        help="the WSGI app, for its @cost declarations")
-    parser.add_argument("--concurrency-limit", type=int, metavar="SEATS", default=None,
-                        help="the server's limit, for the seat clamp (default: "
-                             "APF_CONCURRENCY_LIMIT, else conf.py's workers x threads / 2)")
+                        help="the WSGI app (Flask, or Django's mysite.wsgi:application): its "
+                             "views and their @cost declarations")
+    add_limit_arguments(parser)
     attrs = parser.add_argument_group("attribute form (instead of --request)")
     attrs.add_argument("--verb", help="Kubernetes verb (get, list, create, ...) or, with "
                                       "--path, the HTTP method")
@@ -220,23 +233,34 @@ def request_attributes(args: argparse.Namespace) -> RequestAttributes:
 
 # -- cost -----------------------------------------------------------------------------------
 
-def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
+def _load_app(spec: str | None) -> Any:
+    """The ``--app`` WSGI application, imported as gunicorn would; None without ``--app``."""
+    if not spec:
+        return None
+    from apf_gunicorn.flowcontrol.hookspec import import_callable
+
+    return import_callable(spec, "--app", UsageError)
+
+
+def _estimate(app, settings, resolver, environ, attrs, c, server_limit: int,
               limits: dict) -> dict[str, Any]:
-    """The seats the server would admit the request with, and where they come from."""
+    """The seats the server would admit the request with, where they come from, and the view
+    of ``app`` that serves it."""
+    from apf_gunicorn.viewcost import view_costs_for_app, view_names_for_app
+
     est: WorkEstimate | None = None
     source = ""
+    view = None
+    if environ is not None and app is not None:
+        names = view_names_for_app(app)
+        view = names.name(environ["REQUEST_METHOD"], attrs.path) if names else None
     if environ is not None and settings.work_estimator:
         est = load_estimator_hook(settings.work_estimator)(environ, attrs, c)
         source = "APF_WORK_ESTIMATOR" if est is not None else ""
     if est is None and environ is not None:
         from apf_gunicorn.server.generation import route_table
 
-        view_costs = None
-        if args.app:
-            from apf_gunicorn.flask import ViewCosts
-            from apf_gunicorn.flowcontrol.hookspec import import_callable
-
-            view_costs = ViewCosts.for_app(import_callable(args.app, "--app", UsageError))
+        view_costs = view_costs_for_app(app) if app is not None else None
         routes = route_table(resolver)
         est, source = declared_estimate(environ["REQUEST_METHOD"], attrs.path, view_costs,
                                         routes if getattr(routes, "has_costs", False) else None)
@@ -249,8 +273,10 @@ def _estimate(args, settings, resolver, environ, attrs, c, server_limit: int,
         "initial": out.initial_seats, "final": out.final_seats,
         "additionalLatency": format_duration(out.additional_latency_ns),
         "longRunning": out.long_running or attrs.verb == "watch", "source": source,
+        "view": view,
         "requested": {"initial": est.initial_seats, "final": est.final_seats},
-        "maxSeats": widest, "concurrencyLimit": server_limit,
+        "maxSeats": widest, "maxSeatsFrom": max_seats_origin(level),
+        "concurrencyLimit": server_limit,
     }
 
 
@@ -293,13 +319,18 @@ def render_text(result: dict[str, Any]) -> str:
         seats += f", then {s['final']} for {s['additionalLatency']}"
     if (s["requested"]["initial"], s["requested"]["final"]) != (s["initial"], s["final"]):
         seats += (f"; asked {s['requested']['initial']} (final {s['requested']['final']}), "
-                  f"clamped to the level's max {s['maxSeats']}")
+                  f"clamped to the level's max {s['maxSeats']} ({s['maxSeatsFrom']})")
     if s["longRunning"]:
         seats += "; held until the app returns its iterable (long-running)"
     lines = [
+        f"configuration: {result['config']} ({result['configSource']})",
+        f"concurrency limit: {result['concurrencyLimit']} seats, "
+        f"{result['concurrencyLimitSource']}",
         f"user: {result['user']}",
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
+        *([f"paths: /api/ and /apis/ are {result['paths']}"] if result["paths"] else []),
+        *([f"view: {s['view']}"] if s["view"] else []),
         f"flowSchema: {result['flowSchema']} (uid {result['flowSchemaUID']})",
         f"priorityLevel: {result['priorityLevel']} (uid {result['priorityLevelUID']})",
         f"flow: {result['flow'] or '(one flow for the whole FlowSchema)'}",
@@ -307,8 +338,8 @@ def render_text(result: dict[str, Any]) -> str:
         f"flowHash: {result['flowHash']}",
         f"hand: {' '.join(map(str, result['hand'])) or '(no queues)'}",
         f"seats: {seats} (limit {s['concurrencyLimit']} seats)",
-        "policy: " + (f"{result['policy']} ({result['policySource']})" if result["policy"]
-                      else "none (exempt: never queued, so no dispatch policy)"),
+        "fairness: " + (f"{result['fairness']} ({result['fairnessSource']})"
+                        if result["fairness"] else "none (exempt: never queued)"),
     ]
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
@@ -316,32 +347,36 @@ def render_text(result: dict[str, Any]) -> str:
 
 # -- run --------------------------------------------------------------------------------------
 
-def _settings(args: argparse.Namespace) -> Any:
-    from apf_gunicorn import conf
+def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
+    """The server's settings as explain uses them, where the configuration comes from and
+    where the concurrency limit comes from."""
     from apf_gunicorn.server.settings import SettingsError, load_settings
 
     env = dict(os.environ)
     if args.config is not None:
         env.pop("APF_CONFIG", None)  # --config wins; the loader reports its problems
     try:
-        settings = load_settings(env, workers=conf.workers, threads=conf.threads)
+        settings = load_settings(env, workers=args.workers, threads=args.threads)
     except SettingsError as e:
         raise UsageError(str(e)) from None
     if args.config is not None:
         settings = dataclasses.replace(settings, config_path=args.config)
-    if args.concurrency_limit is not None:
-        if args.concurrency_limit < 1:
-            raise UsageError("--concurrency-limit must be at least 1")
-        settings = dataclasses.replace(settings, concurrency_limit=args.concurrency_limit)
-    return settings
+        config_source = "from --config"
+    elif settings.config_path is not None:
+        config_source = "from APF_CONFIG"
+    else:
+        config_source = "the default: APF_CONFIG is not set"
+    from_env = (settings.concurrency_limit
+                if env.get("APF_CONCURRENCY_LIMIT", "").strip() else None)
+    limit, limit_source = server_limit(args, from_env)
+    return dataclasses.replace(settings, concurrency_limit=limit), config_source, limit_source
 
 
-def _policy(level: Any, settings: Any) -> tuple[str | None, str]:
-    """The dispatch policy of ``level`` and where it comes from (the annotation, else
+def _fairness(level: Any, settings: Any) -> tuple[str | None, str]:
+    """The fairness of ``level`` and where it comes from (the annotation, else
     APF_FAIRNESS, else the server's default); None for the exempt level."""
     source = "APF_FAIRNESS" if os.environ.get("APF_FAIRNESS", "").strip() else "default"
-    policy, source = fairness.level_policy(level, settings.dispatch_policy, source)
-    return policy, source
+    return fairness.level_fairness(level, settings.fairness, source)
 
 
 def _check_form(args: argparse.Namespace) -> None:
@@ -355,23 +390,50 @@ def _check_form(args: argparse.Namespace) -> None:
                      "--resource")
 
 
+def dangling_notes(cfg: Configuration, attrs: RequestAttributes,
+                   chosen: FlowSchema) -> list[str]:
+    """A note for each dangling FlowSchema that matches the request and would have been chosen
+    before ``chosen``: why the request went elsewhere.
+
+    Args:
+        cfg: the configuration.
+        attrs: the request.
+        chosen: the schema the request got.
+
+    Returns:
+        One line per such schema, naming it, its file and the missing level.
+    """
+    rank = (chosen.matching_precedence, chosen.name)
+    notes = []
+    for fs, msg in cfg.dangling:
+        if (fs.matching_precedence, fs.name) < rank and flow_schema_matches(fs, attrs):
+            notes.append(f"FlowSchema {fs.name!r} ({fs.source}, matchingPrecedence "
+                         f"{fs.matching_precedence}) matches this request but was skipped: "
+                         f"{msg} (it is dangling; `apf-gunicorn check` says how to fix it)")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
-    from apf_gunicorn.cli.common import load_or_report
-    from apf_gunicorn.server.resolver import ResolverError, build_resolver, token_notes
+    from apf_gunicorn.server.resolver import (
+        ResolverError,
+        build_resolver,
+        path_parsing_note,
+        token_notes,
+    )
 
     _check_form(args)
     # As gunicorn does: the app and the APF_* hooks import from the current directory.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        settings = _settings(args)
+        settings, config_source, limit_source = _settings(args)
         cfg = load_or_report(settings.config_path, "explain")
         if isinstance(cfg, int):
             return cfg
         notes: list[str] = []
         environ = resolver = None
         if args.request is not None:
-            resolver = build_resolver(settings)
+            resolver = build_resolver(settings, cfg)
             environ, notes = build_environ(args, settings)
             attrs = resolver(environ)
             notes += token_notes(resolver, environ)
@@ -380,15 +442,22 @@ def run(args: argparse.Namespace) -> int:
             method = args.verb.upper()
             if method not in _HTTP_METHODS:
                 method = "GET"
-            if args.path is not None and parse_kubernetes_path(
+            if args.path is not None and path_parsing(
+                    settings.paths, cfg.flow_schemas)[0] and parse_kubernetes_path(
                     method, args.path.partition("?")[0], "") is not None:
                 notes.append(f"--path is a non-resource request here, but the server parses "
                              f"{args.path} as a resource request: ask with --request "
                              f"\"{method} {args.path}\" for the server's answer")
         c = Classifier(cfg).classify(attrs)
+        notes += dangling_notes(cfg, attrs, c.flow_schema)
         limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
-        seats = _estimate(args, settings, resolver, environ, attrs, c,
+        app = _load_app(args.app)
+        seats = _estimate(app, settings, resolver, environ, attrs, c,
                           settings.concurrency_limit, limits)
+        if app is not None:
+            from apf_gunicorn.viewcost import unusable_costs
+
+            notes += unusable_costs(app)
     except (UsageError, ResolverError) as e:
         print(f"apf-gunicorn explain: {e}", file=sys.stderr)
         return 2
@@ -396,11 +465,16 @@ def run(args: argparse.Namespace) -> int:
     if args.request is not None and level.queuing is not None and level.queuing.queues <= 1:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
-    policy, policy_source = _policy(level, settings)
-    result = {**explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
+    fairness_name, fairness_source = _fairness(level, settings)
+    result = {"config": config_name(settings.config_path), "configSource": config_source,
+              "concurrencyLimit": settings.concurrency_limit,
+              "concurrencyLimitSource": limit_source,
+              **explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,
-              "policy": policy, "policySource": policy_source, "notes": notes}
+              "fairness": fairness_name, "fairnessSource": fairness_source,
+              "paths": path_parsing_note(settings, cfg) if args.request is not None else None,
+              "notes": notes}
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

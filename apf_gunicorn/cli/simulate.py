@@ -2,7 +2,7 @@
 fair-queuing code against a synthetic workload in virtual time and report what each client got
 (SPEC section 9).
 
-``--fairness kubernetes|maxmin`` runs that dispatch policy instead of the scenario's
+``--fairness kubernetes|maxmin`` runs that fairness instead of the scenario's
 (``queueSet.fairness``, or the configuration form's ``fairness``; annotated levels keep
 theirs). ``--timeline N`` adds each client's executing seats over time in N steps to the JSON.
 
@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--max-clients", type=int, default=50, metavar="N",
                         help="list at most N clients in the table output (default 50)")
-    parser.add_argument("--fairness", choices=fairness.POLICIES, default=None,
-                        help="dispatch policy to run instead of the scenario's (a level's "
+    parser.add_argument("--fairness", choices=fairness.NAMES, default=None,
+                        help="fairness to run instead of the scenario's (a level's "
                              "apf-gunicorn.io/fairness annotation still wins)")
     parser.add_argument("--timeline", type=int, default=None, metavar="N",
                         help="JSON: add each client's executing seats over time, averaged over "

@@ -1,14 +1,14 @@
 """The mandatory APF objects (``exempt`` and ``catch-all``), exactly as Kubernetes defines them.
 
-Kubernetes imagines these when a configuration lacks them, and refuses configurations that change
-them (except the ``spec.exempt`` field of the ``exempt`` priority level). This module holds them in
-two forms:
+Kubernetes' bootstrap ensurer creates these when a cluster lacks them, and its validation refuses
+changes to them (except the ``spec.exempt`` field of the ``exempt`` priority level). This module
+holds them in two forms:
 
 * ``MANDATORY_*_SPECS``: the defaulted v1 ``spec`` as a plain dict, shaped like the normalized
   specs :mod:`apf_gunicorn.flowcontrol.validation` produces, for the equality checks;
 * ``MANDATORY_FLOW_SCHEMAS`` / ``MANDATORY_PRIORITY_LEVELS``: the typed objects
   (``source="<built-in>"``, a derived uid) that :mod:`apf_gunicorn.flowcontrol.configuration` adds
-  when a configuration lacks them.
+  when a configuration lacks them, as the ensurer does.
 
     >>> MANDATORY_PRIORITY_LEVELS["catch-all"].nominal_concurrency_shares
     5

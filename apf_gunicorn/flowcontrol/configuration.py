@@ -1,22 +1,28 @@
 """The digested configuration: what the classifier and the ledger run on.
 
-:func:`digest` turns the valid objects of a configuration into a :class:`Configuration` the way
-Kubernetes' controller does at every resync (``apf_controller.go`` digest order):
+:func:`digest` turns the valid objects of a configuration into a :class:`Configuration` the way a
+cluster ends up with them: kube-apiserver's bootstrap ensurer first makes the mandatory objects
+exist, then its controller digests everything at every resync (``apf_controller.go``):
 
-1. priority levels the controller would consider *broken* are skipped (and reported in
-   ``broken``); the rest are accepted;
-2. a FlowSchema is usable only if the level it references was accepted; the others are
-   *dangling*: excluded from matching and reported with Kubernetes' condition message;
-3. usable FlowSchemas are sorted by (matchingPrecedence, name); the built-in ``exempt`` schema is
-   prepended and the built-in ``catch-all`` schema appended when no usable one has that name;
-4. missing mandatory priority levels (``exempt``, ``catch-all``) are imagined from
-   :mod:`apf_gunicorn.flowcontrol.bootstrap`.
+1. the mandatory priority levels (``exempt``, ``catch-all``) exist as objects: the ensurer
+   creates them from :mod:`apf_gunicorn.flowcontrol.bootstrap` when the configuration lacks
+   them, and rewrites a user's copy whose spec differs (validation already refuses every
+   difference but one: an ``exempt`` level without ``spec.exempt``, which the controller would
+   find *broken*; it gets the bootstrap spec and keeps its uid and file, see ``repaired``);
+2. other priority levels the controller would consider broken are skipped (``broken``);
+3. a FlowSchema is usable only if the level it references exists; the others are *dangling*:
+   excluded from matching and reported with Kubernetes' condition message. So a schema may send
+   requests to ``exempt`` or ``catch-all`` without the file defining them, as in a cluster;
+4. usable FlowSchemas are sorted by (matchingPrecedence, name); the mandatory ``exempt`` schema is
+   prepended and the mandatory ``catch-all`` schema appended when the file does not define them
+   (the ensurer creates them too).
 
 Usually you get a Configuration from :func:`apf_gunicorn.flowcontrol.loader.load_configuration`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +42,7 @@ from apf_gunicorn.flowcontrol.objects import (
     ResourceRule,
     Subject,
 )
+from apf_gunicorn.flowcontrol.validation import ConfigError
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,12 @@ class Configuration:
     """A digested configuration.
 
     ``flow_schemas``: usable schemas in matching order, mandatory ones included;
-    ``priority_levels``: accepted levels in the order they were read, then imagined mandatory ones;
-    ``dangling``: ``(FlowSchema, message)`` for schemas whose level is missing or broken;
-    ``sources``: the files read; ``broken``: ``(level name, reason)`` for levels ignored as broken.
+    ``priority_levels``: accepted levels in the order they were read, then the mandatory ones
+    the configuration lacks;
+    ``dangling``: ``(FlowSchema, message)`` for schemas whose level does not exist (or is broken);
+    ``sources``: the files read; ``broken``: ``(level name, reason)`` for levels ignored as broken;
+    ``repaired``: ``(level as read, reason)`` for mandatory levels the controller would find
+    broken and that have their bootstrap spec instead, as the ensurer rewrites them.
     """
 
     flow_schemas: tuple[FlowSchema, ...]
@@ -53,13 +63,37 @@ class Configuration:
     dangling: list[tuple[FlowSchema, str]] = field(default_factory=list)
     sources: tuple[str, ...] = ()
     broken: list[tuple[str, str]] = field(default_factory=list)
+    repaired: list[tuple[PriorityLevel, str]] = field(default_factory=list)
+
+    def dangling_errors(self) -> list[ConfigError]:
+        """Each dangling schema as an error on its ``spec.priorityLevelConfiguration.name``,
+        saying what to do about it (``check`` refuses such a configuration; the server, like
+        Kubernetes, runs without the schema).
+
+        Returns:
+            One :class:`ConfigError` per dangling schema, naming its file and the level.
+        """
+        known = ", ".join(f'"{name}"' for name in self.priority_levels)
+        return [
+            ConfigError(
+                fs.source, "FlowSchema", fs.name, "spec.priorityLevelConfiguration.name",
+                f"{msg}: the schema is dangling, so no request ever matches it. Define that "
+                f"PriorityLevelConfiguration or name an existing one ({known})")
+            for fs, msg in self.dangling
+        ]
 
     def warnings(self) -> list[str]:
-        """Human-readable notes on dangling schemas and broken levels."""
-        out = [f'{fs.source}: FlowSchema "{fs.name}": {msg}' for fs, msg in self.dangling]
+        """Human-readable notes on dangling schemas, broken levels and repaired mandatory
+        levels."""
+        out = [str(e) for e in self.dangling_errors()]
         out += [
             f'PriorityLevelConfiguration "{name}": ignored because its spec is broken: {reason}'
             for name, reason in self.broken
+        ]
+        out += [
+            f'{pl.source}: PriorityLevelConfiguration "{pl.name}": {reason}: it has the '
+            "bootstrap spec instead, as Kubernetes' ensurer rewrites it"
+            for pl, reason in self.repaired
         ]
         return out
 
@@ -75,17 +109,39 @@ def dangling_message(pl_name: str) -> str:
 def digest(
     flow_schemas: Iterable[FlowSchema],
     priority_levels: Iterable[PriorityLevel],
-    broken: Iterable[tuple[str, str]] = (),
+    broken: Iterable[tuple[PriorityLevel, str]] = (),
     sources: Iterable[str] = (),
 ) -> Configuration:
     """Build a :class:`Configuration` from valid objects (see the module docstring).
 
-    ``priority_levels`` are the accepted levels; ``broken`` names the levels that were read but
-    failed the controller's sanity check, so schemas that reference them become dangling.
+    Args:
+        flow_schemas: the valid FlowSchemas.
+        priority_levels: the valid levels the controller accepts.
+        broken: ``(level, reason)`` for levels that were read but fail the controller's sanity
+            check: schemas that reference them are dangling, unless the level is mandatory
+            (then the ensurer's spec replaces it).
+        sources: the files read.
+
+    Returns:
+        The digested configuration.
     """
     levels: dict[str, PriorityLevel] = {}
     for pl in priority_levels:
         levels[pl.name] = pl
+    still_broken: list[tuple[str, str]] = []
+    repaired: list[tuple[PriorityLevel, str]] = []
+    for pl, reason in broken:
+        if pl.name in MANDATORY_PRIORITY_LEVELS and pl.name not in levels:
+            levels[pl.name] = dataclasses.replace(
+                MANDATORY_PRIORITY_LEVELS[pl.name], uid=pl.uid, source=pl.source)
+            repaired.append((pl, reason))
+        else:
+            still_broken.append((pl.name, reason))
+    # The ensurer creates the mandatory levels before any schema is digested, so a schema
+    # naming one is usable even when the file does not define it.
+    for name in (EXEMPT, CATCH_ALL):
+        if name not in levels:
+            levels[name] = MANDATORY_PRIORITY_LEVELS[name]
     usable: list[FlowSchema] = []
     dangling: list[tuple[FlowSchema, str]] = []
     for fs in flow_schemas:
@@ -99,15 +155,13 @@ def digest(
         usable.insert(0, MANDATORY_FLOW_SCHEMAS[EXEMPT])
     if CATCH_ALL not in names:
         usable.append(MANDATORY_FLOW_SCHEMAS[CATCH_ALL])
-    for name in (EXEMPT, CATCH_ALL):
-        if name not in levels:
-            levels[name] = MANDATORY_PRIORITY_LEVELS[name]
     return Configuration(
         flow_schemas=tuple(usable),
         priority_levels=levels,
         dangling=dangling,
         sources=tuple(sources),
-        broken=list(broken),
+        broken=still_broken,
+        repaired=repaired,
     )
 
 
@@ -162,7 +216,8 @@ def _subject(s: dict[str, Any]) -> Subject:
 
 
 def priority_level_from_spec(
-    name: str, spec: dict[str, Any], uid: str = "", source: str = "", fairness: str | None = None
+    name: str, spec: dict[str, Any], uid: str = "", source: str = "", fairness: str | None = None,
+    max_seats: int | None = None,
 ) -> PriorityLevel:
     if spec["type"] == TYPE_EXEMPT:
         exempt = spec["exempt"] or {}
@@ -176,7 +231,7 @@ def priority_level_from_spec(
             queuing=None,
             uid=uid,
             source=source,
-        )  # an exempt level has no dispatch policy (the loader refuses the annotation)
+        )  # an exempt level has no fairness (the loader refuses the annotation)
     limited = spec["limited"]
     lr = limited["limitResponse"]
     q = lr["queuing"]
@@ -195,4 +250,5 @@ def priority_level_from_spec(
         uid=uid,
         source=source,
         fairness=fairness,
+        max_seats=max_seats,
     )

@@ -14,7 +14,10 @@ Rules (Kubernetes ``finishQueueSetReconfigsLocked``):
   server limit for Exempt levels); rounding is Go's, half away from zero;
 * ``lower = nominal - lendable``, ``upper = nominal + borrowing``;
 * ``max_seats = max(1, min(ceil(0.15 * nominal), nominal // handSize))`` for queuing levels,
-  ``None`` for the others (the work estimator then uses its own cap).
+  ``None`` for the others (the work estimator then uses its own cap);
+* our extension: a level annotated ``apf-gunicorn.io/max-seats: "N"`` (``PriorityLevel.
+  max_seats``) has ``max_seats = N`` whatever its type (exempt levels cannot carry it), so a
+  small server can still admit wide requests.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from dataclasses import dataclass
 from apf_gunicorn.flowcontrol.gomath import go_round
 from apf_gunicorn.flowcontrol.objects import PriorityLevel
 
+#: The PriorityLevelConfiguration annotation that sets the level's widest request in seats
+#: (instead of Kubernetes' 15% of the nominal limit), for servers with few seats.
+MAX_SEATS_ANNOTATION = "apf-gunicorn.io/max-seats"
+
 
 @dataclass(frozen=True, slots=True)
 class LevelLimits:
@@ -34,7 +41,7 @@ class LevelLimits:
     borrowing: int
     lower: int  # Kubernetes minCL: the seats the level never lends
     upper: int  # Kubernetes maxCL: the most it may hold by borrowing
-    max_seats: int | None  # widest request in seats, for queuing levels only
+    max_seats: int | None  # widest request in seats: queuing or annotated levels only
 
 
 def compute_limits(levels: Iterable[PriorityLevel], server_limit: int) -> dict[str, LevelLimits]:
@@ -55,7 +62,9 @@ def compute_limits(levels: Iterable[PriorityLevel], server_limit: int) -> dict[s
         else:
             borrowing = go_round(float(nominal) * float(pl.borrowing_limit_percent) / 100)
         max_seats = None
-        if pl.queuing is not None:
+        if pl.max_seats is not None and not pl.is_exempt:
+            max_seats = pl.max_seats
+        elif pl.queuing is not None:
             max_seats = max(1, min(math.ceil(0.15 * nominal), nominal // pl.queuing.hand_size))
         out[pl.name] = LevelLimits(
             nominal=nominal,
@@ -78,3 +87,26 @@ def max_waiting_requests(levels: Iterable[PriorityLevel]) -> int:
     return sum(
         pl.queuing.queues * pl.queuing.queue_length_limit for pl in levels if pl.queuing is not None
     )
+
+
+def max_seats_origin(level: PriorityLevel) -> str:
+    """Where a level's widest request comes from, for messages that report a clamp.
+
+    Args:
+        level: the priority level.
+
+    Returns:
+        A phrase such as ``"its apf-gunicorn.io/max-seats annotation"`` or ``"Kubernetes'
+        rule: 15% of its nominal seats, at most nominal / handSize; raise it with the
+        apf-gunicorn.io/max-seats annotation"``.
+    """
+    # getattr: callers may hold a stand-in with fewer fields (a level built by hand)
+    if getattr(level, "is_exempt", False):
+        return "the server's concurrency limit (an exempt level)"
+    if getattr(level, "max_seats", None) is not None:
+        return f"its {MAX_SEATS_ANNOTATION} annotation"
+    if getattr(level, "queuing", True) is None:
+        rule = "its nominal concurrency limit (a Reject level)"
+    else:
+        rule = "Kubernetes' rule: 15% of its nominal seats, at most nominal / handSize"
+    return f"{rule}; set it with the {MAX_SEATS_ANNOTATION} annotation"

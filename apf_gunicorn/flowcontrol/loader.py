@@ -231,15 +231,15 @@ def parse_object(
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errs.add(str(key), "unknown field")
     if meta is not None and not isinstance(meta, dict):
-        errs.invalid("metadata", meta, "must be a map")
+        errs.wrong_type("metadata", meta, "must be a map")
     if not isinstance(meta, dict):
         meta = {}
     if name is not None and not isinstance(name, str):
-        errs.invalid("metadata.name", name, "must be a string")
+        errs.wrong_type("metadata.name", name, "must be a string")
         name = None
     uid = meta.get("uid") or ""
     if not isinstance(uid, str):
-        errs.invalid("metadata.uid", uid, "must be a string")
+        errs.wrong_type("metadata.uid", uid, "must be a string")
         uid = ""
     elif not _UID_RE.fullmatch(uid):
         # it is sent as the value of an X-Kubernetes-PF-*-UID response header
@@ -250,7 +250,7 @@ def parse_object(
         errs.forbidden("metadata.namespace", "not allowed on this type")
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, dict):
-        errs.invalid("metadata.annotations", annotations, "must be a map")
+        errs.wrong_type("metadata.annotations", annotations, "must be a map")
         annotations = {}
     name = name or ""
     v1beta3 = api_version == API_V1BETA3
@@ -259,12 +259,14 @@ def parse_object(
     else:
         spec = decode_priority_level_spec(doc.get("spec"), errs, v1beta3=v1beta3)
     status = decode_status(doc.get("status"), errs)
-    if errs:  # wrong types: report them alone, semantic checks would only echo them
-        return None, errs.errors
+    # Validate even after decoding errors, so that an unknown field or a wrong type does not
+    # hide the object's other problems; what only echoes a wrong type is dropped.
+    decoded = len(errs.errors)
     if kind == KIND_FLOW_SCHEMA:
         set_defaults_flow_schema(spec)
         validate_flow_schema(name, spec, status, errs)
         validate_annotations(annotations, kind, spec, errs)
+        errs.drop_echoes(decoded)
         if errs:
             return None, errs.errors
         return ParsedObject(kind, name, source, flow_schema_from_spec(name, spec, uid, source)), []
@@ -272,10 +274,11 @@ def parse_object(
         spec, v1beta3=v1beta3, preserve_zero=V1BETA3_PRESERVE_ZERO in annotations
     )
     validate_priority_level(name, spec, status, errs)
-    fairness = validate_annotations(annotations, kind, spec, errs)
+    ours = validate_annotations(annotations, kind, spec, errs)
+    errs.drop_echoes(decoded)
     if errs:
         return None, errs.errors
-    pl = priority_level_from_spec(name, spec, uid, source, fairness)
+    pl = priority_level_from_spec(name, spec, uid, source, ours.fairness, ours.max_seats)
     return ParsedObject(kind, name, source, pl, broken_reason(name, spec)), []
 
 
@@ -337,5 +340,5 @@ def duplicate_errors(objects: list[ParsedObject]) -> list[ConfigError]:
 def digest_objects(objects: list[ParsedObject], sources: Iterable[str] = ()) -> Configuration:
     flow_schemas = [o.obj for o in objects if o.kind == KIND_FLOW_SCHEMA]
     levels = [o.obj for o in objects if o.kind == KIND_PRIORITY_LEVEL and o.broken is None]
-    broken = [(o.name, o.broken) for o in objects if o.kind == KIND_PRIORITY_LEVEL and o.broken]
+    broken = [(o.obj, o.broken) for o in objects if o.kind == KIND_PRIORITY_LEVEL and o.broken]
     return digest(flow_schemas, levels, broken=broken, sources=sources)

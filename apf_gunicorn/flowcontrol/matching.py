@@ -107,6 +107,42 @@ def non_resource_rule_matches(rule: NonResourceRule, attrs: RequestAttributes) -
     return _contains(attrs.verb, rule.verbs) and url_matches(rule.non_resource_urls, attrs.path)
 
 
+def _matches_every_resource(rule: ResourceRule) -> bool:
+    return (rule.verbs == (WILDCARD,) and rule.api_groups == (WILDCARD,)
+            and rule.resources == (WILDCARD,) and rule.cluster_scope
+            and rule.namespaces == (WILDCARD,))
+
+
+def _matches_every_path(rule: NonResourceRule) -> bool:
+    return rule.verbs == (WILDCARD,) and url_matches(rule.non_resource_urls, "/any")
+
+
+def resource_rules_schema(flow_schemas: Iterable[FlowSchema]) -> FlowSchema | None:
+    """The first FlowSchema whose resource rules tell a Kubernetes API request apart from the
+    same path taken as a non-resource request, or None.
+
+    A rule whose resource rules all match every resource (``*`` verbs, groups, resources and
+    namespaces, cluster scope) next to a non-resource rule matching every path (``*`` verbs,
+    ``*`` or ``/``) matches a request of its subjects however its path is parsed, as the
+    mandatory ``exempt`` and ``catch-all`` schemas do: such rules do not count.
+
+    Args:
+        flow_schemas: the configuration's FlowSchemas.
+
+    Returns:
+        The first schema with a resource rule that can change a request's FlowSchema.
+    """
+    for fs in flow_schemas:
+        for rule in fs.rules:
+            if not rule.resource_rules:
+                continue
+            if (all(_matches_every_resource(r) for r in rule.resource_rules)
+                    and any(_matches_every_path(r) for r in rule.non_resource_rules)):
+                continue
+            return fs
+    return None
+
+
 def policy_rule_matches(rule: PolicyRule, attrs: RequestAttributes) -> bool:
     if not any(subject_matches(s, attrs.user, attrs.groups) for s in rule.subjects):
         return False

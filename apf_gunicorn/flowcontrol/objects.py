@@ -119,8 +119,10 @@ class PriorityLevel:
 
     For ``Exempt`` levels ``nominal_concurrency_shares`` and ``lendable_percent`` come from
     ``spec.exempt`` (0 when absent) and ``borrowing_limit_percent`` is None. ``fairness`` is the
-    ``apf-gunicorn.io/fairness`` annotation's policy name, or None when the level does not
-    choose one (see :mod:`apf_gunicorn.flowcontrol.fairness`).
+    ``apf-gunicorn.io/fairness`` annotation's value, or None when the level does not
+    choose one (see :mod:`apf_gunicorn.flowcontrol.fairness`). ``max_seats`` is the
+    ``apf-gunicorn.io/max-seats`` annotation's value (:mod:`apf_gunicorn.flowcontrol.limits`),
+    or None.
     """
 
     name: str
@@ -133,6 +135,8 @@ class PriorityLevel:
     uid: str = ""  # metadata.uid; when empty, derived_uid(PriorityLevelConfiguration, name)
     source: str = ""
     fairness: str | None = None  # annotation apf-gunicorn.io/fairness; None: the server's
+    # annotation apf-gunicorn.io/max-seats: the widest request in seats; None: Kubernetes' rule
+    max_seats: int | None = None
 
     def __post_init__(self) -> None:
         if not self.uid:

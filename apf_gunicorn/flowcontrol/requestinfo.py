@@ -32,8 +32,11 @@ token's ``exp``.
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
-``RequestInfoFactory``; anything else is a non-resource request whose verb is the lower-cased
-method.
+``RequestInfoFactory`` when ``kubernetes_paths`` is on; anything else is a non-resource request
+whose verb is the lower-cased method. Whether Kubernetes paths are parsed is the server's
+``APF_PATHS`` (:func:`path_parsing`): ``kubernetes``, ``plain``, or ``auto`` (the default): only
+when some FlowSchema has resource rules that can tell the two apart, so a web app's REST-style
+``/api/v1/items`` is classified like ``/items``.
 
 Hostile input never raises: headers and paths are decoded from WSGI's latin-1 transport as UTF-8
 with replacement characters, and values are truncated to the bounds below.
@@ -53,6 +56,7 @@ from urllib.parse import parse_qsl
 
 from . import identity as sources
 from .hookspec import import_callable
+from .matching import resource_rules_schema
 from .objects import RequestAttributes
 
 if TYPE_CHECKING:
@@ -252,6 +256,42 @@ def parse_kubernetes_path(method: str, path: str, query: str) -> dict[str, Any] 
     }
 
 
+#: ``APF_PATHS`` values: how ``/api/`` and ``/apis/`` paths are read.
+PATHS_AUTO = "auto"
+PATHS_KUBERNETES = "kubernetes"
+PATHS_PLAIN = "plain"
+PATH_MODES = (PATHS_AUTO, PATHS_KUBERNETES, PATHS_PLAIN)
+
+
+def path_parsing(mode: str, flow_schemas: Iterable[Any]) -> tuple[bool, str]:
+    """Whether ``/api/`` and ``/apis/`` paths are parsed as Kubernetes API requests, and why.
+
+    Args:
+        mode: ``APF_PATHS``: ``kubernetes`` (always), ``plain`` (never) or ``auto``: when some
+            FlowSchema has resource rules that can change a request's FlowSchema
+            (:func:`.matching.resource_rules_schema`; the mandatory schemas' match-everything
+            rules do not count).
+        flow_schemas: the configuration's FlowSchemas (read for ``auto`` only).
+
+    Returns:
+        ``(kubernetes, reason)``, e.g. ``(True, "APF_PATHS=auto: FlowSchema 'system-nodes' has
+        resource rules")``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`PATH_MODES`.
+    """
+    if mode == PATHS_KUBERNETES:
+        return True, "APF_PATHS=kubernetes"
+    if mode == PATHS_PLAIN:
+        return False, "APF_PATHS=plain"
+    if mode != PATHS_AUTO:
+        raise ValueError(f"APF_PATHS must be one of {', '.join(PATH_MODES)}, got {mode!r}")
+    fs = resource_rules_schema(flow_schemas)
+    if fs is not None:
+        return True, f"APF_PATHS=auto: FlowSchema {fs.name!r} has resource rules"
+    return False, "APF_PATHS=auto: no FlowSchema has resource rules"
+
+
 def key_function(keys: Iterable[str],
                  transforms: Mapping[str, Callable[[Any], Any]] | None = None,
                  ) -> Callable[[Callable[[str], Any]], tuple]:
@@ -295,13 +335,17 @@ class RequestInfoResolver:
         routes: Any = None,
         user_from: Iterable[str] = sources.DEFAULT_USER_FROM,
         jwt_verifier: JWTVerifier | None = None,
+        kubernetes_paths: bool = True,
     ) -> None:
         """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
         and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
         ValueError naming it. ``routes``: a :class:`.routes.RouteTable` or
         None. ``user_from``: identity sources in order (:func:`.identity.parse_user_from`
         output; a bad one raises ValueError). ``jwt_verifier``: verifies ``jwt-sub`` tokens
-        (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified."""
+        (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified.
+        ``kubernetes_paths``: parse ``/api/`` and ``/apis/`` paths as Kubernetes API requests
+        (:func:`path_parsing` decides it for the server); False: they are non-resource requests
+        like any other path."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -319,6 +363,7 @@ class RequestInfoResolver:
         self.user_key = _header_key(user_header)
         self.group_key = _header_key(group_header)
         self.routes = routes
+        self.kubernetes_paths = kubernetes_paths
         self._trust_cache: dict[str, bool] = {}
         # (raw user header, raw group header) -> (user, groups): clients repeat themselves
         self._identity_cache: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
@@ -473,7 +518,8 @@ class RequestInfoResolver:
             fields = self.routes.match(method, path)
             if fields is not None:
                 return RequestAttributes(user, groups, path=path, is_resource=True, **fields)
-        if path.lstrip("/").startswith("api"):  # Kubernetes trims every leading "/"
+        # Kubernetes trims every leading "/"
+        if self.kubernetes_paths and path.lstrip("/").startswith("api"):
             query = wsgi_str(environ.get("QUERY_STRING"), MAX_QUERY_LENGTH)
             fields = parse_kubernetes_path(method, path, query)
             if fields is not None:

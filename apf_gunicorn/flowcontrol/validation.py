@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from apf_gunicorn.flowcontrol.bootstrap import (
     MANDATORY_FLOW_SCHEMA_SPECS,
@@ -34,7 +34,7 @@ from apf_gunicorn.flowcontrol.fairness import (
     ANNOTATION,
     ANNOTATION_PREFIX,
     KNOWN_ANNOTATIONS,
-    POLICIES,
+    NAMES,
 )
 from apf_gunicorn.flowcontrol.objects import (
     EXEMPT,
@@ -133,12 +133,35 @@ class ErrorList:
     kind: str = ""
     name: str = ""
     errors: list[ConfigError] = field(default_factory=list)
+    #: fields whose value had the wrong type and was replaced by its zero value while decoding
+    replaced: list[str] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
         self.errors.append(ConfigError(self.file, self.kind, self.name, path, message))
 
     def invalid(self, path: str, value: Any, detail: str) -> None:
         self.add(path, f"Invalid value: {go_value(value)}: {detail}")
+
+    def wrong_type(self, path: str, value: Any, detail: str) -> None:
+        """An ``invalid`` error for a value of the wrong type, which decoding replaces by its
+        zero value: later checks of that field (or of what contains it or lies under it) would
+        only echo this error, see :meth:`drop_echoes`."""
+        self.invalid(path, value, detail)
+        self.replaced.append(path)
+
+    def drop_echoes(self, start: int) -> None:
+        """Drop the errors added since index ``start`` that concern a field replaced by
+        :meth:`wrong_type`, one containing it, or one under it: they describe the zero value,
+        not the user's text. Errors about other fields (an unknown field, a bad value next to
+        it) all stay, so every problem of an object is reported at once.
+
+        Args:
+            start: ``len(self.errors)`` before the checks whose echoes are to go.
+        """
+        if not self.replaced:
+            return
+        self.errors[start:] = [e for e in self.errors[start:]
+                               if not any(_related(e.field, p) for p in self.replaced)]
 
     def required(self, path: str, detail: str = "") -> None:
         self.add(path, f"Required value: {detail}" if detail else "Required value")
@@ -155,6 +178,13 @@ class ErrorList:
 
     def __bool__(self) -> bool:
         return bool(self.errors)
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether field path ``a`` is ``b``, lies under it or contains it (``spec`` and
+    ``spec.rules[0]`` are related; ``spec.rules[0]`` and ``spec.rules[1]`` are not)."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +251,7 @@ class _Str(_Schema):
         if value is None:
             return ""
         if not isinstance(value, str):
-            errs.invalid(path, value, "must be a string")
+            errs.wrong_type(path, value, "must be a string")
             return ""
         return value
 
@@ -239,10 +269,10 @@ class _Int(_Schema):
         if value is None:
             return self.zero()
         if isinstance(value, bool) or not isinstance(value, int):
-            errs.invalid(path, value, "must be an integer")
+            errs.wrong_type(path, value, "must be an integer")
             return self.zero()
         if not _INT32_MIN <= value <= _INT32_MAX:
-            errs.invalid(path, value, "must fit in a 32-bit signed integer")
+            errs.wrong_type(path, value, "must fit in a 32-bit signed integer")
             return self.zero()
         return value
 
@@ -255,7 +285,7 @@ class _Bool(_Schema):
         if value is None:
             return False
         if not isinstance(value, bool):
-            errs.invalid(path, value, "must be a boolean")
+            errs.wrong_type(path, value, "must be a boolean")
             return False
         return value
 
@@ -271,7 +301,7 @@ class _List(_Schema):
         if value is None:
             return []
         if not isinstance(value, list):
-            errs.invalid(path, value, "must be a list")
+            errs.wrong_type(path, value, "must be a list")
             return []
         return [self.item.decode(v, f"{path}[{i}]", errs) for i, v in enumerate(value)]
 
@@ -293,7 +323,7 @@ class _Struct(_Schema):
         if value is None:
             return self.zero()
         if not isinstance(value, dict):
-            errs.invalid(path, value, "must be a map")
+            errs.wrong_type(path, value, "must be a map")
             return self.zero()
         out = {}
         for key, schema in self.fields.items():
@@ -698,7 +728,15 @@ def _validate_queuing(q: dict, path: str, errs: ErrorList) -> None:
 # apf_gunicorn's own annotations (metadata.annotations["apf-gunicorn.io/..."])
 
 
-def validate_annotations(annotations: dict, kind: str, spec: dict, errs: ErrorList) -> str | None:
+class Annotations(NamedTuple):
+    """What apf_gunicorn's own annotations of an object ask for (None: nothing)."""
+
+    fairness: str | None = None  # apf-gunicorn.io/fairness: the level's fairness
+    max_seats: int | None = None  # apf-gunicorn.io/max-seats: the level's widest request
+
+
+def validate_annotations(annotations: dict, kind: str, spec: dict,
+                         errs: ErrorList) -> Annotations:
     """Check the ``apf-gunicorn.io/`` annotations of an object; other annotations are ignored
     as Kubernetes ignores them.
 
@@ -706,33 +744,57 @@ def validate_annotations(annotations: dict, kind: str, spec: dict, errs: ErrorLi
         annotations: ``metadata.annotations`` (a dict).
         kind: ``FlowSchema`` or ``PriorityLevelConfiguration``.
         spec: the object's normalized spec (a priority level's ``type`` decides whether it may
-            choose a policy).
+            choose a fairness or a max seats).
         errs: where problems go, each on the field ``metadata.annotations[KEY]``.
 
     Returns:
-        The policy a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names, or None
-        when it names none (or names a bad one, which is in ``errs``).
+        The fairness a PriorityLevelConfiguration's ``apf-gunicorn.io/fairness`` names and the
+        seats its ``apf-gunicorn.io/max-seats`` gives; None for what it does not set (or sets
+        badly, which is in ``errs``).
     """
-    fairness = None
+    fairness = max_seats = None
     for key, value in annotations.items():
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
         path = f"metadata.annotations[{key}]"
-        if key != ANNOTATION:  # the only one so far (KNOWN_ANNOTATIONS)
+        if key not in KNOWN_ANNOTATIONS:
             errs.add(path, f"unknown annotation (known: {', '.join(KNOWN_ANNOTATIONS)})")
-        elif kind != KIND_PRIORITY_LEVEL:
-            errs.forbidden(path, "the dispatch policy is chosen per priority level: annotate "
-                                 "the PriorityLevelConfiguration")
+            continue
+        what = ("fairness" if key == ANNOTATION
+                else "the widest request (max seats)")
+        if kind != KIND_PRIORITY_LEVEL:
+            errs.forbidden(path, f"{what} is chosen per priority level: annotate the "
+                                 "PriorityLevelConfiguration")
         elif not isinstance(value, str):
             errs.invalid(path, value, "must be a string")
-        elif value not in POLICIES:
-            errs.not_supported(path, value, POLICIES)
         elif spec["type"] == TYPE_EXEMPT:
             errs.forbidden(path, "an exempt priority level never queues, so it has no "
-                                 "dispatch policy")
+                                 + ("fairness" if key == ANNOTATION else "max seats"))
+        elif key == ANNOTATION:
+            if value not in NAMES:
+                errs.not_supported(path, value, NAMES)
+            else:
+                fairness = value
         else:
-            fairness = value
-    return fairness
+            seats = _positive_int(value)
+            if seats is None:
+                errs.invalid(path, value, f"must be a positive integer of seats, at most "
+                                          f"{MAX_ANNOTATED_SEATS} (e.g. \"4\")")
+            else:
+                max_seats = seats
+    return Annotations(fairness, max_seats)
+
+
+#: Largest ``apf-gunicorn.io/max-seats`` accepted (the server's limit is at most 1000000).
+MAX_ANNOTATED_SEATS = 1_000_000
+
+
+def _positive_int(text: str) -> int | None:
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ANNOTATED_SEATS else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -777,6 +839,7 @@ __all__ = [
     "dns1123_subdomain_errors",
     "go_value",
     "non_resource_url_error",
+    "Annotations",
     "validate_annotations",
     "validate_flow_schema",
     "validate_priority_level",

@@ -8,7 +8,8 @@ The default gives every request one seat and no tail, as Kubernetes does for any
 not a list or a mutation.
 
 Where a cost comes from (highest first; see docs/work-estimation.md): the ``APF_WORK_ESTIMATOR``
-hook (:class:`EstimatorHook`), a Flask view's ``@cost`` (:mod:`apf_gunicorn.flask`), a route
+hook (:class:`EstimatorHook`), a Flask or Django view's ``@cost`` (:mod:`apf_gunicorn.flask`,
+:mod:`apf_gunicorn.django`), a route
 entry of ``APF_ROUTES`` (:mod:`.routes`), the default one seat. Whatever the source, the result
 is clamped to the level's max seats (:func:`clamp`, :func:`level_max_seats`).
 
@@ -162,13 +163,14 @@ def estimate_from_result(result: Any) -> WorkEstimate | None:
 
 def declared_estimate(method: str, path: str, view_costs: Any, route_costs: Any
                       ) -> tuple[WorkEstimate | None, str]:
-    """The cost declared for a request shape: a Flask view's ``@cost``, else an ``APF_ROUTES``
+    """The cost declared for a request shape: a view's ``@cost``, else an ``APF_ROUTES``
     cost entry (the middleware and ``apf-gunicorn explain`` both ask this).
 
     Args:
         method: the upper-cased HTTP method.
         path: the URL path.
-        view_costs: an :class:`apf_gunicorn.flask.ViewCosts` (``lookup(method, path)``) or None.
+        view_costs: the app's view costs (``lookup(method, path)``, from
+            :func:`apf_gunicorn.viewcost.view_costs_for_app`) or None.
         route_costs: a :class:`.routes.RouteTable` with cost entries (``cost(method, path)``)
             or None.
 

@@ -4,7 +4,7 @@
     led = Ledger.create(bytearray(Ledger.size(Capacity())), Capacity(), lock=NullLock())
 
 See ``ledger.py`` for the ``Ledger`` facade and the module of each concern (the operations in
-``requestpath.py``, their fast paths in ``fastpath.py``, Kubernetes' dispatch policy in
+``requestpath.py``, their fast paths in ``fastpath.py``, Kubernetes' fairness in
 ``queueset.py``), ``records.py`` for the result types and ``LedgerPort``, ``stats.py`` for the
 per-request counters, ``layout.py`` for the binary layout, ``lock.py`` for the cross-process
 lock and ``repair.py`` for rebuilding after a crash; docs/ledger.md for the user-facing

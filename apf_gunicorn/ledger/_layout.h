@@ -5,7 +5,7 @@
 #define APF_LEDGER_LAYOUT_H
 
 enum {
-    VERSION = 6,
+    VERSION = 7,
     WORD = 8,
     NAME_BYTES = 256,
     H_MAGIC = 0,
@@ -37,6 +37,8 @@ enum {
     HEADER_WORDS = 32,
     UNDO_PAIRS = 32,
     C_HEAD_TIMEOUTS = 0,
+    C_DROPPED_HEAD_CONNECTIONS = 1,
+    C_DROPPED_HEAD_BUFFER = 2,
     COUNTER_WORDS = 8,
     L_USED = 0,
     L_QUIESCING = 1,
@@ -168,9 +170,13 @@ enum {
     WORKER_ALIVE = 1,
     WORKER_GONE = 2,
     NIL = -1,
+    SERVICE_WINDOW = 16,
 };
 
-#define MAGIC UINT64_C(0x3152474c46504100)
-#define LAYOUT_DIGEST "8cf4947549d91707"
+#define MAGIC INT64_C(0x3152474c46504100)
+#define EXACT_BOUND INT64_C(0x4000000000000)
+#define HIGH_R UINT64_C(0xbffffffffffffffe)
+#define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
+#define LAYOUT_DIGEST "d254165514be0e9c"
 
 #endif

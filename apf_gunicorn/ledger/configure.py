@@ -206,12 +206,12 @@ class Configuration:
         w[lb + L_C] = sp.concurrency_limit
         fairness = L.FAIRNESS_CODES[sp.fairness or "kubernetes"]  # None: an exempt level
         if fairness != w[lb + L.L_FAIRNESS]:
-            # a switch: the new policy rebuilds its state from the slot table (the queues,
+            # a switch: the new fairness rebuilds its state from the slot table (the queues,
             # their FIFOs and counts are the same under both); what it leaves is dropped
             level = (lb - self._lvb) // LEVEL_WORDS
             self._maxmin.purge_level_locked(level)
             w[lb + L.L_FAIRNESS] = fairness
-            self._policy_locked(lb).repair_locked(self, lb)
+            self._fairness_locked(lb).repair_locked(self, lb)
 
     def _relayout_locked(self, needs: dict[int, int]) -> None:
         """Re-pack every level's queue region (capacity ``needs[level]``) and tree."""

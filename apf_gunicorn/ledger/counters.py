@@ -45,6 +45,10 @@ from apf_gunicorn.ledger.stats import (
     read_entry,
 )
 
+# apf_connections_dropped_total's reasons and their counter words
+_DROP_WORDS = {"head-connections": L.C_DROPPED_HEAD_CONNECTIONS,
+               "head-buffer": L.C_DROPPED_HEAD_BUFFER}
+
 
 class RequestCounters:
     """Counting per-request events into the stats table (lock held)."""
@@ -164,10 +168,31 @@ class RequestCounters:
         """Count one connection answered 408 because its request head was late (server-wide,
         under the lock).
         """
-        self._locked(None, self._count_head_timeout_locked)
+        self._locked(None, self._count_word_locked, L.C_HEAD_TIMEOUTS)
 
-    def _count_head_timeout_locked(self) -> None:
-        self._w[self._lay.counters_base + L.C_HEAD_TIMEOUTS] += 1
+    def count_connection_dropped(self, reason: str) -> None:
+        """Count one connection a worker's poller closed before its head was complete
+        (server-wide, under the lock).
+
+        Args:
+            reason: ``"head-connections"`` (past ``APF_HEAD_CONNECTIONS``, the oldest idle) or
+                ``"head-buffer"`` (past ``APF_HEAD_BUFFER_LIMIT``, the largest head).
+        Raises:
+            ValueError: another reason.
+        """
+        word = _DROP_WORDS.get(reason)
+        if word is None:
+            raise ValueError(f"unknown reason {reason!r} for a dropped connection")
+        self._locked(None, self._count_word_locked, word)
+
+    def _count_word_locked(self, word: int) -> None:
+        self._w[self._lay.counters_base + word] += 1
+
+    @property
+    def connections_dropped(self) -> dict[str, int]:
+        """Connections the workers' pollers dropped, by reason, server-wide (no lock)."""
+        base = self._lay.counters_base
+        return {reason: self._w[base + word] for reason, word in _DROP_WORDS.items()}
 
     @property
     def head_timeouts(self) -> int:

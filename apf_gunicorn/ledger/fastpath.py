@@ -16,7 +16,7 @@ Python). These two entries are also where every admit and finish passes the lock
 
 The extension also has the ``maxmin`` general path's heap operations and flow get
 (``mm_heap_insert``/``mm_heap_remove``/``mm_heap_decrease``/``mm_get``): ``_accelerate`` binds
-them over the policy's methods (``_MM_C_METHODS``), which remain the pure-Python path.
+them over the fairness object's methods (``_MM_C_METHODS``), which remain the pure-Python path.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ if _ACCEL is not None and getattr(_ACCEL, "LAYOUT_MAXMIN", None) != _MAXMIN_LAYO
     _ACCEL = None
 
 
-# The maxmin policy's methods that ``_accelerate`` shadows with the C ones (instance attributes
-# on the policy object; the methods remain the pure-Python path and the reference).
+# MaxMinFairness's methods that ``_accelerate`` shadows with the C ones (instance attributes on
+# the fairness object; the methods remain the pure-Python path and the reference).
 _MM_C_METHODS = (("_heap_insert", "mm_heap_insert"), ("_heap_remove", "mm_heap_remove"),
                  ("_heap_decrease", "mm_heap_decrease"), ("_get", "mm_get"))
 

@@ -1,11 +1,12 @@
-"""The ``maxmin`` policy's order of backlogged flows: a pairing heap per level, and the parked list.
+"""``maxmin``'s order of backlogged flows: a pairing heap per level, and the parked list.
 
 The heap is intrusive (``F_CHILD``, ``F_NEXT``, ``F_PREV`` of each flow entry; the root in the
 level's maxmin words), keyed by ``(start tag, seats held, backlog sequence)``, a strict total
 order, so its shape never changes which flow comes first: insert O(1), delete-min and delete
 O(log n) amortised. Parked flows (new flows at their equal share, docs/fairness.md rule 5) wait
-on a FIFO beside it. ``FlowHeap`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinPolicy`;
-everything runs under the ledger lock. On an accelerated ledger ``_heap_insert``,
+on a FIFO beside it. ``FlowHeap`` is a mixin of
+:class:`~apf_gunicorn.ledger.maxmin.MaxMinFairness`; everything runs under the ledger lock. On an
+accelerated ledger ``_heap_insert``,
 ``_heap_remove`` and ``_heap_decrease`` are the C ones (``mm_heap_*`` in ``_fastpath.c``, the
 same words; ``FastPaths._accelerate`` binds them), and these methods are the pure-Python path.
 """

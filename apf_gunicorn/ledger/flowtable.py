@@ -1,12 +1,13 @@
-"""The ``maxmin`` policy's flow table: one entry per active (or recently idle) flow.
+"""``maxmin``'s flow table: one entry per active (or recently idle) flow.
 
 Entries are keyed by (level, flow hash) through an open-addressing index (twice the entries,
 linear probing, backward-shift deletion; ``flow_mix`` spreads a level's flows over it). The
 table has as many entries as the slot table, since every active flow holds a slot; an entry
 whose flow goes idle keeps its tag and learnt estimate on a least-recently-idle list until the
-table needs it. ``FlowTable`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinPolicy`
-(it uses the buffer views that class sets up); everything runs under the ledger lock. On an
-accelerated ledger ``_get`` is the C one (``mm_get`` in ``_fastpath.c``, the same words).
+table needs it. ``FlowTable`` is a mixin of
+:class:`~apf_gunicorn.ledger.maxmin.MaxMinFairness` (it uses the buffer views that class sets
+up); everything runs under the ledger lock. On an accelerated ledger ``_get`` is the C one
+(``mm_get`` in ``_fastpath.c``, the same words).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class FlowTable:
 
     def purge_level_locked(self, level: int) -> None:
         """Level index ``level`` is (re)created or switched to maxmin: free every flow entry
-        still keyed by it (left by an earlier level or policy), and empty its words."""
+        still keyed by it (left by an earlier level or fairness), and empty its words."""
         w = self._w
         for f in range(self._nslots):
             fa = self._fa(f)

@@ -22,8 +22,9 @@ from apf_gunicorn.ledger.stats import ENTRY_WORDS
 
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
 # 6: the undo log (H_UNDO_N, UNDO_PAIRS pairs after the header), the server counters after
-# it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM
-VERSION = 6
+# it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM;
+# 7: thread-share rejections in the stats entries
+VERSION = 7
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -42,8 +43,12 @@ HEADER_WORDS = 32
 UNDO_PAIRS = 32
 # Server-wide counters, after the undo log, written under the lock and read lock-free:
 # C_HEAD_TIMEOUTS = connections the workers answered 408 for a request head that did not arrive
-# within APF_HEADER_TIMEOUT (server/worker.py). The rest are spare.
+# within APF_HEADER_TIMEOUT (server/worker.py); C_DROPPED_HEAD_CONNECTIONS, C_DROPPED_HEAD_BUFFER =
+# connections a worker's poller closed past APF_HEAD_CONNECTIONS (the oldest idle) and past
+# APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431). The rest are spare.
 C_HEAD_TIMEOUTS = 0
+C_DROPPED_HEAD_CONNECTIONS = 1
+C_DROPPED_HEAD_BUFFER = 2
 COUNTER_WORDS = 8
 
 # -- level record -----------------------------------------------------------------------------
@@ -65,12 +70,12 @@ LEVEL_WORDS = 40
 LEVEL_FLOAT_FIELDS = (L_I_T, L_I_X, L_I_XX, L_I_MIN, L_I_MAX, L_I_CUR)
 
 MODE_EXEMPT, MODE_REJECT, MODE_QUEUE = "exempt", "reject", "queue"
-# L_FAIRNESS: the level's dispatch policy (configuration: LevelSpec.fairness)
+# L_FAIRNESS: the level's fairness (configuration: LevelSpec.fairness)
 FAIRNESS_KUBERNETES, FAIRNESS_MAXMIN = 0, 1
 FAIRNESS_NAMES = {FAIRNESS_KUBERNETES: "kubernetes", FAIRNESS_MAXMIN: "maxmin"}
 FAIRNESS_CODES = {name: code for code, name in FAIRNESS_NAMES.items()}
 
-# -- the maxmin policy (maxmin.py, docs/fairness.md) ----------------------------------------------
+# -- the maxmin fairness (maxmin.py, docs/fairness.md) --------------------------------------------
 # per level (Layout.maxmin_base + level * MM_WORDS): the virtual time V (uint64 seat-ns), the
 # backlog sequence, the pairing heap's root flow, the parked flows' list, the reserved flow
 (M_V, M_SEQ, M_ROOT, M_PARK_HEAD, M_PARK_TAIL, M_RESERVE, M_NFLOWS, M_RESERVES) = range(8)
@@ -185,7 +190,7 @@ class Layout:
         # per-request stats: stats_entries entries plus one catch-all (see stats.py)
         self.stats_base = pos
         pos += (cap.stats_entries + 1) * ENTRY_WORDS
-        # the maxmin policy: per-level words, the flow table (as many entries as slots: an
+        # the maxmin fairness: per-level words, the flow table (as many entries as slots: an
         # active flow holds a slot), its open-addressing index (entry + 1, 0 empty; a power of
         # two at least twice the entries), per-slot words
         self.maxmin_base = pos
@@ -239,6 +244,16 @@ class Layout:
 # built before a layout change is never bound, whichever constants it reads).
 
 _STATE_PREFIX = "ST_"  # FREE -> ST_FREE in C: a bare FREE/WAITING is too generic a name
+# Constants of other ledger modules that _fastpath.c's arithmetic needs, as (module, name):
+# their source of truth stays in those modules, and the header (and its digest) carries them
+# too, so a change there makes the committed header stale and an extension built before it
+# unused. Read at call time: service.py imports this module.
+_ARITHMETIC = (
+    ("seatseconds", "EXACT_BOUND"),  # below it, float seat-ns products are exact
+    ("seatseconds", "HIGH_R"),  # the virtual clock's epoch advance threshold
+    ("service", "SERVICE_WINDOW"),  # a learnt G averages about this many requests
+    ("service", "MAX_SERVICE_ESTIMATE_NS"),  # a learnt G never exceeds this
+)
 
 
 def c_constants() -> list[tuple[str, int]]:
@@ -247,8 +262,12 @@ def c_constants() -> list[tuple[str, int]]:
     Returns:
         ``(name, value)`` pairs in definition order: upper-case module names bound to an
         ``int`` here (names imported from ``stats``, such as ``ENTRY_WORDS``, excluded), the
-        slot states (``FREE`` ...) prefixed ``ST_``.
+        slot states (``FREE`` ...) prefixed ``ST_``, then the arithmetic constants of
+        ``seatseconds`` and ``service`` that ``_fastpath.c`` uses (``HIGH_R``,
+        ``SERVICE_WINDOW``, ...), under their Python names.
     """
+    import importlib
+
     from apf_gunicorn.ledger import stats
 
     states = {name.upper() for name in STATE_NAMES.values()}
@@ -258,6 +277,8 @@ def c_constants() -> list[tuple[str, int]]:
                 or name in vars(stats)):
             continue
         out.append((_STATE_PREFIX + name if name in states else name, value))
+    for module, name in _ARITHMETIC:
+        out.append((name, getattr(importlib.import_module(f"apf_gunicorn.ledger.{module}"), name)))
     return out
 
 
@@ -278,7 +299,8 @@ def c_header() -> str:
 
     Returns:
         A C header: an include guard, an ``enum`` of every constant in the ``int`` range,
-        a ``#define`` (``UINT64_C``) for any other (``MAGIC``), and ``LAYOUT_DIGEST``.
+        a ``#define`` for any other: ``INT64_C`` in the ``int64_t`` range (``MAGIC``,
+        ``MAX_SERVICE_ESTIMATE_NS``), else ``UINT64_C`` (``HIGH_R``), and ``LAYOUT_DIGEST``.
     """
     lines = [
         "/* Generated from apf_gunicorn/ledger/layout.py; do not edit. Regenerate with",
@@ -298,9 +320,12 @@ def c_header() -> str:
     lines.append("};")
     lines.append("")
     for name, value in wide:
-        if not 0 <= value < (1 << 64):
-            raise ValueError(f"layout constant {name} = {value} does not fit in uint64")
-        lines.append(f"#define {name} UINT64_C({value:#x})")
+        if -(1 << 63) <= value < (1 << 63):
+            lines.append(f"#define {name} INT64_C({value:#x})")
+        elif value < (1 << 64):
+            lines.append(f"#define {name} UINT64_C({value:#x})")
+        else:
+            raise ValueError(f"layout constant {name} = {value} does not fit in 64 bits")
     lines.append(f'#define LAYOUT_DIGEST "{digest()}"')
     lines.append("")
     lines.append("#endif")

@@ -21,10 +21,10 @@ the number of queues (incremental rate inputs and a min-segment tree of head vir
 How it is built: ``Ledger`` is a thin facade over mixins, one per concern, that share its
 buffer views (``_w``/``_u``/``_f``/``_mv``) and call each other as methods (no extra object on
 the per-request path). This module holds construction, the lock funnel (the one way into a
-locked operation: ``_begin_locked`` / ``_end_locked``), the routers to the dispatch policy
+locked operation: ``_begin_locked`` / ``_end_locked``), the routers to the level's fairness
 and the undo log. The rest: ``requestpath.py`` (admit, finish, release, cancel and the general
 path), ``fastpath.py`` (their fast paths, mirrored by ``_fastpath.c``), ``queueset.py`` (the
-Kubernetes dispatch policy, behind ``policy.py``), ``vclock.py`` (R and the seat-demand
+Kubernetes fairness, behind ``fairness.py``), ``vclock.py`` (R and the seat-demand
 integrator), ``mintree.py``, ``words.py`` (addresses, slots, FIFOs), ``counters.py``
 (per-request stats), ``service.py`` (G), ``configure.py``, ``snapshot.py`` (readers),
 ``workers.py``, ``records.py`` (result types and ``LedgerPort``) and ``repair.py``. A method
@@ -56,7 +56,7 @@ from apf_gunicorn.ledger.layout import (
     Layout,
 )
 from apf_gunicorn.ledger.lock import NullLock
-from apf_gunicorn.ledger.maxmin import MaxMinPolicy
+from apf_gunicorn.ledger.maxmin import MaxMinFairness
 from apf_gunicorn.ledger.mintree import MinTree
 from apf_gunicorn.ledger.queueset import KubernetesQueueSet
 from apf_gunicorn.ledger.records import (
@@ -88,7 +88,7 @@ from apf_gunicorn.ledger.vclock import VirtualClock
 from apf_gunicorn.ledger.words import BufferWords
 from apf_gunicorn.ledger.workers import WorkerTable
 
-__all__ = [  # what ledger.py exported before the split, for its importers
+__all__ = [  # the names importers take from here (defined in the mixin modules)
     "DEFAULT_SERVICE_ESTIMATE_NS", "EXECUTE", "MAX_SERVICE_ESTIMATE_NS", "QUEUED", "REJECTED",
     "SERVICE_WINDOW", "_ACCEL", "AdmitResult", "Capacity", "DemandStats", "Ledger",
     "LedgerPort", "LevelLoad", "LevelSnapshot", "LevelSpec", "QueueSnapshot",
@@ -123,8 +123,9 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         # (level serial << 32) + fs index -> word address of its stats entry (entries never move)
         self._stats_at: dict[int, int] = {}
         self._fp = None  # the C fast paths, once bound (_accelerate)
-        self._queueset = KubernetesQueueSet(self)  # the dispatch policies (policy.py)
-        self._maxmin = MaxMinPolicy(self)
+        self._queueset = KubernetesQueueSet(self)  # the fairnesses (fairness.py)
+        self._maxmin = MaxMinFairness(self)
+        self._snapshot_copies: list = []  # snapshot.py's private copies, kept for reuse
 
     # -- construction -------------------------------------------------------------------------
 
@@ -343,51 +344,51 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         self._end_locked()
         return granted, out
 
-    # -- the dispatch policy ---------------------------------------------------------------------
-    # The general path asks the level's dispatch policy (policy.py) what to do with its queues
-    # through these routers only: they are the one place that picks the policy, by the level's
+    # -- the fairness ----------------------------------------------------------------------------
+    # The general path asks the level's fairness (fairness.py) what to do with its queues
+    # through these routers only: they are the one place that picks the fairness, by the level's
     # L_FAIRNESS: Kubernetes' queueset (self._queueset) or maxmin (self._maxmin).
 
-    def _policy_locked(self, lb: int) -> KubernetesQueueSet | MaxMinPolicy:
-        """The dispatch policy of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
+    def _fairness_locked(self, lb: int) -> KubernetesQueueSet | MaxMinFairness:
+        """The fairness of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
         return self._maxmin if self._w[lb + L.L_FAIRNESS] else self._queueset
 
     def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
                         granted: list) -> AdmitResult:
         """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._policy_locked(lb).enqueue_locked(self, lb, level, req, eb, ms, watch,
-                                                      granted)
+        return self._fairness_locked(lb).enqueue_locked(self, lb, level, req, eb, ms, watch,
+                                                        granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""
-        self._policy_locked(lb).dispatch_all_locked(self, lb, now, granted)
+        self._fairness_locked(lb).dispatch_all_locked(self, lb, now, granted)
 
     def _touch_locked(self, lb: int, q: int) -> None:
-        """Queue ``q`` of the level changed: let the policy re-rank it."""
-        self._policy_locked(lb).touch_locked(self, lb, q)
+        """Queue ``q`` of the level changed: let the fairness re-rank it."""
+        self._fairness_locked(lb).touch_locked(self, lb, q)
 
     def _waiting_removed_locked(self, lb: int, q: int, sa: int) -> None:
         """The waiting request in slot ``sa`` left queue ``q`` without running (its slot is
         still allocated)."""
-        self._policy_locked(lb).waiting_removed_locked(self, lb, q, sa)
+        self._fairness_locked(lb).waiting_removed_locked(self, lb, q, sa)
 
     def _advance_epoch_locked(self, lb: int) -> None:
         """R reached ``highR`` (see :func:`vclock.r_after`)."""
-        self._policy_locked(lb).advance_epoch_locked(self, lb)
+        self._fairness_locked(lb).advance_epoch_locked(self, lb)
 
     def _queues_moved_locked(self, lb: int) -> None:
         """The level's queues were renumbered or re-packed."""
-        self._policy_locked(lb).queues_moved_locked(self, lb)
+        self._fairness_locked(lb).queues_moved_locked(self, lb)
 
     def _main_phase_ended_locked(self, lb: int, q: int, qa: int, sa: int, now: int,
                                  learn: bool = True) -> None:
         """The request in slot ``sa`` of queue ``q`` (at ``qa``) ended its main phase
         (``learn``: it finished; False: its worker died)."""
-        self._policy_locked(lb).main_phase_ended_locked(self, lb, q, qa, sa, now, learn)
+        self._fairness_locked(lb).main_phase_ended_locked(self, lb, q, qa, sa, now, learn)
 
     def _repair_level_locked(self, lb: int) -> None:
         """A repair rebuilt the level's queues from the slot table."""
-        self._policy_locked(lb).repair_locked(self, lb)
+        self._fairness_locked(lb).repair_locked(self, lb)
 
     # -- the undo log -----------------------------------------------------------------------------
     # A worker can die (SIGKILL, the OOM killer) anywhere inside an operation, while it holds

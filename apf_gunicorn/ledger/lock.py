@@ -11,17 +11,17 @@ It is taken with ``pthread_mutex_trylock`` called through ``ctypes.PyDLL`` (the 
 go within microseconds; skipped when the holder is a thread of this process, which needs the
 GIL to go on), then a wait with the GIL released (``_wait``), so the process's other threads
 keep working while the holder, perhaps descheduled, finishes; the mutex is never held while a
-thread waits for the GIL. (A blocking call with the GIL held would freeze the whole process;
-the ``time.sleep(0)`` retry loop used before cost GIL hand-offs.) When the previous holder died
+thread waits for the GIL. (A blocking call with the GIL held would freeze the whole process; a
+``time.sleep(0)`` retry loop would cost a GIL hand-off per try.) When the previous holder died
 holding it, the lock call returns ``EOWNERDEAD`` (the kernel also wakes a blocked waiter);
 ``acquire`` then reports the dead holder's pid so the ledger repairs before anything else and
 calls ``consistent()``.
 
-Until round 7 a process-local ``threading.Lock`` came first, so that the threads of one process
-queued on it. With the C fast paths holding the GIL through the whole critical section, it only
-ever queued threads behind one that waited for another process, each of them then waiting in
-turn for the GIL (a convoy), and it cost two calls per ledger operation; it is gone. The mutex
-belongs to a thread: the thread that acquires must release.
+There is no process-local ``threading.Lock`` in front of the mutex: the C fast paths hold the
+GIL through the whole critical section, so such a lock would only queue a process's threads
+behind one that waits for another process, each of them then waiting in turn for the GIL (a
+convoy), and it would cost two more calls per ledger operation. The mutex belongs to a thread:
+the thread that acquires must release.
 
 A process-shared mutex needs memory that is the same in every process: ``ProcessLock``
 requires a buffer backed by an ``mmap`` (POSIX shared memory); a ``bytearray`` is refused.

@@ -1,6 +1,6 @@
-"""The ``maxmin`` dispatch policy: max-min fair between flows, work-conserving, bounded backfill.
+"""The ``maxmin`` fairness: max-min fair between flows, work-conserving, bounded backfill.
 
-``docs/fairness.md`` explains the policy and its bounds; ``tests/maxmin_model.py`` is its
+``docs/fairness.md`` explains the fairness and its bounds; ``tests/maxmin_model.py`` is its
 reference model, and this module computes the same words (``tests/test_ledger_maxmin.py``).
 In short, per level:
 
@@ -16,11 +16,11 @@ In short, per level:
 * a head that does not fit is reserved; others run meanwhile only if, by the estimates, they
   end before it could start or use seats it will not need.
 
-Everything runs under the ledger lock (``…_locked``); the ledger reaches this class through
-``Ledger._policy_locked`` for levels whose ``L_FAIRNESS`` is ``FAIRNESS_MAXMIN``. The fast paths
-(``fastpath.py``, and ``mm_at_once`` / ``mm_finish`` in ``_fastpath.c``) do the at-once admit
-and the plain finish of such levels with :meth:`MaxMinPolicy.at_once_locked` and
-:meth:`MaxMinPolicy.main_phase_ended_locked`. Tags are uint64 words compared by signed
+Everything runs under the ledger lock (``…_locked``); the ledger reaches this class
+through ``Ledger._fairness_locked`` for levels whose ``L_FAIRNESS`` is ``FAIRNESS_MAXMIN``. The
+fast paths (``fastpath.py``, and ``mm_at_once`` / ``mm_finish`` in ``_fastpath.c``) do the
+at-once admit and the plain finish of such levels with :meth:`MaxMinFairness.at_once_locked` and
+:meth:`MaxMinFairness.main_phase_ended_locked`. Tags are uint64 words compared by signed
 difference (wrapping is harmless while live tags lie within 2^63 seat-ns of each other).
 
 This module holds the rules (arrival, dispatch, reservation and backfill, completion); its
@@ -103,7 +103,7 @@ if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F
     raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
 
 
-class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
+class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
     """The ``maxmin`` rules over one ledger's buffer (the same interface as
     :class:`~apf_gunicorn.ledger.queueset.KubernetesQueueSet`)."""
 
@@ -221,7 +221,7 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
         return (seats + ms) * w[mm + M_NFLOWS] > w[lb + L_C]
 
     def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:
-        """Dispatch while something waits and seats are free, in the policy's order;
+        """Dispatch while something waits and seats are free, in the fairness's order;
         appends ``(slot, gen, owner)`` to ``granted``."""
         w = self._w
         while (w[lb + L_WAITING] != 0 and w[lb + L_SEATS_IN_USE] < w[lb + L_C]
@@ -371,7 +371,8 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
         worker died): correct its flow's tag by the time it held its seats, learn the flow's
-        service time, and let a parked flow compete again."""
+        service time, and let a parked flow compete again (learnt now, or, after its worker died,
+        holding less than its share)."""
         w = self._w
         xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
         f = w[xa + X_FLOW]
@@ -405,7 +406,9 @@ class MaxMinPolicy(FlowTable, FlowHeap, MaxMinRepair):
             self._heap_decrease(mm, f)
         elif where == FW_HEAP:
             self._heap_insert(mm, f)
-        elif where == FW_PARKED and n:  # learnt now: compete normally
+        elif where == FW_PARKED and not self._capped(lb, mm, f):
+            # learnt now, or (its worker died: nothing learnt) it holds less than its share
+            # now: compete normally, or it would wait until no other flow does
             self._unpark(mm, f)
             self._heap_insert(mm, f)
         if waiting == 0 and ex == 1:

@@ -1,4 +1,4 @@
-"""Repair and verification of the ``maxmin`` policy's state, rebuilt from the slot table.
+"""Repair and verification of ``maxmin``'s state, rebuilt from the slot table.
 
 After a dead holder or an interrupted operation the ledger rebuilds the FIFOs and aggregates
 from the slot table (``repair.py``), then calls :meth:`MaxMinRepair.repair_locked` per maxmin
@@ -6,7 +6,7 @@ level (and when a level switches to maxmin): the entries' counts, the flow FIFOs
 the index are rebuilt from the slots; tags, V, learnt estimates and backlog sequence numbers
 are kept as found (the undo log has already put back what an interrupted event wrote); nothing
 is parked or reserved afterwards. :meth:`MaxMinRepair.verify_locked` lists every violated invariant.
-``MaxMinRepair`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinPolicy`.
+``MaxMinRepair`` is a mixin of :class:`~apf_gunicorn.ledger.maxmin.MaxMinFairness`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from apf_gunicorn.ledger.layout import (
 class MaxMinRepair:
     """Rebuild and verify a maxmin level's state from the slot table (mixin)."""
 
-    # -- repair and policy switches -----------------------------------------------------------
+    # -- repair and fairness switches ---------------------------------------------------------
     def repair_locked(self, led, lb: int) -> None:
         """Rebuild the level's flow state from the slot table (after a repair rebuilt the
         queues, or when the level switches to maxmin). Tags, estimates and backlog sequence

@@ -5,7 +5,7 @@ per level, a segment tree over queue indices whose leaves hold each queue head's
 finish (``nextDispatchR`` + the head's work; ``U64`` for an empty queue) and whose nodes hold
 the minimum, so a dispatch is O(log queues). ``_first_le_locked`` finds the first leaf at or
 after an index holding a value at or below a target, which gives Kubernetes' round-robin tie
-break from ``robinIndex + 1``. The dispatch policy (``queueset.py``) keeps the leaves current;
+break from ``robinIndex + 1``. The fairness (``queueset.py``) keeps the leaves current;
 ``_rebuild_tree_locked`` recomputes a level's tree from its queues (relayout, repair)::
 
     led._set_leaf_locked(lb, q, head_finish)

@@ -1,19 +1,19 @@
-"""Kubernetes' queueset dispatch policy: which queue a request waits in and which waits next.
+"""Kubernetes' queueset fairness: which queue a request waits in and which waits next.
 
 The ledger's general request path (``requestpath.py``) owns slots, seats, counters and the
-lock; a *dispatch policy* decides the queuing: this module is Kubernetes' (``queueset.go``):
+lock; a level's *fairness* decides the queuing: this module is Kubernetes' (``queueset.go``):
 shuffle sharding into the queue with the least waiting work, dispatch by the minimum virtual
 finish (a min-segment tree per level, ``mintree.py``) with round-robin ties from
 ``robinIndex + 1``, head-of-line blocking, the anti-windup floor after every queue change, and the
-finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a policy provides
-is :class:`~apf_gunicorn.ledger.policy.DispatchPolicy`; each ``Ledger`` builds one
+finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a fairness provides
+is :class:`~apf_gunicorn.ledger.fairness.Fairness`; each ``Ledger`` builds one
 (``Ledger._queueset``) and calls it through its routers only (``ledger.py``)::
 
-    led._enqueue_locked(lb, level, req, eb, ms, watch, granted)   # -> policy.enqueue_locked
-    led._dispatch_all_locked(lb, now, granted)                    # -> policy.dispatch_all_locked
+    led._enqueue_locked(lb, level, req, eb, ms, watch, granted)   # -> fairness.enqueue_locked
+    led._dispatch_all_locked(lb, now, granted)                    # -> fairness.dispatch_all_locked
 
 Everything here runs with the ledger lock held (hence ``_locked``). The admit-at-once fast path
-(``fastpath.py`` and ``_fastpath.c``) implements this policy's at-once case inline.
+(``fastpath.py`` and ``_fastpath.c``) implements this fairness's at-once case inline.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from apf_gunicorn.ledger.seatseconds import (
 
 
 class KubernetesQueueSet:
-    """Kubernetes' queueset rules over one ledger's buffer (a :class:`DispatchPolicy`)."""
+    """Kubernetes' queueset rules over one ledger's buffer (a :class:`Fairness`)."""
 
     name = "kubernetes"
 

@@ -22,7 +22,7 @@ EXECUTE, QUEUED, REJECTED = "execute", "queued", "rejected"
 
 class LevelSpec(NamedTuple):
     """One priority level's queue set configuration. ``desired_queues``: > 0 queuing, 0 reject
-    (no queues, ``concurrency-limit``), < 0 exempt. ``fairness``: the dispatch policy of a
+    (no queues, ``concurrency-limit``), < 0 exempt. ``fairness``: the fairness of a
     queuing level, ``"kubernetes"`` (Kubernetes' queue set, exactly) or ``"maxmin"``
     (docs/fairness.md); None (what a level without one, such as an exempt level, may pass)
     is ``"kubernetes"``."""
@@ -115,9 +115,9 @@ class LevelSnapshot(NamedTuple):
     epoch_advances: int = 0
     epoch_advance_failures: int = 0
     service_estimate_ns: int = 0  # G, the service time charged at dispatch
-    fairness: str = "kubernetes"  # the dispatch policy (LevelSpec.fairness)
+    fairness: str = "kubernetes"  # the level's fairness (LevelSpec.fairness)
     maxmin: dict | None = None  # under maxmin: V, the reserved flow, every active flow's
-    #   tag, counts and learnt estimate (MaxMinPolicy.flow_state_locked)
+    #   tag, counts and learnt estimate (MaxMinFairness.flow_state_locked)
 
 
 class Snapshot(NamedTuple):
@@ -127,6 +127,8 @@ class Snapshot(NamedTuple):
     levels: list
     flow_schema_names: list
     head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
+    # connections the workers' pollers dropped, by reason (Ledger.count_connection_dropped)
+    connections_dropped: dict | None = None
 
 
 class LevelLoad(NamedTuple):
@@ -158,12 +160,16 @@ class LedgerPort(Protocol):
 
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool: ...
 
+    def dispatched(self, slot: int, gen: int) -> bool: ...
+
     def turn_away(self, level: int, fs_index: int, seats: int, reason: str,
                   now: int) -> None: ...
 
     def rejected_total(self, level: int) -> int: ...
 
     def count_head_timeout(self) -> None: ...
+
+    def count_connection_dropped(self, reason: str) -> None: ...
 
     def configure(self, specs, flow_schema_names, now: int,
                   granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]: ...

@@ -45,7 +45,7 @@ class RepairView(NamedTuple):
     log_locked: Callable[..., None]  # the undo log: note words before an event writes them
     commit_locked: Callable[[], None]  # the event is whole
     demand_locked: Callable[[int, int], None]  # seat-demand integrator Set() from the totals
-    repair_level_locked: Callable[[int], None]  # the dispatch policy's invariants (policy.py)
+    repair_level_locked: Callable[[int], None]  # the fairness's invariants (fairness.py)
     dispatch_all_locked: Callable[[int, int, list], None]  # dispatch what fits in a level
     leaf_value_locked: Callable[[int, int], int]  # what a queue's min-tree leaf should hold
     verify_maxmin_locked: Callable[[int], list]  # a maxmin level's flow-table invariants

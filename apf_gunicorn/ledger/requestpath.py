@@ -4,7 +4,7 @@ Each operation takes the lock, passes the ledger's funnel (``Ledger._begin_locke
 the dirty mark), then runs. ``admit`` and ``finish`` first try their fast paths
 (``fastpath.py``, mirrored by ``_fastpath.c``); what those decline comes here, to the general
 path, which is the reference every fast path is tested against. Which queue a request waits in
-and which waits next is the level's dispatch policy (``queueset.py``, reached through the
+and which waits next is the level's fairness (``queueset.py``, reached through the
 ``Ledger`` routers); this module owns slots, seats, counters, lingering and queue attrition::
 
     res = led.admit(level, flow_hash, 1, 0, 0, owner=0, now=now)
@@ -59,6 +59,7 @@ from apf_gunicorn.ledger.layout import (
     S_ARRIVAL_R,
     S_FINAL,
     S_FINAL_WORK,
+    S_GEN,
     S_HELD,
     S_INITIAL,
     S_LEVEL,
@@ -92,6 +93,7 @@ from apf_gunicorn.ledger.stats import (
     R_CONCURRENCY_LIMIT,
     R_NO_SLOT,
     R_QUEUE_FULL,
+    R_THREAD_SHARE,
     R_TIME_OUT,
     WORK_BOUNDS,
 )
@@ -195,7 +197,7 @@ class RequestPath:
 
     def _wait_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int,
                      watch: int) -> tuple[int, int, int, int, int] | None:
-        """Kubernetes' admission of a request that waits, which both dispatch policies use:
+        """Kubernetes' admission of a request that waits, which both fairnesses use:
         the queue chosen by shuffle sharding (the least waiting work in the flow's hand, visiting
         from the rotating offset), ``queue-full`` when every seat is busy and that queue holds
         its length limit, else a slot waiting at the queue's tail (the level's waiting counts
@@ -247,7 +249,7 @@ class RequestPath:
 
     def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
         """A waiting request, already out of its queue's FIFO, starts executing (what both
-        dispatch policies do once they have chosen it): the final-seat cap (preserving the
+        fairnesses do once they have chosen it): the final-seat cap (preserving the
         tail's area), the level's and the queue's counts and the wait observed as one event,
         then the seat demand.
 
@@ -361,7 +363,7 @@ class RequestPath:
 
     def _end_main_phase_locked(self, lb: int, sa: int, now: int, learn: bool = True) -> None:
         """``finishRequestLocked``'s bookkeeping for a request whose main phase ended (finished,
-        or its worker died): one fewer executing, then the policy corrects its queue's charge
+        or its worker died): one fewer executing, then the fairness corrects its queue's charge
         by the time it really ran."""
         w = self._w
         w[lb + L_EXECUTING] -= 1
@@ -438,6 +440,29 @@ class RequestPath:
             self._dispatch_all_locked(lb, now, granted)
             self._maybe_drop_locked(lb)
 
+    def dispatched(self, slot: int, gen: int) -> bool:
+        """Whether request ``(slot, gen)`` has been dispatched and not yet finished: the truth a
+        woken request checks before it runs (a wake-up is only a hint: it may be stale or forged).
+
+        Two words are read without the lock first. While the request's own thread has not
+        finished it, only a dispatch changes them (WAITING to EXECUTING), and every grant is
+        sent after the dispatching call committed and released the lock, so a read that finds
+        it still waiting is the answer. A read that finds it executing is confirmed under the
+        lock: a holder that died inside a dispatch leaves words that its repair rolls back.
+
+        Args:
+            slot, gen: the request, as :meth:`admit` returned it.
+        Returns:
+            True when the slot has this generation and is executing.
+        """
+        if not 0 <= slot < self._lay.cap.slots:
+            return False
+        w = self._w
+        sa = self._sb + slot * SLOT_WORDS
+        if w[sa + S_GEN] != gen or w[sa + S_STATE] != EXECUTING:
+            return False
+        return self._locked(None, self._slot_if_locked, slot, gen, EXECUTING) >= 0
+
     def cancel(self, slot: int, gen: int, now: int, reason: str = "time-out") -> bool:
         """Remove a waiting request whose wait ended (its context is done, in Kubernetes). No
         dispatch follows, as in Kubernetes.
@@ -445,8 +470,9 @@ class RequestPath:
         Args:
             slot, gen: the request, as :meth:`admit` returned it.
             now: the caller's monotonic ns.
-            reason: ``"time-out"`` (counted as rejected, cancelled and timed out) or anything
-                else, counted as ``"cancelled"``.
+            reason: ``"time-out"`` (counted as rejected, cancelled and timed out),
+                ``"thread-share"`` (its worker gave its thread to another flow's request:
+                rejected and cancelled) or anything else, counted as ``"cancelled"``.
         Returns:
             True when it was waiting and is now removed; False when it is no longer waiting (it
             was granted: the caller must run it and :meth:`finish` it after all).
@@ -463,7 +489,8 @@ class RequestPath:
         self._drop_waiting_locked(lb, s, sa, now)  # one event: the drop and its counts
         self._count_rejection_locked(lb)
         eb = w[sa + S_STATS] >> 1
-        r = R_TIME_OUT if reason == "time-out" else R_CANCELLED
+        r = (R_TIME_OUT if reason == "time-out" else R_THREAD_SHARE if reason == "thread-share"
+             else R_CANCELLED)
         self._log_locked(lb + L_CANCELLED, lb + L_TIMEDOUT, eb + E_REJECTED + r)
         w[lb + L_CANCELLED] += 1
         if r == R_TIME_OUT:

@@ -14,9 +14,9 @@ length of the level name captured at creation (the name itself lives in a parall
 then the counters. ``dispatched`` is not counted on its own: every non-exempt dispatch observes
 the execute="true" wait histogram, which otherwise only time-outs and cancels observe, so
 dispatched = exempt dispatches (``E_DISPATCHED``) + that histogram's count − time-outs −
-cancels, one word write less per request. Histogram buckets are stored per bucket (non-cumulative) as int64 counts;
-sums are float64 seconds (durations) or int64 seats (work). A histogram's count is the sum of
-its buckets.
+cancels − thread-share removals, one word write less per request. Histogram buckets are
+stored per bucket (non-cumulative) as int64 counts; sums are float64 seconds (durations) or
+int64 seats (work). A histogram's count is the sum of its buckets.
 
 Entries are created on first use and never move or disappear, so counters never go backwards.
 Regular entries may fill the table up to ``stats_entries - levels``; past that, a new pair is
@@ -32,11 +32,12 @@ from typing import NamedTuple
 
 # rejection reasons, in their word order inside an entry
 # (thread-reserve: turned away by a worker before admit, to keep its last threads for exempt
-# requests; server/worker.py)
+# requests; server/worker.py. thread-share: a waiting request taken out of its queue so that a
+# request of a flow holding fewer parked threads gets its thread; server/threadshare.py)
 REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot",
-           "thread-reserve")
+           "thread-reserve", "thread-share")
 (R_QUEUE_FULL, R_CONCURRENCY_LIMIT, R_TIME_OUT, R_CANCELLED, R_NO_SLOT,
- R_THREAD_RESERVE) = range(6)
+ R_THREAD_RESERVE, R_THREAD_SHARE) = range(7)
 REASON_INDEX = {name: i for i, name in enumerate(REASONS)}
 
 WORK_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 100)  # seats; Kubernetes' request_concurrency buckets
@@ -112,7 +113,7 @@ def read_entry(words: list, floats: list, level: str, flow_schema: str) -> Reque
         Hist(tuple(float(b) for b in WORK_BOUNDS), work_counts, float(words[E_WORK_SUM]),
              sum(work_counts)),
         words[E_DISPATCHED] + wait_x.count - words[E_REJECTED + R_TIME_OUT]
-        - words[E_REJECTED + R_CANCELLED],
+        - words[E_REJECTED + R_CANCELLED] - words[E_REJECTED + R_THREAD_SHARE],
         {name: words[E_REJECTED + i] for i, name in enumerate(REASONS)},
         wait_x,
         _hist(words, floats, E_WAIT_R, ND, DURATION_BOUNDS_S),

@@ -5,7 +5,7 @@ addresses of a level (``_lb``, which checks the index), a queue (``_qa``) and a 
 taking a slot off the free list and filling it (``_alloc_locked``) and putting it back
 (``_free_locked``); linking a waiting request at its queue's tail and unlinking it, with the
 queue's and level's sums kept in step (``_link_tail_locked``/``_unlink_locked``); and the
-name areas (level and FlowSchema names). No policy and no counting here::
+name areas (level and FlowSchema names). No fairness and no counting here::
 
     s, sa, gen = led._alloc_locked(level, owner, flow_hash, fs_index, 1, 0, 0, now, b"")
     led._link_tail_locked(lb, led._qa(lb, q), s, sa)

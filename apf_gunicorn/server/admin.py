@@ -15,8 +15,9 @@ metrics prefix). Paths:
   ``PROMETHEUS_MULTIPROC_DIR`` is set;
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
-  text; ``?includeFairness=1`` appends each level's dispatch policy and virtual time to the
-  first two; ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
+  text; ``?includeFairness=1`` appends each level's fairness and virtual time to the
+  first two, ``?includeSeats=1`` its nominal, current and used seats to the first;
+  ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
   at least one worker has registered, else 503;
 * anything else: 404.
@@ -29,7 +30,12 @@ closed, whatever the pace of its bytes (a per-read timeout would let a trickle l
 complete request is answered at once, from the loop, and the connection closed
 (``Connection: close``: scrapes are seconds apart). So a slowloris or a flood costs sockets,
 never the scrapes: up to :data:`MAX_CONNECTIONS` (256) may be open at once, and a connection
-beyond that is answered ``503`` and closed from the accept loop. The listening socket is
+beyond that takes the place of the one idle the longest (no byte received or sent for the
+longest time: a client that connected and sent nothing, a trickler, a reader that stopped
+reading), which is closed and counted (``dropped``). A scraper sends its request as soon as it
+connects and is answered in the same pass, so it is never the one idle the longest unless the
+cap's worth of connections arrive in between. Only when no connection can make room (a
+``max_connections`` of 0) is a new one answered ``503`` and closed. The listening socket is
 close-on-exec (Python's default), so a USR2 re-exec does not inherit it; forked workers close
 it in ``post_fork`` through :meth:`close_in_child`. A second master (USR2) finding the port
 taken logs a clear message and runs without an admin endpoint.
@@ -45,6 +51,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -57,7 +64,7 @@ DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
 DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows")
 TEXT = "text/plain; charset=utf-8"
-# Connections open at once; more are answered BUSY at once, from the accept loop.
+# Connections open at once; one more takes the place of the one idle the longest.
 MAX_CONNECTIONS = 256
 MAX_HEAD_BYTES = 16384  # request line + headers; longer: 431
 _BUSY_BODY = b"too many admin connections, try again\n"
@@ -128,7 +135,11 @@ class _Loop:
         self.refused = 0  # connections answered BUSY since start
         self.timed_out = 0  # connections answered 408 since start
         self.closing = 0  # connections answered and draining (not counted against the cap)
+        self.dropped = 0  # connections closed to make room for a new one (idle the longest)
         self.conns: dict[socket.socket, _Conn] = {}
+        # the connections counted against the cap, the one idle the longest first: moved to
+        # the end on every byte received or sent; left when answered (draining) or closed
+        self.active: OrderedDict[socket.socket, _Conn] = OrderedDict()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -173,6 +184,7 @@ class _Loop:
             with contextlib.suppress(OSError):
                 sock.close()
         self.conns.clear()
+        self.active.clear()
         with contextlib.suppress(OSError):
             self._sel.close()
 
@@ -191,11 +203,16 @@ class _Loop:
                 log.debug("admin: accept failed", exc_info=True)
                 return
             sock.setblocking(False)
-            if len(self.conns) - self.closing >= self.admin.max_connections:
+            while len(self.active) >= self.admin.max_connections and self.active:
+                _sock, idlest = self.active.popitem(last=False)
+                self.dropped += 1
+                self._close(idlest)
+            if len(self.active) >= self.admin.max_connections:
                 self._refuse(sock)
                 continue
             c = _Conn(sock, time.monotonic() + self.admin.timeout)
             self.conns[sock] = c
+            self.active[sock] = c
             self._sel.register(sock, selectors.EVENT_READ, None)
 
     def _refuse(self, sock: socket.socket) -> None:
@@ -226,6 +243,7 @@ class _Loop:
                 self._answer(c, response(400, TEXT, b"incomplete request\n"))
                 return
             if data and not c.closing and c.out is None:
+                self._progress(c)
                 c.buf += data
                 self._parse(c)
         if mask & selectors.EVENT_WRITE and c.out is not None:
@@ -274,6 +292,8 @@ class _Loop:
             self._close(c)
             return
         c.out = c.out[n:]
+        if n:
+            self._progress(c)
         if len(c.out):
             self._sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, None)
             return
@@ -282,6 +302,7 @@ class _Loop:
         if not c.closing:
             c.closing = True
             self.closing += 1
+            self.active.pop(c.sock, None)
         c.deadline = min(c.deadline, time.monotonic() + _DRAIN_S)
         c.buf = bytearray()
         with contextlib.suppress(OSError):
@@ -298,9 +319,15 @@ class _Loop:
             else:
                 self._close(c)
 
+    def _progress(self, c: _Conn) -> None:
+        """A byte received or sent: ``c`` is the last to be dropped for room."""
+        if c.sock in self.active:
+            self.active.move_to_end(c.sock)
+
     def _close(self, c: _Conn) -> None:
         if self.conns.pop(c.sock, None) is not None and c.closing:
             self.closing -= 1
+        self.active.pop(c.sock, None)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._sel.unregister(c.sock)
         c.sock.close()
@@ -412,7 +439,8 @@ class AdminServer:
             snap = view.ledger.snapshot(view.clock())
             fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":
-                text = dumps.dump_priority_levels(snap, include_fairness=fairness)
+                seats = (view.level_limits or {}) if _flag(query, "includeSeats") else None
+                text = dumps.dump_priority_levels(snap, include_fairness=fairness, seats=seats)
             elif name == "dump_queues":
                 text = dumps.dump_queues(snap, include_fairness=fairness)
             elif name == "dump_flows":

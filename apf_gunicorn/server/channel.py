@@ -5,26 +5,47 @@ must wake the parked request thread. Each worker binds one ``SOCK_DGRAM`` socket
 ``\\0apf-<token>-w<index>`` in the Linux abstract namespace (nothing to unlink; the name
 disappears with the process). A message is a msgpack list of ``[slot, gen]`` pairs.
 
+Anyone who shares the network namespace (another container of a Kubernetes pod) can send to an
+abstract name, so the inbox takes the sender's credentials from the kernel (``SO_PASSCRED``:
+each datagram carries ``SCM_CREDENTIALS``, which the kernel fills with the sender's real pid
+and uid; a process may claim another pid only with ``CAP_SYS_ADMIN``) and drops every datagram
+``trusted(pid, uid)`` refuses (:class:`PeerCheck`: a process of this server). A datagram is
+still only a hint: the woken request runs only if the ledger says it was dispatched
+(``Ledger.dispatched``), so even a datagram that passes can neither run a request early nor
+leak a slot.
+
 Usage::
 
-    inbox = GrantInbox(token, index)            # in the worker (dispatcher thread reads it)
-    for slot, gen in inbox.receive():  ...
+    inbox = GrantInbox(token, index, trusted=PeerCheck(master_pid, worker_pids))  # worker
+    for slot, gen in inbox.receive():  ...                      # (dispatcher thread)
     sender = GrantSender(token)                 # any process, any thread
     sender.send_grants(granted, my_index)       # granted: [(slot, gen, owner), ...]
 
-Sending never blocks: a full or missing receiver drops the datagram, and the receiver's
-100 ms ledger scan (the backstop) picks the grant up. Generations make stale grants harmless.
+Sending never blocks and never raises: a full or missing receiver, or any other send error, drops
+the datagram (counted in ``dropped``, each errno logged once), and the receiver's 100 ms ledger
+scan (the backstop) picks the grant up.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import socket
-from collections.abc import Iterable
+import struct
+import time
+from collections.abc import Callable, Iterable
 
 import msgpack
 
+log = logging.getLogger("apf_gunicorn.channel")
+
 MAX_DATAGRAM = 60_000
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_CRED_SPACE = socket.CMSG_SPACE(_UCRED.size)
+# send errors that say only "full" or "no such worker now" (it died: its seats are reaped)
+_ORDINARY = (errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT, errno.ENOBUFS)
+_MAX_LOGGED = 64  # distinct refused senders (and send errnos) logged; the rest only counted
 _PAIRS_PER_DATAGRAM = 4000  # 2 ints of at most 9 bytes each, plus framing: well under 60 KB
 
 
@@ -39,32 +60,100 @@ def address(token: str, index: int) -> bytes:
     return f"\0apf-{token}-w{index}".encode()
 
 
-class GrantInbox:
-    """The receiving end of one worker; non-blocking, close-on-exec."""
+class PeerCheck:
+    """Which senders a worker's inbox accepts: the master (``master_pid``, whatever its uid:
+    with gunicorn's ``--user`` the workers drop to another uid, the master does not), and a
+    process of this worker's own uid among ``worker_pids()`` (the ledger's worker table).
 
-    def __init__(self, token: str, index: int):
+    ``worker_pids()`` is read again when an unknown pid sends, at most every ``refresh_s`` (a
+    worker that booted since the last read is found; a flood of forged datagrams costs one read
+    per ``refresh_s``, and a grant refused meanwhile is picked up by the receiver's backstop
+    scan).
+    """
+
+    def __init__(self, master_pid: int, worker_pids: Callable[[], Iterable[int]],
+                 uid: int | None = None, refresh_s: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic):
+        self._master = master_pid
+        self._pids_of = worker_pids
+        self._uid = os.getuid() if uid is None else uid
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._pids: frozenset[int] = frozenset()
+        self._read_at = float("-inf")
+
+    def __call__(self, pid: int, uid: int) -> bool:
+        """Whether a datagram from process ``pid`` (running as ``uid``) is accepted."""
+        if pid <= 0:
+            return False
+        if pid == self._master:
+            return True
+        if uid != self._uid:
+            return False
+        if pid in self._pids:
+            return True
+        now = self._clock()
+        if now - self._read_at < self._refresh_s:
+            return False
+        self._read_at = now
+        self._pids = frozenset(self._pids_of())
+        return pid in self._pids
+
+
+class GrantInbox:
+    """The receiving end of one worker; non-blocking, close-on-exec.
+
+    ``trusted(pid, uid)`` decides whom to accept datagrams from (None: anyone, for tests of the
+    channel alone); refused ones are counted in ``refused`` and each sender pid is logged once.
+    """
+
+    def __init__(self, token: str, index: int,
+                 trusted: Callable[[int, int], bool] | None = None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # before bind, so that no datagram is ever queued without its sender's credentials
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.bind(address(token, index))
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.trusted = trusted
+        self.refused = 0
+        self._logged: set[int] = set()
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def receive(self) -> list[tuple[int, int]]:
-        """Every pair waiting in the socket now (possibly none). Malformed datagrams are skipped."""
+        """Every pair waiting in the socket now (possibly none). Malformed datagrams and those
+        of senders ``trusted`` refuses are skipped."""
         out: list[tuple[int, int]] = []
+        trusted = self.trusted
         while True:
             try:
-                data = self.sock.recv(MAX_DATAGRAM)
+                data, anc, _flags, _addr = self.sock.recvmsg(MAX_DATAGRAM, _CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 return out
+            if trusted is not None and not self._accepted(trusted, anc):
+                continue
             try:
                 pairs = msgpack.unpackb(data, use_list=True)
                 for slot, gen in pairs:
                     out.append((int(slot), int(gen)))
             except Exception:  # noqa: BLE001 - a bad datagram must not stop the dispatcher
                 continue
+
+    def _accepted(self, trusted: Callable[[int, int], bool], anc: list) -> bool:
+        pid, uid = 0, -1
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid, uid, _gid = _UCRED.unpack(cdata[:_UCRED.size])
+        if trusted(pid, uid):
+            return True
+        self.refused += 1
+        if pid not in self._logged and len(self._logged) < _MAX_LOGGED:
+            self._logged.add(pid)
+            log.warning("apf: grant datagrams from pid %d (uid %d), not a process of this "
+                        "server, are dropped (%d so far)", pid, uid, self.refused)
+        return False
 
     def close(self) -> None:
         self.sock.close()
@@ -79,9 +168,11 @@ class GrantSender:
         self.sock.setblocking(False)
         self._addresses: dict[int, bytes] = {}
         self.dropped = 0
+        self._logged: set[int] = set()
 
     def send(self, owner: int, pairs: list[list[int]]) -> bool:
-        """Send ``[[slot, gen], ...]`` to worker ``owner``; False if it could not be delivered."""
+        """Send ``[[slot, gen], ...]`` to worker ``owner``; False if it could not be delivered
+        (counted in ``dropped``; never raises: the owner's backstop scan finds the grant)."""
         addr = self._addresses.get(owner)
         if addr is None:
             addr = self._addresses[owner] = address(self.token, owner)
@@ -90,11 +181,16 @@ class GrantSender:
             try:
                 self.sock.sendto(msgpack.packb(pairs[i:i + _PAIRS_PER_DATAGRAM]), addr)
             except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT,
-                                   errno.ENOBUFS):
-                    raise
+                # EAGAIN (full), ECONNREFUSED/ENOENT (no such worker now) are ordinary; anything
+                # else (EPERM from a security policy, ...) is logged once per errno
                 self.dropped += 1
                 ok = False
+                if (e.errno not in _ORDINARY and e.errno not in self._logged
+                        and len(self._logged) < _MAX_LOGGED):
+                    self._logged.add(e.errno)
+                    log.warning("apf: a grant datagram to worker %d could not be sent (%s); "
+                                "that worker's ledger scan picks the grant up within 100 ms",
+                                owner, e)
         return ok
 
     def send_grants(self, granted: Iterable[tuple[int, int, int]],

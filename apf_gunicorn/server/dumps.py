@@ -1,4 +1,4 @@
-"""The Kubernetes APF debug dumps, and our dispatch policies' state, from a ledger snapshot.
+"""The Kubernetes APF debug dumps, and our fairness state, from a ledger snapshot.
 
 ``dump_priority_levels``, ``dump_queues`` and ``dump_requests`` produce exactly the text of
 kube-apiserver's ``/debug/api_priority_and_fairness/dump_*`` endpoints (``apf_controller_debug.go``):
@@ -7,7 +7,7 @@ comma-terminated cells aligned as Go's ``text/tabwriter`` (minwidth 8, padding 1
     snap = ledger.snapshot(time.monotonic_ns())
     print(dump_priority_levels(snap), end="")
 
-The dispatch policy of each level (``kubernetes`` or ``maxmin``, docs/fairness.md) and the
+The fairness of each level (``kubernetes`` or ``maxmin``, docs/fairness.md) and the
 virtual time it orders by are added the way Kubernetes adds request details: columns appended
 after Kubernetes' own, only when asked (``include_fairness=True``, the endpoint's
 ``?includeFairness=1``), so the default text stays Kubernetes' byte for byte. Kubernetes' dumps
@@ -33,7 +33,7 @@ override, as the golden tests do).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -75,6 +75,9 @@ REQUEST_DETAIL_HEADERS = (
 # appended with include_fairness (not Kubernetes' columns)
 LEVEL_FAIRNESS_HEADERS = ("Fairness", "VirtualTime", "ActiveFlows", "ReservedFlow", "Reservations")
 QUEUE_FAIRNESS_HEADERS = ("Fairness", "VirtualTime")
+# appended with seats (the endpoint's ?includeSeats=1): nominal (the configuration's share of
+# the server limit), current (after borrowing: what the ledger enforces), in use
+LEVEL_SEAT_HEADERS = ("NominalSeats", "CurrentSeats", "SeatsInUse")
 FLOW_HEADERS = (
     "PriorityLevelName", "FlowHash", "FlowSchemaName", "FlowDistinguisher", "StartTag",
     "WaitingRequests", "ExecutingRequests", "SeatsInUse", "ServiceEstimate", "Parked", "Reserved",
@@ -179,27 +182,27 @@ def _sorted_levels(snapshot: Any) -> list:
     return sorted(snapshot.levels, key=lambda lv: lv.name)
 
 
-# -- the dispatch policies' state --------------------------------------------------------------
+# -- the fairness state ------------------------------------------------------------------------
 
 def level_fairness(lv: Any) -> str:
-    """The dispatch policy of a level's snapshot: ``"kubernetes"`` or ``"maxmin"``, or ``""``
-    for a level that never queues (exempt, or ``limitResponse.type: Reject``), which has no
-    policy to run."""
+    """The fairness of a level's snapshot: ``"kubernetes"`` or ``"maxmin"``, or ``""`` for a
+    level that never queues (exempt, or ``limitResponse.type: Reject``), which has no fairness
+    to run."""
     if getattr(lv, "desired_queues", 0) <= 0:
         return ""
     return getattr(lv, "fairness", None) or "kubernetes"
 
 
 def virtual_time(lv: Any) -> int | None:
-    """The virtual time a level's policy orders by, in SeatSeconds units (1e-8 seat-seconds):
+    """The virtual time a level's fairness orders by, in SeatSeconds units (1e-8 seat-seconds):
     Kubernetes' R under ``kubernetes`` (as of the level's last operation), V under ``maxmin``
     (the start tag in service; seat-ns modulo 2^64, shown to 1e-8); None on a level without a
-    policy or without ``maxmin`` state in the snapshot."""
-    policy = level_fairness(lv)
-    if policy == MAXMIN:
+    fairness or without ``maxmin`` state in the snapshot."""
+    fairness = level_fairness(lv)
+    if fairness == MAXMIN:
         mm = getattr(lv, "maxmin", None)
         return None if mm is None else (mm["v"] & _U64) // _NS_PER_SS_UNIT
-    return lv.current_r if policy else None
+    return lv.current_r if fairness else None
 
 
 def tag_minus_v_ns(tag: int, v: int) -> int:
@@ -236,11 +239,11 @@ def reserved_head_seats(lv: Any) -> int:
 
 
 def _level_fairness_cells(lv: Any) -> list[str]:
-    policy = level_fairness(lv)
+    fairness = level_fairness(lv)
     vt = virtual_time(lv)
-    cells = [policy, "" if vt is None else format_seat_seconds(vt)]
+    cells = [fairness, "" if vt is None else format_seat_seconds(vt)]
     mm = getattr(lv, "maxmin", None)
-    if policy == MAXMIN and mm is not None:
+    if fairness == MAXMIN and mm is not None:
         reserved = mm.get("reserved")
         cells += [str(len(mm["flows"])), "" if reserved is None else format_flow_hash(reserved),
                   str(mm.get("reservations", 0))]
@@ -251,19 +254,26 @@ def _level_fairness_cells(lv: Any) -> list[str]:
 
 # -- the dumps --------------------------------------------------------------------------------
 
-def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
+def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
+                         seats: Mapping[str, Any] | None = None) -> str:
     """Kubernetes' ``dump_priority_levels``: one row per level, by name.
 
     Args:
         snapshot: a :class:`~apf_gunicorn.ledger.records.Snapshot`.
-        include_fairness: append ``Fairness`` (the level's policy; empty on exempt and reject
+        include_fairness: append ``Fairness`` (the level's fairness; empty on exempt and reject
             levels), ``VirtualTime`` (R or V, :func:`virtual_time`), and under ``maxmin``
             ``ActiveFlows``, ``ReservedFlow`` (hash of the flow seats are held for, empty when
             none) and ``Reservations`` (reservations made so far).
+        seats: when given, the running configuration's limits per level name (objects with a
+            ``nominal``, as ``LevelLimits``): append ``NominalSeats`` (empty for a level it
+            does not name, e.g. one draining after a reload), ``CurrentSeats`` (the ledger's
+            limit, after borrowing) and ``SeatsInUse``.
     Returns:
-        The text, Kubernetes' exact layout when ``include_fairness`` is false.
+        The text, Kubernetes' exact layout when ``include_fairness`` is false and ``seats``
+        None.
     """
-    rows = [list(LEVEL_HEADERS) + (list(LEVEL_FAIRNESS_HEADERS) if include_fairness else [])]
+    rows = [list(LEVEL_HEADERS) + (list(LEVEL_FAIRNESS_HEADERS) if include_fairness else [])
+            + (list(LEVEL_SEAT_HEADERS) if seats is not None else [])]
     for lv in _sorted_levels(snapshot):
         active = sum(1 for q in lv.queues if q.waiting > 0)
         idle = lv.requests_waiting == 0 and lv.requests_executing == 0
@@ -274,6 +284,10 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
         ]
         if include_fairness:
             row += _level_fairness_cells(lv)
+        if seats is not None:
+            nominal = getattr(seats.get(lv.name), "nominal", None)
+            row += ["" if nominal is None else str(int(nominal)), str(lv.concurrency_limit),
+                    str(lv.seats_in_use)]
         rows.append(row)
     return tabwrite(rows)
 
@@ -281,7 +295,7 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False) -> str:
 def dump_queues(snapshot: Any, include_fairness: bool = False) -> str:
     """Kubernetes' ``dump_queues``: one row per queue of each queuing level.
 
-    ``NextDispatchR`` is empty on ``maxmin`` levels (that policy orders flows, not queues, and
+    ``NextDispatchR`` is empty on ``maxmin`` levels (that fairness orders flows, not queues, and
     does not keep the word; see :func:`dump_flows`).
 
     Args:

@@ -5,6 +5,8 @@ ledger, at start and on every HUP.
     level_specs(gen)
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
     warning = thread_budget(gen, settings, workers, threads)
+    before = level_seats(ledger, old_gen)      # on a reload, around configure_ledger:
+    seat_change_lines(before, level_seats(ledger, gen))   # each level's seats before/after
 
 Workers take the per-level request widths (``level_max_seats``) and the route cost table
 (``route_table``) from the generation they inherit.
@@ -20,6 +22,7 @@ from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.matching import Classifier
 from apf_gunicorn.flowcontrol.workestimate import level_max_seats as widest
 from apf_gunicorn.ledger.ledger import LevelSpec
+from apf_gunicorn.server.settings import default_concurrency_limit
 from apf_gunicorn.server.state import Generation
 
 if TYPE_CHECKING:
@@ -37,33 +40,33 @@ def load_generation(settings: Settings, number: int = 1) -> Generation:
     cfg = load_configuration(settings.config_path)
     limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
     return Generation(cfg, limits, Classifier(cfg), {}, {}, number,
-                      fairness=settings.dispatch_policy)
+                      fairness=settings.fairness)
 
 
-def level_policies(gen: Generation) -> dict[str, tuple[str | None, str]]:
-    """Per priority level, the dispatch policy it runs and where that came from.
+def fairness_by_level(gen: Generation) -> dict[str, tuple[str | None, str]]:
+    """Per priority level, the fairness it runs and where that came from.
 
     Returns:
-        ``{level name: (policy, source)}``: ``(None, "exempt")`` for the exempt level, else the
-        annotation's policy or ``gen.fairness`` (``APF_FAIRNESS``), see
-        :func:`apf_gunicorn.flowcontrol.fairness.level_policy`.
+        ``{level name: (fairness, source)}``: ``(None, "exempt")`` for the exempt level, else the
+        annotation's fairness or ``gen.fairness`` (``APF_FAIRNESS``), see
+        :func:`apf_gunicorn.flowcontrol.fairness.level_fairness`.
     """
-    return {name: fairness.level_policy(pl, gen.fairness, "APF_FAIRNESS")
+    return {name: fairness.level_fairness(pl, gen.fairness, "APF_FAIRNESS")
             for name, pl in gen.configuration.priority_levels.items()}
 
 
 def level_specs(gen: Generation) -> list[LevelSpec]:
     """The ledger's view of each priority level (queues, hand, queue length, nominal seats,
-    and the dispatch policy).
+    and the fairness).
     """
-    policies = level_policies(gen)
+    by_level = fairness_by_level(gen)
     specs = []
     for name, pl in sorted(gen.configuration.priority_levels.items()):
         q = pl.queuing
-        policy, source = policies[name]
+        fairness_name, source = by_level[name]
         specs.append(LevelSpec(name, pl.desired_queues, q.hand_size if q else 0,
                                q.queue_length_limit if q else 0, int(gen.limits[name].nominal),
-                               fairness=policy))
+                               fairness=fairness_name))
     return specs
 
 
@@ -73,6 +76,46 @@ def configure_ledger(ledger: Ledger, gen: Generation, now: int) -> None:
     levels, schemas = ledger.configure(level_specs(gen), fs_names, now)
     gen.level_index = dict(levels)
     gen.fs_index = dict(schemas)
+
+
+def level_seats(ledger: Ledger, gen: Generation) -> dict[str, tuple[int, int]]:
+    """Each level's seats as ``gen`` and the ledger have them (read without the ledger lock).
+
+    Args:
+        ledger: the master's ledger; gen: the generation applied to it last.
+    Returns:
+        ``{level name: (nominal seats, current seats)}``: nominal from ``gen``'s limits,
+        current the ledger's C (after borrowing); levels the ledger does not hold are left out.
+    """
+    current = {load.index: load.concurrency_limit for load in ledger.load()}
+    return {name: (int(gen.limits[name].nominal), current[index])
+            for name, index in gen.level_index.items()
+            if index in current and name in gen.limits}
+
+
+def seat_change_lines(before: dict[str, tuple[int, int]],
+                      after: dict[str, tuple[int, int]]) -> list[str]:
+    """One log line per level for a reload: its nominal and current seats before and after.
+
+    Args:
+        before, after: :func:`level_seats` before and after the new generation was applied.
+    Returns:
+        Lines such as ``level 'work': nominal 8 -> 4 seats, current 8 -> 4``, by name; a level
+        only in ``before`` is said to drain, one only in ``after`` to be new.
+    """
+    lines = []
+    for name in sorted(before.keys() | after.keys()):
+        if name not in after:
+            nominal, current = before[name]
+            lines.append(f"level {name!r}: removed (drains its requests); it had nominal "
+                         f"{nominal} seats, current {current}")
+        elif name not in before:
+            nominal, current = after[name]
+            lines.append(f"level {name!r}: new, nominal {nominal} seats, current {current}")
+        else:
+            (n0, c0), (n1, c1) = before[name], after[name]
+            lines.append(f"level {name!r}: nominal {n0} -> {n1} seats, current {c0} -> {c1}")
+    return lines
 
 
 def config_error_lines(exc: BaseException) -> list[str]:
@@ -87,7 +130,17 @@ def thread_budget(gen: Generation, settings: Settings, workers: int,
                   threads: int) -> str | None:
     """A warning when the threads non-exempt requests may use (each worker's threads less
     ``APF_EXEMPT_THREADS``) cannot hold the executing + queued requests the configuration
-    allows (parked requests hold a thread each)."""
+    allows (parked requests hold a thread each).
+
+    Args:
+        gen: the configuration generation (its levels' queues and queue length limits).
+        settings: the settings (the limit, whether ``APF_CONCURRENCY_LIMIT`` set it, the
+            exempt threads, the configuration's source).
+        workers, threads: gunicorn's ``--workers`` and ``--threads``.
+    Returns:
+        None when they fit; else the warning: the numbers, where each came from, and the
+        ``--threads`` (and, where one fits, the ``APF_CONCURRENCY_LIMIT``) that would fit.
+    """
     reserve = settings.exempt_threads
     total = workers * (threads - reserve)
     queued = 0
@@ -95,19 +148,51 @@ def thread_budget(gen: Generation, settings: Settings, workers: int,
         if pl.queuing is not None and not pl.is_exempt:
             queued += pl.queuing.queues * pl.queuing.queue_length_limit
     limit = settings.concurrency_limit
+    if total >= limit + queued:
+        return None
     usable = (f"workers x (threads - APF_EXEMPT_THREADS) = {workers} x ({threads} - {reserve}) "
               f"= {total} threads")
+    if settings.concurrency_limit_set:
+        seats = f"{limit} seats (APF_CONCURRENCY_LIMIT)"
+    else:
+        seats = (f"{limit} seats (the default, workers x threads / 2 = {workers} x {threads} / 2; "
+                 f"APF_CONCURRENCY_LIMIT is not set)")
+    source = settings.config_path or "builtin:webapp"
+    fix = _budget_fix(settings, workers, threads, total, queued)
     if total <= limit:
-        return (f"{usable} cannot even run the concurrency limit of {limit} seats "
-                f"(APF_CONCURRENCY_LIMIT): the seats can never all be in use, and once the "
-                f"threads are taken, requests are answered 429 (thread-reserve) instead of "
-                f"queueing. Raise --threads/--workers or lower the limit.")
-    if total < limit + queued:
-        return (f"{usable} hold the {limit} executing seats plus only {total - limit} waiting "
-                f"requests, while the configuration allows {queued} queued (sum of queues x "
-                f"queueLengthLimit); beyond that, a worker whose non-exempt threads are all "
-                f"taken answers 429 (reason thread-reserve) at once.")
-    return None
+        return (f"{usable} cannot even run the concurrency limit of {seats}: the seats can "
+                f"never all be in use, and once the threads are taken, requests are answered "
+                f"429 (thread-reserve) instead of queueing. {fix}")
+    return (f"{usable} hold the concurrency limit of {seats} plus only {total - limit} waiting "
+            f"requests, while the configuration ({source}) allows {queued} queued (sum of "
+            f"queues x queueLengthLimit); beyond that, a worker whose non-exempt threads are "
+            f"all taken answers 429 at once: the newcomer (reason thread-reserve), or a parked "
+            f"request of a flow holding more parked threads (thread-share). {fix}")
+
+
+def _budget_fix(settings: Settings, workers: int, threads: int, total: int, queued: int) -> str:
+    """What would make :func:`thread_budget` fit: the smallest ``--threads`` (with the same
+    limit, or with the default limit, which grows with the threads), and the largest
+    ``APF_CONCURRENCY_LIMIT`` the present threads hold, if any."""
+    reserve = settings.exempt_threads
+    if settings.concurrency_limit_set:
+        # workers x (t - reserve) >= limit + queued
+        need = reserve + -(-(settings.concurrency_limit + queued) // workers)
+        fix = f"--threads {need} fits (with --workers {workers})"
+    else:
+        # workers x (t - reserve) >= floor(workers x t / 2) + queued needs
+        # t >= 2 reserve + (2 queued - 1) / workers: start there, step up past the flooring
+        need = max(threads + 1, 2 * reserve + (2 * queued - 1) // workers)
+        while workers * (need - reserve) < default_concurrency_limit(workers, need) + queued:
+            need += 1
+        fix = (f"--threads {need} fits (with --workers {workers}; the default limit grows with "
+               f"it, to {default_concurrency_limit(workers, need)} seats)")
+    if total - queued >= 1:
+        fix += f", or APF_CONCURRENCY_LIMIT={total - queued} with these threads"
+    else:
+        fix += (f", or fewer queued requests in the configuration (these threads cannot hold "
+                f"its {queued} at any limit)")
+    return fix + "."
 
 
 def level_max_seats(gen: Generation, settings: Settings) -> dict[str, int]:

@@ -3,7 +3,8 @@
 Master: ``on_starting`` validates settings and the configuration, removes stale segments,
 creates and configures the shared ledger; ``when_ready`` starts the master services thread
 (borrowing, admin endpoint); ``pre_fork`` gives each worker a small index (its owner id in the
-ledger and the name of its grant socket); ``child_exit`` reclaims everything a dead worker held;
+ledger and the name of its grant socket); ``child_exit`` reclaims everything a dead worker held
+(``reclaim.py``; the master's 1 s check does it too when a config replaced this hook);
 ``on_reload`` (HUP) loads the configuration again and reconfigures the ledger in place, or keeps
 the running one and logs every error; ``on_exit`` unlinks the segment.
 
@@ -11,7 +12,8 @@ Worker: ``post_fork`` closes what the child must not hold; ``post_worker_init`` 
 ledger, binds the grant socket, starts the dispatcher thread and wraps ``worker.wsgi`` in the
 middleware; ``worker_exit`` answers parked requests 503 and releases what the worker holds.
 
-A user config that defines its own hook of the same name should call ours from it::
+A user config that defines its own hook of the same name should call ours from it (at start,
+``on_starting`` logs each of ours that was replaced and what that loses: ``hookcheck.py``)::
 
     from apf_gunicorn.conf import *
     from apf_gunicorn.server import hooks
@@ -27,7 +29,7 @@ import logging
 import os
 import time
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.util import load_class
 
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.layout import Capacity
@@ -38,13 +40,22 @@ from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
     config_error_lines,
     configure_ledger,
+    level_seats,
     load_generation,
+    seat_change_lines,
     thread_budget,
 )
+from apf_gunicorn.server.hookcheck import log_replaced_hooks
 from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
-from apf_gunicorn.server.metrics import mark_process_dead
-from apf_gunicorn.server.resolver import ResolverError, build_resolver
+from apf_gunicorn.server.reclaim import reclaim_worker
+from apf_gunicorn.server.resolver import (
+    ResolverError,
+    apply_path_parsing,
+    build_resolver,
+    path_parsing_note,
+)
 from apf_gunicorn.server.settings import SettingsError, load_settings
+from apf_gunicorn.server.worker import ApfThreadWorker
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -55,13 +66,29 @@ def _fail(server, lines: list[str]) -> None:
     raise SystemExit(1)
 
 
-def check_worker_class(worker_class) -> str | None:
-    """An error message if ``worker_class`` is not gunicorn's gthread worker (or a subclass)."""
-    if isinstance(worker_class, type) and issubclass(worker_class, ThreadWorker):
+def check_worker_class(worker_class, cfg=None) -> str | None:
+    """An error message if ``worker_class`` is not our ``ApfThreadWorker`` (or a subclass).
+
+    Args:
+        worker_class: the class gunicorn runs (``server.worker_class``: after its own switch
+            from ``sync`` to its stock gthread worker when ``--threads`` > 1).
+        cfg: gunicorn's config, to name the class the user asked for in the message.
+    Returns:
+        None, or the message to refuse the server with.
+    """
+    if isinstance(worker_class, type) and issubclass(worker_class, ApfThreadWorker):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
-    return (f"worker class {name!r} is not supported: apf_gunicorn needs gunicorn's threaded "
-            "worker (worker_class = 'gthread' or apf_gunicorn.server.worker.ApfThreadWorker); "
+    asked = cfg.settings["worker_class"].get() if cfg is not None else worker_class
+    if isinstance(asked, str) and asked != worker_class:
+        try:
+            name = getattr(load_class(asked), "__name__", asked)
+        except Exception:
+            name = asked
+    return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
+            "worker, a gthread (worker_class = 'apf_gunicorn.server.worker.ApfThreadWorker', "
+            "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
+            "with --threads > 1, lacks its protections); "
             "requests park a thread while they wait in a queue")
 
 
@@ -73,7 +100,8 @@ def check_worker_class(worker_class) -> str | None:
 
 def on_starting(server) -> None:
     startup.route_logs(server.log)
-    problem = check_worker_class(server.worker_class)
+    log_replaced_hooks(server.cfg, server.log)
+    problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])
     try:
@@ -81,7 +109,6 @@ def on_starting(server) -> None:
     except SettingsError as e:
         _fail(server, [str(e)])
     startup.warn_unknown_variables(server.log)
-    resolver = _build_resolver(server, settings)
     if settings.work_estimator:
         try:
             load_estimator_hook(settings.work_estimator)  # fail at start, not in the workers
@@ -92,6 +119,7 @@ def on_starting(server) -> None:
     except Exception as e:  # the loader's ConfigErrors, or any reading problem
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_path or '<built-in>'}):", *config_error_lines(e)])
+    resolver = _build_resolver(server, settings, gen.configuration)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)
@@ -120,18 +148,21 @@ def on_starting(server) -> None:
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
 
 
-def _build_resolver(server, settings):
+def _build_resolver(server, settings, configuration):
     try:
-        return build_resolver(settings)
+        resolver = build_resolver(settings, configuration)
     except ResolverError as e:
         _fail(server, [str(e)])
+    server.log.info("apf: /api/ and /apis/ paths are %s",
+                    path_parsing_note(settings, configuration))
+    return resolver
 
 
 def when_ready(server) -> None:
     m = state.MASTER
     if m is None or m.services is not None:
         return
-    m.services = MasterServices(m, server.log)
+    m.services = MasterServices(m, server.log, arbiter=server)
     m.services.start_admin()
     m.services.start_agent(server)  # APF_AGENT_BIND (off by default)
     m.services.start()
@@ -151,6 +182,7 @@ def pre_fork(server, worker) -> None:
         worker.apf_index = None
         return
     m.workers[index] = 0
+    m.forked[index] = worker  # reclaim.py: how the master tells that this worker is gone
     worker.apf_index = index
     # A booting worker counts as having room, so the running ones do not answer 429 for
     # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
@@ -160,31 +192,11 @@ def pre_fork(server, worker) -> None:
 
 def child_exit(server, worker) -> None:
     m = state.MASTER
-    index = getattr(worker, "apf_index", None)
-    if m is None or index is None or getattr(worker, "apf_reaped", False):
+    if m is None:
         return
-    # Once per worker: the index is this worker's until now (pre_fork gave it, nothing else
-    # frees it), so free it whatever pid the master thread learned for it; a second call
-    # (gunicorn's worker_exit in the master, then child_exit) must not reap a successor.
-    worker.apf_reaped = True
-    try:
-        granted = m.ledger.reap_worker(index, time.monotonic_ns())
-        if granted:
-            m.sender.send_grants(granted)
-    except Exception:
-        server.log.exception("apf: reclaiming the seats of worker %s (pid %s) failed",
-                             index, worker.pid)
-    finally:
-        m.workers.pop(index, None)
-    _metrics_process_dead(worker.pid)
-
-
-def _metrics_process_dead(pid) -> None:
-    """The application's multiprocess metric files of a dead worker (if it uses them)."""
-    try:
-        mark_process_dead(pid)
-    except Exception:
-        log.exception("apf: metrics cleanup for pid %s failed", pid)
+    # Once per worker (reclaim.py): gunicorn's worker_exit in the master then child_exit, or
+    # the master's 1 s check, must not reap the index again once a successor holds it.
+    reclaim_worker(m, worker, server.log)
 
 
 def on_reload(server) -> None:
@@ -199,9 +211,12 @@ def on_reload(server) -> None:
     try:
         gen = load_generation(settings, m.generation.number + 1)
         with SERVICE_LOCK:
+            seats_before = level_seats(m.ledger, m.generation)
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
             m.settings = settings
+            # the workers forked from now on inherit it (APF_PATHS=auto follows the schemas)
+            apply_path_parsing(m.resolver, settings, gen.configuration)
     except Exception as e:
         m.reload_errors += 1
         lines = config_error_lines(e)
@@ -210,8 +225,11 @@ def on_reload(server) -> None:
         for line in lines:
             server.log.error("apf:   %s", line)
         return
-    server.log.info("apf: configuration generation %d applied: %d priority levels",
-                    gen.number, len(gen.level_index))
+    server.log.info("apf: configuration generation %d applied: %d priority levels; /api/ and "
+                    "/apis/ paths are %s", gen.number, len(gen.level_index),
+                    path_parsing_note(settings, gen.configuration))
+    for line in seat_change_lines(seats_before, level_seats(m.ledger, gen)):
+        server.log.info("apf:   %s", line)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)

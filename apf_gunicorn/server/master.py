@@ -1,5 +1,7 @@
-"""Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``) and
-hosts the admin endpoint and the HAProxy agent-check endpoint (``APF_AGENT_BIND``).
+"""Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``),
+reclaims every second the seats of workers that died unseen by our ``child_exit``
+(``server/reclaim.py``), and hosts the admin endpoint and the HAProxy agent-check endpoint
+(``APF_AGENT_BIND``).
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
 in the master for the life of the server and survives HUP. Every lock it takes is guarded
@@ -25,6 +27,7 @@ import time
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
 from apf_gunicorn.server.admin import AdminServer
 from apf_gunicorn.server.metrics import view_of_master_state
+from apf_gunicorn.server.reclaim import find_gone, reclaim_worker
 
 log = logging.getLogger("apf_gunicorn.master")
 
@@ -55,10 +58,14 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
 
 
 class MasterServices(threading.Thread):
-    def __init__(self, master_state, glog=None):
+    def __init__(self, master_state, glog=None, arbiter=None):
         super().__init__(name="apf-master", daemon=True)
         self.state = master_state
         self.glog = glog or log
+        # gunicorn's Arbiter: its worker table tells which workers are gone (reclaim_gone)
+        self.arbiter = arbiter
+        self._suspects: dict = {}  # worker index -> (Worker, missing since): reclaim.find_gone
+        self.reclaimed = 0  # dead workers reclaimed here, not by child_exit
         self._stop_event = threading.Event()
         self.admin = None
         self.rounds = 0
@@ -80,6 +87,7 @@ class MasterServices(threading.Thread):
         next_borrow = time.monotonic() + period
         while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic()))):
             self.refresh_workers()
+            self.reclaim_gone()
             if self.admin_retry:
                 with SERVICE_LOCK:  # no fork between binding and recording the listener
                     self.start_admin(quiet=True)
@@ -115,6 +123,29 @@ class MasterServices(threading.Thread):
             if not pid and registered.get(index) and m.workers.get(index) == 0:
                 m.workers[index] = registered[index]
         self.expire_boots(registered)
+
+    def reclaim_gone(self) -> None:
+        """Reclaim the seats of workers gunicorn has reaped but our ``child_exit`` did not see
+        (a config's own ``child_exit`` replaced it): server/reclaim.py. Each one is logged."""
+        if self.arbiter is None:
+            return
+        try:
+            gone, self._suspects = find_gone(self.state, self.arbiter, self._suspects,
+                                             time.monotonic())
+            for worker in gone:
+                with SERVICE_LOCK:  # a ledger operation of a master thread: no fork meanwhile
+                    done = reclaim_worker(self.state, worker, self.glog)
+                if done:
+                    self.reclaimed += 1
+                    # a warning the first time; then each one at info (max_requests restarts)
+                    (self.glog.warning if self.reclaimed == 1 else self.glog.info)(
+                        "apf: worker %s (pid %s) is gone and apf_gunicorn's child_exit did not "
+                        "run for it (the config's child_exit hook replaces it without calling "
+                        "it): the master reclaimed its seats now (%d so far). Call apf_gunicorn."
+                        "server.hooks.child_exit(server, worker) from your child_exit to do it "
+                        "at once.", worker.apf_index, worker.pid, self.reclaimed)
+        except Exception:
+            self.glog.exception("apf: checking for dead workers failed")
 
     def expire_boots(self, registered: dict[int, int]) -> None:
         """A worker counts as having room while it boots (hooks.pre_fork), so the others do not

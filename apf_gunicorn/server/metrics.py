@@ -12,7 +12,7 @@ per request by this module:
 * :class:`LedgerCollector`: instantaneous values (executing and waiting requests and seats,
   limits, demand statistics, ``seat_fair_frac``) from ``ledger.snapshot()`` and the borrowing
   state, plus the snapshot's cumulative ``epoch_advance_total{priority_level, success}``, and
-  each queuing level's dispatch policy (``dispatch_policy_info{priority_level, fairness}``),
+  each queuing level's fairness (``fairness_info{priority_level, fairness}``),
   the virtual time it orders by (``virtual_time_seat_seconds{priority_level, fairness}``) and,
   under ``maxmin``, ``active_flows``, ``reserved_seats`` and ``reservations_total``. The
   per-(level, FlowSchema) gauges (``current_executing_seats``, ``current_executing_requests``,
@@ -32,7 +32,6 @@ Usage (the admin endpoint does it)::
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import threading
@@ -73,8 +72,10 @@ def user_multiprocess_dir() -> str | None:
 
 def mark_process_dead(pid: int, path: str | None = None) -> None:
     """A worker died (``child_exit``): if the application uses multiprocess mode, drop the
-    worker's live gauge files and fold its counter and histogram files into
-    ``*_archive.db``, so files do not pile up with restarts while counters never go
+    worker's live gauge files (prometheus_client's own ``mark_process_dead``: only the
+    ``live*`` modes; a ``sum``, ``all``, ``max``, ``min`` or ``mostrecent`` gauge keeps the dead
+    worker's value, as prometheus_client documents) and fold its counter and histogram files
+    into ``*_archive.db``, so those files do not pile up with restarts while counters never go
     backwards. A no-op without ``PROMETHEUS_MULTIPROC_DIR``."""
     path = path or user_multiprocess_dir()
     if not path:
@@ -90,8 +91,6 @@ def mark_process_dead(pid: int, path: str | None = None) -> None:
                     _fold_into_archive(path, typ, dead)
                 except Exception:
                     log.exception("could not merge %s; leaving it in place", dead)
-        for f in glob.glob(os.path.join(path, f"gauge_*_{pid}.db")):
-            os.remove(f)
 
 
 def _fold_into_archive(path: str, typ: str, dead: str) -> None:
@@ -259,7 +258,7 @@ class LedgerCollector:
         yield current
         yield current_r
         yield service
-        yield from _policy_families(p, snap)
+        yield from _fairness_families(p, snap)
 
         from prometheus_client.core import CounterMetricFamily
 
@@ -323,19 +322,27 @@ class LedgerCollector:
                                     "APF_HEADER_TIMEOUT")
         heads.add_metric([], float(snap.head_timeouts))
         yield heads
+        dropped = CounterMetricFamily(f"{p}_connections_dropped", "Connections a worker closed "
+                                      "while they sent their request head: past "
+                                      "APF_HEAD_CONNECTIONS (reason head-connections, the oldest "
+                                      "idle) or APF_HEAD_BUFFER_LIMIT (head-buffer, the largest "
+                                      "head, answered 431)", labels=["reason"])
+        for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
+            dropped.add_metric([reason], float(n))
+        yield dropped
 
 
-def _policy_families(p: str, snap: Any) -> list:
-    """The dispatch policy of each queuing level and the virtual-time state it orders by
-    (not Kubernetes series: Kubernetes has one policy, whose R is ``current_r``)."""
+def _fairness_families(p: str, snap: Any) -> list:
+    """The fairness of each queuing level and the virtual-time state it orders by (not
+    Kubernetes series: Kubernetes has one fairness, whose R is ``current_r``)."""
     from prometheus_client.core import CounterMetricFamily as C
     from prometheus_client.core import GaugeMetricFamily as G
     from prometheus_client.core import InfoMetricFamily
 
     pl = ["priority_level"]
-    info = InfoMetricFamily(f"{p}_dispatch_policy", "The dispatch policy (fairness) of each "
+    info = InfoMetricFamily(f"{p}_fairness", "The fairness of each "
                             "queuing priority level: kubernetes or maxmin", labels=pl)
-    vtime = G(f"{p}_virtual_time_seat_seconds", "Virtual time the level's dispatch policy "
+    vtime = G(f"{p}_virtual_time_seat_seconds", "Virtual time the level's fairness "
               "orders by: R under kubernetes (as current_r), V, the start tag in service, "
               "under maxmin", labels=["priority_level", "fairness"])
     flows = G(f"{p}_active_flows", "maxmin: flows with a request waiting or executing",
@@ -345,15 +352,15 @@ def _policy_families(p: str, snap: Any) -> list:
     reservations = C(f"{p}_reservations", "maxmin: times a level reserved seats for a head "
                      "wider than its free seats", labels=pl)
     for lv in sorted(snap.levels, key=lambda lv: lv.name):
-        policy = level_fairness(lv)
-        if not policy:
+        fairness = level_fairness(lv)
+        if not fairness:
             continue
-        info.add_metric([lv.name], {"fairness": policy})
+        info.add_metric([lv.name], {"fairness": fairness})
         vt = virtual_time(lv)
         if vt is not None:
-            vtime.add_metric([lv.name, policy], vt / 1e8)
+            vtime.add_metric([lv.name, fairness], vt / 1e8)
         mm = getattr(lv, "maxmin", None)
-        if policy == MAXMIN and mm is not None:
+        if fairness == MAXMIN and mm is not None:
             flows.add_metric([lv.name], len(mm["flows"]))
             reserved.add_metric([lv.name], reserved_head_seats(lv))
             reservations.add_metric([lv.name], float(mm.get("reservations", 0)))

@@ -2,15 +2,16 @@
 
 Per request: attributes -> FlowSchema and priority level -> work estimate -> ``ledger.admit``;
 then run now, or park the thread until the ledger grants the request, its wait limit runs out
-(429, ``time-out``), its client leaves (``cancelled``) or the worker stops (503). The seats
+(429, ``time-out``), its client leaves (``cancelled``), the worker stops (503) or another
+flow's request takes its thread (429, ``thread-share``: server/threadshare.py). The seats
 are given back (``ledger.finish``) when the response body has been sent or closed, or when
 the app raises; a watch or a long-running request holds them only until the app returns its
 iterable (its initial phase). Lingering seats (final seats, additional latency) are released
 by the dispatcher.
 
 Work estimate, highest precedence first: the ``APF_WORK_ESTIMATOR`` hook (called per request,
-``None`` or a failure falls through), a Flask view's ``@cost`` (found through the app's
-``url_map``), a cost entry of ``APF_ROUTES``, ``WorkerContext.estimator`` (default: one seat);
+``None`` or a failure falls through), a Flask or Django view's ``@cost`` (found through the
+app's ``url_map`` or URLconf), a cost entry of ``APF_ROUTES``, ``WorkerContext.estimator`` (default: one seat);
 clamped to the level's max seats. Everything but the hook is computed once per request shape
 and kept in the shape cache with the classification, so a request without a cost takes the
 same one-seat fast path as before.
@@ -47,6 +48,7 @@ from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
 from gunicorn.http.wsgi import Response as _GunicornResponse
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
+from apf_gunicorn.flowcontrol.limits import max_seats_origin
 from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
@@ -57,7 +59,14 @@ from apf_gunicorn.flowcontrol.workestimate import (
     default_estimator,
 )
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
-from apf_gunicorn.server.dispatcher import CANCELLED, GRANTED, STOPPING, Parking
+from apf_gunicorn.server.dispatcher import (
+    CANCELLED,
+    GRANTED,
+    STOPPING,
+    Parking,
+    finish_request,
+)
+from apf_gunicorn.server.threadshare import ThreadShare
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -102,6 +111,9 @@ class WorkerContext:
     inflight: list | None = None
     nonexempt_threads: int = 0
     load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
+    # Finishes (slot, gen) on another thread without taking any lock here (the dispatcher's
+    # finish_later): what a response body's finalizer calls. None: a finalizer returns nothing.
+    finish_later: Callable[[int, int], None] | None = None
 
 
 
@@ -175,9 +187,9 @@ class APFMiddleware:
         self._estimate = ctx.estimator
         # The default estimator always says one seat, no tail: skip the call and the clamp.
         self._one_seat = ctx.estimator is default_estimator
-        from apf_gunicorn.flask import ViewCosts
+        from apf_gunicorn.viewcost import view_costs_for_app
 
-        self._view_costs = ViewCosts.for_app(app)
+        self._view_costs = view_costs_for_app(app)
         routes = ctx.routes
         self._route_costs = routes if getattr(routes, "has_costs", False) else None
         # Whether any per-shape source can say something other than one seat.
@@ -188,11 +200,14 @@ class APFMiddleware:
             hook = EstimatorHook(hook)
         self._hook = hook
         self._clamp_logged: set[tuple] = set()
+        self._max_origin: dict[str, str] = {}  # level -> where its max seats come from
         self._nonexempt_threads = ctx.nonexempt_threads
+        # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
+        self._share = ThreadShare() if ctx.inflight is not None else None
         self._rejected_total = ctx.ledger.rejected_total
         self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
-                      "stopping": 0, "bypassed": 0, "turned_away": 0}
+                      "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
 
     # -- the request path ------------------------------------------------------------------
 
@@ -229,7 +244,8 @@ class APFMiddleware:
                 # The thread reserve: append first, then check, so racing threads can only
                 # both turn away, never both take the last non-exempt thread.
                 inflight.append(None)
-                if len(inflight) > self._nonexempt_threads:
+                if (len(inflight) > self._nonexempt_threads
+                        and not self._take_parked_thread(inflight, level, flow_hash)):
                     inflight.pop()
                     return self._turn_away(start_response, route, fs_index,
                                            initial if initial >= final else final, now)
@@ -247,7 +263,7 @@ class APFMiddleware:
         if outcome != EXECUTE:
             if outcome != QUEUED:
                 return self._reject(start_response, route)
-            answer = self._wait(environ, start_response, slot, gen, route, now)
+            answer = self._wait(environ, start_response, slot, gen, route, now, flow_hash)
             if answer is not None:
                 return answer
         # Run the app (inline rather than a method: one Python frame less per request).
@@ -313,7 +329,7 @@ class APFMiddleware:
                      est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c)
 
     def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
-        """The per-shape cost: Flask ``@cost`` > route file > ctx.estimator; None: one seat."""
+        """The per-shape cost: a view's ``@cost`` > route file > ctx.estimator; None: one seat."""
         get = environ.get
         method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
         path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
@@ -334,9 +350,11 @@ class APFMiddleware:
             if key not in self._clamp_logged and len(self._clamp_logged) < 1024:
                 self._clamp_logged.add(key)
                 log.warning("apf: %s asks for %d seat(s) (final %d) but priority level %r admits "
-                            "at most %d seat(s) per request; clamped to %d (final %d)",
+                            "at most %d seat(s) per request; clamped to %d (final %d); that "
+                            "maximum is %s",
                             source, est.initial_seats, est.final_seats, route.level_name,
-                            route.max_seats, out.initial_seats, out.final_seats)
+                            route.max_seats, out.initial_seats, out.final_seats,
+                            self._max_origin.get(route.level_name, "the level's"))
         return None if out == ONE_SEAT else out
 
     def _route(self, c) -> _Route:
@@ -346,9 +364,10 @@ class APFMiddleware:
                        headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
                        pl.is_exempt, self.ctx.inflight)
         self._routes[fs.name] = route
+        self._max_origin[pl.name] = max_seats_origin(pl)
         return route
 
-    def _wait(self, environ, start_response, slot, gen, route, admitted_ns):
+    def _wait(self, environ, start_response, slot, gen, route, admitted_ns, flow_hash):
         """Park until granted (returns None: run the request) or answer 429/503."""
         ctx = self.ctx
         self.stats["queued"] += 1
@@ -370,14 +389,19 @@ class APFMiddleware:
                     fd = -1
         parking = ctx.parking
         w = parking.park(slot, gen, fd)
-        try:
-            if not w.outcome and ctx.alive():
-                w.event.wait(max(0, deadline - self._clock()) / 1e9)
-            elif not w.outcome:
-                parking._wake(w, STOPPING)
-        finally:
-            parking.unpark(w)
-        outcome = w.outcome
+        # (only a request holding a thread of the reserve's count can give it up)
+        parked = (self._share.park((route.level, flow_hash), slot, gen, w)
+                  if route.inflight is not None else None)
+        if not ctx.alive():
+            parking._wake(w, STOPPING)
+        # runs only once the ledger says it was dispatched, whatever woke it
+        outcome = parking.wait(w, deadline, self._clock, ctx.ledger.dispatched)
+        if parked is not None and self._share.leave(parked):
+            # Another flow's request took this thread: the ledger removed and counted this
+            # one (thread-share), and its entry in the thread reserve went to that request.
+            hidden.held = False
+            self.stats["thread_share"] += 1
+            return self._reject(start_response, route)
         if outcome == GRANTED:
             return None
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
@@ -407,6 +431,30 @@ class APFMiddleware:
             return self._reject(start_response, route)
         self.stats["timeout"] += 1
         return self._reject(start_response, route)
+
+    def _take_parked_thread(self, inflight: list, level: int, flow_hash: int) -> bool:
+        """For a request that found no non-exempt thread: take the thread of the newest
+        parked request of the flow holding the most parked threads, if that flow holds more
+        than the request's own (server/threadshare.py). That request is removed from the
+        ledger (``thread-share``) and woken to answer 429; its entry in ``inflight`` is given
+        up here, the arrival's stays.
+
+        Returns:
+            True when a thread was taken; False: turn the arrival away.
+        """
+        ledger, clock = self.ctx.ledger, self._clock
+        try:
+            victim = self._share.evict((level, flow_hash),
+                                 lambda slot, gen: ledger.cancel(slot, gen, clock(),
+                                                                 "thread-share"))
+        except Exception:
+            log.exception("apf: taking a parked thread failed")
+            return False
+        if victim is None:
+            return False
+        inflight.pop()  # the victim's: its thread answers 429 and no longer counts
+        self.ctx.parking.evict(victim.waiter)
+        return True
 
     def _turn_away(self, start_response, route, fs_index: int, seats: int, now: int):
         """429 (``thread-reserve``) for a non-exempt request that would take one of the threads
@@ -470,15 +518,8 @@ class APFMiddleware:
         return result
 
     def _finish(self, slot: int, gen: int) -> None:
-        try:
-            granted, linger_until = self._finish_ledger(slot, gen, self._clock())
-        except Exception:
-            log.exception("apf: finish failed for slot %d", slot)
-            return
-        if granted:
-            self._deliver(granted)
-        if linger_until:
-            self.ctx.add_linger(linger_until, slot, gen)
+        finish_request(self._finish_ledger, self._deliver, self.ctx.add_linger, slot, gen,
+                       self._clock())
 
 
 class _Body:
@@ -514,11 +555,15 @@ class _Body:
                         mw.ctx.add_linger(linger_until, slot, gen)
 
     def __del__(self):
-        # A server that never calls close() must not leak seats.
+        # A server that never calls close() must not leak seats. A finalizer may run on any
+        # thread, one inside a ledger call included (the lock is not reentrant): hand the
+        # finish to the dispatcher thread, never take the ledger lock here.
         mw = self._mw
         if mw is not None:
             self._mw = None
-            mw._finish(self._slot, self._gen)
+            finish_later = mw.ctx.finish_later
+            if finish_later is not None:
+                finish_later(self._slot, self._gen)
 
 
 _new_body = object.__new__

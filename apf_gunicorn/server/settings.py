@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, JWT_SUB, parse_user_from
-from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
+from apf_gunicorn.flowcontrol.requestinfo import PATH_MODES, PATHS_AUTO, UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 if TYPE_CHECKING:
@@ -38,12 +38,20 @@ DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_EXEMPT_THREADS = 2
+# per worker: connections reading their head in the poller, and the bytes their heads buffer
+DEFAULT_HEAD_CONNECTIONS = 512
+DEFAULT_HEAD_BUFFER_LIMIT = 16 * 1024 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2,
+               "mb": 1000 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "gib": 1024 ** 3}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
 # Workers' oom_score_adj above the master's: the OOM killer takes a worker (whose seats the
 # master reclaims), not the master (which owns the ledger)
 DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
 #: How the ledger picks the next request to dispatch (APF_FAIRNESS; flowcontrol/fairness.py):
 #: "kubernetes" (Kubernetes' queueset) or "maxmin"; a level's annotation overrides it.
-DISPATCH_POLICIES = fairness.POLICIES
+FAIRNESS_NAMES = fairness.NAMES
+DEFAULT_FAIRNESS = fairness.SERVER_DEFAULT
 DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -86,7 +94,13 @@ class Settings:
     # connection handling by the accept-gated worker (server/worker.py, server/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
+    # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
+    concurrency_limit_set: bool = False
     accept_slack: int = 0  # connections accepted beyond the worker's threads
+    # APF_HEAD_CONNECTIONS: reading connections a worker holds (then the oldest idle dropped)
+    head_connections: int = DEFAULT_HEAD_CONNECTIONS
+    # APF_HEAD_BUFFER_LIMIT: bytes of incomplete heads a worker buffers (then the largest 431)
+    head_buffer_limit: int = DEFAULT_HEAD_BUFFER_LIMIT
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
@@ -96,8 +110,11 @@ class Settings:
     jwt_audience: str | None = None  # APF_JWT_AUDIENCE: a token's aud must contain it
     jwt_issuer: str | None = None  # APF_JWT_ISSUER: a token's iss must be it
     jwt_groups_claim: str = "groups"  # APF_JWT_GROUPS_CLAIM: the claim listing the groups
-    # APF_FAIRNESS: the dispatch policy of levels without an apf-gunicorn.io/fairness annotation
-    dispatch_policy: str = fairness.SERVER_DEFAULT
+    # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
+    fairness: str = DEFAULT_FAIRNESS
+    # APF_PATHS: whether /api/ and /apis/ are Kubernetes API paths (kubernetes), never (plain)
+    # or when the configuration's FlowSchemas have resource rules (auto)
+    paths: str = PATHS_AUTO
     # -- load balancer exports (docs/load-balancers.md) --
     agent_bind: tuple[str, int] | None = None  # APF_AGENT_BIND; None: off
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
@@ -126,7 +143,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "must be an existing YAML file, a directory of *.yaml/*.yml files, "
                             "or builtin:<name> (webapp, kubernetes, mandatory)")
 
-    raw = get("APF_CONCURRENCY_LIMIT")
+    raw = raw_limit = get("APF_CONCURRENCY_LIMIT")
     if raw is None:
         limit = default_concurrency_limit(workers, threads)
     else:
@@ -224,12 +241,21 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             f"threads of each worker kept for exempt requests (health checks, "
                             f"admins); with --threads {threads} raise --threads or lower it")
 
-    raw = get("APF_ACCEPT_SLACK")
-    slack = 0 if raw is None else _int(raw)
-    if slack is None or not (0 <= slack <= 100_000):
-        raise SettingsError("APF_ACCEPT_SLACK", raw or "",
-                            "must be an integer from 0 to 100000 (connections a worker may "
-                            "accept beyond its threads)")
+    slack = _int_setting(get, "APF_ACCEPT_SLACK", 0, 0, 100_000,
+                         "must be an integer from 0 to 100000 (connections a worker may "
+                         "accept beyond its threads)")
+    head_conns = _int_setting(get, "APF_HEAD_CONNECTIONS", DEFAULT_HEAD_CONNECTIONS, 1,
+                              1_000_000, "must be an integer from 1 to 1000000: connections "
+                              "per worker that may be sending their request head (then the "
+                              "oldest idle is closed)")
+
+    raw = get("APF_HEAD_BUFFER_LIMIT")
+    head_bytes = DEFAULT_HEAD_BUFFER_LIMIT if raw is None else _size(raw)
+    if head_bytes is None or not (64 * 1024 <= head_bytes <= 1 << 40):
+        raise SettingsError("APF_HEAD_BUFFER_LIMIT", raw or "",
+                            "must be a size from 64KiB to 1TiB, in bytes or with a unit (16MiB, "
+                            "500k): the request-head bytes a worker buffers for connections "
+                            "still sending their head (then the largest is answered 431)")
 
     raw = get("APF_WORKER_OOM_SCORE_ADJ")
     oom_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
@@ -249,12 +275,20 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                                 "default proxy,remote_user)") from None
 
     raw = get("APF_FAIRNESS")
-    policy = fairness.SERVER_DEFAULT if raw is None else raw.lower()
-    if policy not in fairness.POLICIES:
+    fairness_name = DEFAULT_FAIRNESS if raw is None else raw.lower()
+    if fairness_name not in FAIRNESS_NAMES:
         raise SettingsError("APF_FAIRNESS", raw or "",
                             "must be 'kubernetes' (Kubernetes' fair queuing) or 'maxmin' (max-min "
-                            "fair between flows): the dispatch policy of every priority level "
+                            "fair between flows): the fairness of every priority level "
                             "without an apf-gunicorn.io/fairness annotation")
+
+    raw = get("APF_PATHS")
+    paths = PATHS_AUTO if raw is None else raw.lower()
+    if paths not in PATH_MODES:
+        raise SettingsError("APF_PATHS", raw or "",
+                            "must be 'auto' (parse /api/ and /apis/ paths as Kubernetes API "
+                            "requests only when a FlowSchema has resource rules), 'kubernetes' "
+                            "(always) or 'plain' (never: they are paths like any other)")
 
     return Settings(
         config_path=config_path,
@@ -274,10 +308,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         learn_service=learn,
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
+        concurrency_limit_set=raw_limit is not None,
         accept_slack=slack,
+        head_connections=head_conns,
+        head_buffer_limit=head_bytes,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
-        dispatch_policy=policy,
+        fairness=fairness_name,
+        paths=paths,
         **_load_balancer_settings(get),
         **_jwt_settings(get, user_from),
     )
@@ -334,6 +372,28 @@ def _load_balancer_settings(get) -> dict:
                        "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _int_setting(get: Callable[[str], str | None], var: str, default: int, lo: int, hi: int,
+                 allowed: str) -> int:
+    """An integer setting from ``lo`` to ``hi``, ``default`` when unset.
+
+    Raises:
+        SettingsError: it is set to anything else (``allowed`` says what may be).
+    """
+    raw = get(var)
+    value = default if raw is None else _int(raw)
+    if value is None or not (lo <= value <= hi):
+        raise SettingsError(var, raw or "", allowed)
+    return value
+
+
+def _size(raw: str) -> int | None:
+    """A byte count such as ``16777216``, ``16MiB``, ``16M`` or ``500k``; None if it is not."""
+    m = _SIZE.match(raw.lower())
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        return None
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
 
 
 def _number(get: Callable[[str], str | None], var: str, default: float,

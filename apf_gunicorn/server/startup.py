@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
@@ -166,10 +167,10 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         e.g. ``"ready: configuration builtin:webapp (default), limit 64 seats (default: 2
         workers x 64 threads / 2), fairness maxmin (default), 4 priority levels: exempt
         (exempt), users 49 (fairness maxmin by annotation), anonymous 12, catch-all 3; admin
-        http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` policy named
+        http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` named
         first unless its ``apf-gunicorn.io/fairness`` annotation is shown.
     """
-    from apf_gunicorn.server.generation import level_policies
+    from apf_gunicorn.server.generation import fairness_by_level
     from apf_gunicorn.server.settings import default_concurrency_limit
 
     if settings.config_path is None:
@@ -187,7 +188,7 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
     levels = generation.configuration.priority_levels
     default = generation.fairness
     fairness_src = "APF_FAIRNESS" if env.get("APF_FAIRNESS", "").strip() else "default"
-    policies = level_policies(generation)
+    by_level = fairness_by_level(generation)
     parts = []
     for name, pl in levels.items():
         lim = generation.limits.get(name)
@@ -195,9 +196,9 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
             parts.append(f"{name} (exempt)")
             continue
         part = f"{name} {int(lim.nominal) if lim is not None else '?'}"
-        policy, _source = policies[name]
+        level_fairness, _source = by_level[name]
         if pl.fairness is not None:  # the annotation: name it even when it agrees
-            part += f" (fairness {policy} by annotation)"
+            part += f" (fairness {level_fairness} by annotation)"
         parts.append(part)
     if admin_state == "off":
         admin = "admin endpoint off (APF_ADMIN_BIND=off)"
@@ -242,35 +243,20 @@ def log_ready(glog: Any, master: Any, cfg: Any) -> None:
 # -- per-route notes at worker start -------------------------------------------------------------
 
 def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every cost declared up front: Flask ``@cost`` per (method, rule), then the cost entries
-    of ``APF_ROUTES``.
+    """Every cost declared up front: the views' ``@cost`` (Flask per method and rule, Django
+    per view), then the cost entries of ``APF_ROUTES``.
 
     Args:
-        app: the WSGI application (Flask-like apps are read through ``url_map``).
+        app: the WSGI application (Flask and Django apps are read through their URL maps).
         routes: the ``APF_ROUTES`` table (``flowcontrol.routes.RouteTable``) or None.
 
     Returns:
         ``[(where, estimate)]``, ``where`` such as ``"@cost on GET /reports/<int:year>"`` or
         ``"APF_ROUTES routes[0] (/reports/<path:rest>)"``.
     """
-    from apf_gunicorn.flask import is_flask_like, view_cost
+    from apf_gunicorn.viewcost import declared_view_costs
 
-    out: list[tuple[str, WorkEstimate]] = []
-    if is_flask_like(app):
-        try:
-            rules = list(app.url_map.iter_rules())
-        except Exception:
-            rules = []
-        for rule in rules:
-            view = app.view_functions.get(rule.endpoint)
-            if view is None:
-                continue
-            for method in sorted(rule.methods or ()):
-                if method in ("HEAD", "OPTIONS"):
-                    continue
-                est = view_cost(view, method)
-                if est is not None:
-                    out.append((f"@cost on {method} {rule.rule}", est))
+    out = declared_view_costs(app)
     for i, route in enumerate(getattr(routes, "routes", None) or ()):
         if route.cost is not None:
             out.append((f"APF_ROUTES {routes.source}: routes[{i}] ({route.path})", route.cost))
@@ -278,7 +264,7 @@ def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
 
 
 def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, int],
-                exempt: set[str]) -> list[str]:
+                exempt: set[str], annotated: set[str] = frozenset()) -> list[str]:
     """A note for every declared cost some priority level clamps.
 
     Kubernetes clamps a request's seats to its level's widest request (``maxSeats``); which
@@ -289,6 +275,8 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
         costs: :func:`declared_costs`.
         max_seats: level name -> widest request it admits (``generation.level_max_seats``).
         exempt: names of exempt levels (never limited; left out).
+        annotated: names of levels whose max seats the ``apf-gunicorn.io/max-seats``
+            annotation sets (the note says so; the others follow Kubernetes' 15% rule).
 
     Returns:
         Messages such as ``"@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to
@@ -312,14 +300,22 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
             f"clamped to {i}" + (f" (final {f})" if est.final_seats else "")
             + f" on priority level{'s' if len(names) > 1 else ''} {', '.join(names)}"
             for (i, f), names in sorted(by_result.items()))
-        notes.append(f"{where} asks for {asks}: {clamps} (a level's widest request; "
-                     f"see docs/work-estimation.md)")
+        levels = {name for names in by_result.values() for name in names}
+        if levels <= set(annotated):
+            origin = f"set by their {MAX_SEATS_ANNOTATION} annotation"
+        else:
+            origin = (f"Kubernetes' 15% rule unless an {MAX_SEATS_ANNOTATION} annotation "
+                      "sets it")
+        notes.append(f"{where} asks for {asks}: {clamps} (a level's widest request, "
+                     f"{origin}; see docs/work-estimation.md)")
     return notes
 
 
 def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, int],
                     generation: Any) -> None:
-    """Log :func:`route_notes` as warnings (``post_worker_init``, first worker).
+    """Log :func:`route_notes` and the view costs that cannot take effect
+    (:func:`apf_gunicorn.viewcost.unusable_costs`) as warnings (``post_worker_init``, first
+    worker).
 
     Args:
         glog: the worker's gunicorn logger (``worker.log``).
@@ -329,10 +325,14 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
         generation: the loaded configuration (``server.state.Generation``): which levels are
             exempt.
     """
+    from apf_gunicorn.viewcost import unusable_costs
+
     try:
         levels = generation.configuration.priority_levels
         exempt = {name for name, pl in levels.items() if pl.is_exempt}
-        notes = route_notes(declared_costs(app, routes), max_seats, exempt)
+        annotated = {name for name, pl in levels.items() if pl.max_seats is not None}
+        notes = route_notes(declared_costs(app, routes), max_seats, exempt, annotated)
+        notes += unusable_costs(app)
     except Exception:  # a note is never worth a worker that does not boot
         glog.exception("apf: could not read the declared costs")
         return

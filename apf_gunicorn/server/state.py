@@ -29,7 +29,7 @@ class Generation:
     level_index: dict[str, int]
     fs_index: dict[str, int]
     number: int = 1
-    # APF_FAIRNESS: the policy of levels without an apf-gunicorn.io/fairness annotation
+    # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
     fairness: str = "kubernetes"
 
 
@@ -45,6 +45,8 @@ class MasterState:
     sender: Any = None  # channel.GrantSender
     workers: dict[int, int] = field(default_factory=dict)  # worker index -> pid (0: booting)
     booting: dict[int, float] = field(default_factory=dict)  # worker index -> forked (monotonic)
+    # worker index -> gunicorn's Worker (pre_fork): server/reclaim.py finds dead ones by it
+    forked: dict[int, Any] = field(default_factory=dict)
     services: Any = None  # master.MasterServices
     reload_errors: int = 0
     borrowing_states: Any = None

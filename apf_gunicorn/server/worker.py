@@ -13,8 +13,11 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
   kept-alive connection, not per read: a late head is answered ``408`` and closed (a
   connection that sent nothing is just closed) and counted in the ledger. So a slow or silent
-  client costs a socket, never a thread. TLS, HTTP/2 prior knowledge and uWSGI connections keep
-  gthread's own handling.
+  client costs a socket, never a thread, nor the accept gate. A worker holds at most
+  ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
+  oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
+  (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
+  knowledge and uWSGI connections keep gthread's own handling.
 * **Accepting stops at the thread count.** While the connections handed to threads (open
   connections less those in the poller: kept alive, pending, or reading their head) reach
   ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
@@ -49,16 +52,25 @@ from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
 from apf_gunicorn.server import state
-from apf_gunicorn.server.head import COMPLETE, MORE, HeadLimits, head_state
+from apf_gunicorn.server.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.server.middleware import hidden
-from apf_gunicorn.server.settings import DEFAULT_HEADER_TIMEOUT_S
+from apf_gunicorn.server.settings import (
+    DEFAULT_HEAD_BUFFER_LIMIT,
+    DEFAULT_HEAD_CONNECTIONS,
+    DEFAULT_HEADER_TIMEOUT_S,
+)
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
-FRESH_S = 1.0
 RESERVE_AFTER_S = 0.03
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
+HEAD_BUFFER_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+                   b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 33\r\n\r\n"
+                   b"server busy with request headers\n")
+# reasons of apf_connections_dropped_total (the ledger counts them server-wide)
+DROP_HEAD_CONNECTIONS = "head-connections"  # past APF_HEAD_CONNECTIONS: the oldest idle one
+DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head, 431
 
 
 class ApfThreadWorker(ThreadWorker):
@@ -84,12 +96,19 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_others_have_room = _false
         self.apf_header_timeout = (settings.header_timeout_ns / 1e9 if settings is not None
                                    else DEFAULT_HEADER_TIMEOUT_S)
-        self.apf_head_limits = HeadLimits.of(self.cfg)
+        self.apf_head_rules = HeadRules.of(self.cfg)
+        self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
-        # reading connections that have sent nothing yet, accepted less than FRESH_S ago:
-        # their head is most likely on its way, so the accept gate counts them as busy
-        self.apf_fresh = 0
+        # the reading connections that have sent nothing yet, in accept order: they cost a
+        # socket and are the first dropped when the worker holds too many (never the gate)
+        self.apf_silent: dict = {}
+        self.apf_head_connections = (settings.head_connections if settings is not None
+                                     else DEFAULT_HEAD_CONNECTIONS)
+        self.apf_head_budget = (settings.head_buffer_limit if settings is not None
+                                else DEFAULT_HEAD_BUFFER_LIMIT)
+        self.apf_head_bytes = 0  # bytes buffered by the reading connections
+        self.apf_on_drop = None  # callable(reason): count a dropped connection (ledger)
         self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
         self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
         self.apf_hidden_wait_max_ns = 0
@@ -110,9 +129,9 @@ class ApfThreadWorker(ThreadWorker):
         APF_EXEMPT_THREADS``), or, when every worker is out of room, while its reserve has a
         thread (then the exempt requests among new connections run, the others are answered
         429 at once). Publishes this worker's room flag when it changes."""
-        # connections that will want a thread: in threads, arriving, kept alive
-        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
-                + self.apf_fresh)
+        # connections that want a thread: in threads or kept alive (one still sending its
+        # head costs a socket, not a thread: it never closes the gate)
+        load = self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
         room = load < self.apf_room_limit and self.alive
         if room is not self._apf_room:
             self._apf_room = room
@@ -123,7 +142,7 @@ class ApfThreadWorker(ThreadWorker):
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
-        if self.apf_busy + self.apf_fresh >= self.apf_accept_limit:
+        if self.apf_busy >= self.apf_accept_limit:
             return False  # (every worker still out of room: no new grace period after this)
         # Every worker is out of room. Accept on the reserve only once that has lasted
         # RESERVE_AFTER_S: a flag another worker has not yet updated (it has not run since a
@@ -143,8 +162,7 @@ class ApfThreadWorker(ThreadWorker):
         # accepting, costs one sum), gthread's poll and dispatch (as its own method does, one
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
-        load = self._apf_load = (self.nr_conns - len(self.pending_conns) - len(reading)
-                                 + self.apf_fresh)
+        load = self._apf_load = self.nr_conns - len(self.pending_conns) - len(reading)
         if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         try:
@@ -162,7 +180,7 @@ class ApfThreadWorker(ThreadWorker):
             return timeout
         if self._accepting:
             ThreadWorker.set_accept_enabled(self, False)
-        if self.apf_busy + self.apf_fresh < self.apf_accept_limit:
+        if self.apf_busy < self.apf_accept_limit:
             # out of room with a free reserve thread: look again soon, so when the other
             # workers run out too, exempt requests are accepted within ~50 ms
             return min(timeout, 0.025)
@@ -206,11 +224,34 @@ class ApfThreadWorker(ThreadWorker):
             self.enqueue_req(conn)
             return
         conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
-        now = time.monotonic()
-        self._apf_read_head(conn, now + self.apf_header_timeout)
-        if conn in self.apf_reading and not conn.apf_buf:  # nothing arrived yet
-            conn.apf_fresh_until = now + FRESH_S
-            self.apf_fresh += 1
+        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
+        reading = self.apf_reading
+        if conn in reading and not conn.apf_buf:  # nothing arrived yet
+            self.apf_silent[conn] = None
+        if reading and (len(reading) > self.apf_head_connections
+                        or self.nr_conns >= self.worker_connections):
+            self._apf_drop_idle(conn)
+
+    def _apf_drop_idle(self, new) -> None:
+        """The worker holds more reading connections than ``APF_HEAD_CONNECTIONS`` (or as many
+        connections as gthread's ``worker_connections``, at which it would stop accepting):
+        close the oldest that has sent nothing, else the oldest reading one. A client sends
+        its head right after it connects, so a connection that has sent nothing for longest
+        is the likeliest to be idle (a pre-opened pool, a scan, an attack), and the oldest
+        reading one has had the most time to finish its head: both are nearest their
+        deadline anyway. ``new`` (just accepted) is spared while an older one can go, so a
+        client whose head is a moment behind its connection is not the one dropped."""
+        silent = self.apf_silent
+        victim = next(iter(silent)) if silent else None
+        if victim is None or victim is new:
+            victim = next(iter(self.apf_reading))
+        self._apf_count_drop(DROP_HEAD_CONNECTIONS)
+        self._apf_close(victim)
+
+    def _apf_count_drop(self, reason: str) -> None:
+        count = self.apf_on_drop
+        if count is not None:
+            count(reason)
 
     def on_client_socket_readable(self, conn, client):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
@@ -227,6 +268,7 @@ class ApfThreadWorker(ThreadWorker):
         """Read the connection's head in the poller until ``deadline``; ``first``: what was
         already received (b"": the end of input), None: nothing yet."""
         conn.apf_buf = bytearray()
+        conn.apf_scan = None
         conn.timeout = deadline
         if self.apf_head_readable(conn, first):  # usually the whole head is there already
             return
@@ -235,6 +277,8 @@ class ApfThreadWorker(ThreadWorker):
                              partial(self._apf_on_readable, conn))
 
     def _apf_on_readable(self, conn, client) -> None:
+        if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
+            return
         if self.apf_head_readable(conn):
             self.apf_reading.pop(conn, None)
             try:
@@ -250,33 +294,64 @@ class ApfThreadWorker(ThreadWorker):
             data = _recv(conn.sock)
             if data is None:
                 return False
-        if conn.apf_fresh_until:
-            self._apf_unfresh(conn)
         if not data:  # end of input (or reset): the parser reports what is incomplete
             if not buf:
                 self._apf_close(conn)
                 return True
             self.apf_start_request(conn)
             return True
+        if not buf and self.apf_silent:
+            self.apf_silent.pop(conn, None)
         buf += data
-        st = head_state(buf, self.apf_head_limits)
+        self.apf_head_bytes += len(data)
+        scan = conn.apf_scan
+        if scan is None:
+            first = conn.parser.req_count == 0
+            if (not (first and self._apf_proxy)) and buf.find(b"\r\n\r\n") >= 0:
+                self.apf_start_request(conn)  # the usual case: the whole head in one read
+                return True
+            scan = conn.apf_scan = HeadScan(first, conn.client)
+        st = scan.state(buf, self.apf_head_rules)
         if st == MORE:
+            if self.apf_head_bytes > self.apf_head_budget:
+                return self._apf_over_budget(conn)
             return False
         if st == COMPLETE:
             self.apf_start_request(conn)
         else:  # TOO_LARGE: answered here as gunicorn would, without reading on
-            start = buf.find(b"\r\n")
-            exc = (LimitRequestLine(len(buf), self.apf_head_limits.line) if start < 0
-                   else LimitRequestHeaders("max buffer headers"))
+            exc = (LimitRequestHeaders("max buffer headers") if scan.line_ended
+                   else LimitRequestLine(len(buf), self.apf_head_rules.limits.line))
             self.handle_error(None, conn.sock, conn.client, exc)
             self._apf_close(conn)
         return True
 
+    def _apf_over_budget(self, conn) -> bool:
+        """The reading connections buffer more than ``APF_HEAD_BUFFER_LIMIT``: answer 431 to
+        the largest heads (``conn``, just read, among them) until they fit again. A real head
+        is rarely more than a few KiB; the largest buffers are the likeliest abuse and free
+        the most. Complete heads have left the buffer already and are never touched. Returns
+        whether ``conn`` was one of them (it has left the reading state)."""
+        reading = self.apf_reading
+        size = _buffered
+        while self.apf_head_bytes > self.apf_head_budget:
+            victim = max(reading, key=size) if reading else conn
+            if conn.apf_buf is not None and size(conn) >= size(victim):
+                victim = conn
+            try:
+                victim.sock.send(HEAD_BUFFER_431)
+            except OSError:
+                pass
+            self._apf_count_drop(DROP_HEAD_BUFFER)
+            self._apf_close(victim)
+        return conn.apf_buf is None
+
     def apf_start_request(self, conn) -> None:
         """The head is complete: its bytes go to the parser's buffer, the connection to a
         thread (gunicorn's ``handle`` finds ``data_ready`` and does not wait again)."""
-        conn.parser.unreader.unread(bytes(conn.apf_buf))
-        conn.apf_buf = None
+        buf = conn.apf_buf
+        self.apf_head_bytes -= len(buf)
+        conn.parser.unreader.unread(bytes(buf))
+        conn.apf_buf = conn.apf_scan = None
         conn.data_ready = True
         self.enqueue_req(conn)  # (gthread's handle makes the socket blocking again)
 
@@ -292,14 +367,13 @@ class ApfThreadWorker(ThreadWorker):
                 pass
         self._apf_close(conn)
 
-    def _apf_unfresh(self, conn) -> None:
-        conn.apf_fresh_until = 0.0
-        self.apf_fresh -= 1
-
     def _apf_close(self, conn) -> None:
-        if conn.apf_fresh_until:
-            self._apf_unfresh(conn)
+        buf = conn.apf_buf
+        if buf is not None:
+            self.apf_head_bytes -= len(buf)
+            conn.apf_buf = conn.apf_scan = None
         self.apf_reading.pop(conn, None)
+        self.apf_silent.pop(conn, None)
         try:
             self.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
@@ -309,17 +383,13 @@ class ApfThreadWorker(ThreadWorker):
 
     def _apf_expire_heads(self) -> None:
         """Close the reading connections past their head deadline (408 if they sent part of
-        a head), and stop counting as arriving those silent for FRESH_S."""
+        a head)."""
         now = time.monotonic()
         if not self.alive:  # stopping: finish a head within the keep-alive linger, at most
             cap = now + STOP_KEEPALIVE_LINGER
             for conn in self.apf_reading:
                 if conn.timeout > cap:
                     conn.timeout = cap
-        if self.apf_fresh:
-            for conn in self.apf_reading:
-                if conn.apf_fresh_until and conn.apf_fresh_until <= now:
-                    self._apf_unfresh(conn)  # silent for FRESH_S: not on its way after all
         expired = []
         for conn in self.apf_reading:  # insertion order is deadline order while alive
             if conn.timeout > now:
@@ -355,8 +425,12 @@ class ApfThreadWorker(ThreadWorker):
 
     def handle_http2_request(self, req, conn, h2_conn):
         # One thread serves every stream of an HTTP/2 connection: give each stream's entry
-        # back when that stream is done.
+        # back when that stream is done. The first stream waited in gthread's queue with its
+        # connection; a later one arrived when it was read (0: the middleware takes its
+        # admission time), not when the connection did, or it would start past its wait limit.
         hidden.held = False
+        hidden.enqueued_ns = conn.apf_enqueued_ns
+        conn.apf_enqueued_ns = 0
         try:
             return ThreadWorker.handle_http2_request(self, req, conn, h2_conn)
         finally:
@@ -375,6 +449,10 @@ def _recv(sock) -> bytes | None:
         return b""
 
 
+def _buffered(conn) -> int:
+    return len(conn.apf_buf)
+
+
 def _no_op(_room: bool) -> None:
     pass
 
@@ -387,5 +465,5 @@ def _new_conn(worker, sock, client, server):
     conn = TConn(worker.cfg, sock, client, server)  # non-blocking from here
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0
-    conn.apf_fresh_until = 0.0
+    conn.apf_scan = None
     return conn

@@ -4,7 +4,8 @@
     state.WORKER = attach(worker, state.MASTER)                                   # post_worker_init
 
 ``attach`` maps the master's ledger with this process's lock, registers the worker, binds its
-grant socket, starts its dispatcher thread, connects the accept-gated worker to the ledger
+grant socket (accepting datagrams only from the master and the workers in the ledger's worker
+table: ``channel.PeerCheck``), starts its dispatcher thread, connects the accept-gated worker to the ledger
 (room flags, head timeouts) and wraps ``worker.wsgi`` in the middleware.
 
 Override point: :data:`make_lock` builds the worker's ledger lock (tests replace it with one
@@ -14,6 +15,7 @@ that dies inside its Nth critical section: ``tests/apps/dying_conf.py``).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import startup, state
-from apf_gunicorn.server.channel import GrantInbox, GrantSender
+from apf_gunicorn.server.channel import GrantInbox, GrantSender, PeerCheck
 from apf_gunicorn.server.dispatcher import Dispatcher, Parking
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
@@ -34,6 +36,8 @@ from apf_gunicorn.server.worker import ApfThreadWorker
 
 if TYPE_CHECKING:
     from apf_gunicorn.server.settings import Settings
+
+log = logging.getLogger("apf_gunicorn.worker")
 
 #: Builds this worker's ledger lock; replaced only by tests.
 make_lock: Callable[[], ProcessLock] = ProcessLock
@@ -46,7 +50,8 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
     gen = m.generation
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=make_lock())
     ledger.register_worker(index, os.getpid(), time.monotonic_ns())
-    inbox = GrantInbox(m.token, index)
+    peers = PeerCheck(m.master_pid or os.getppid(), _worker_pids(ledger))
+    inbox = GrantInbox(m.token, index, trusted=peers)
     os.register_at_fork(after_in_child=_close_grant_socket_in_child)
     sender = GrantSender(m.token)
     parking = Parking()
@@ -61,9 +66,11 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
         encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
+        finish_later=dispatcher.finish_later,
         **_thread_reserve(worker, m.settings))
     if isinstance(worker, ApfThreadWorker):
         worker.apf_on_head_timeout = ledger.count_head_timeout
+        worker.apf_on_drop = ledger.count_connection_dropped
         worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
         worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
     if index == 0:
@@ -76,9 +83,21 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
                              middleware=middleware, worker=worker)
 
 
+def _worker_pids(ledger: Ledger) -> Callable[[], list[int]]:
+    """The workers whose grant datagrams this worker accepts: every process in the ledger's
+    worker table (a reaped worker's record keeps its pid until the index is reused: its exit
+    hook sends the grants its reap dispatched)."""
+    def pids() -> list[int]:
+        return [pid for _, pid, _, _ in ledger.workers()]
+
+    return pids
+
+
 def _deliverer(parking: Parking, sender: GrantSender, me: int) -> Callable[[list], None]:
     """Hand grants to their owners: this worker's parked threads directly, the others' over
-    their grant sockets."""
+    their grant sockets. Never raises: it runs after a ledger call took or freed seats, and an
+    exception there would leak them (a grant that is not delivered is found by its owner's
+    backstop scan, and the ledger decides whether a woken request runs)."""
     def deliver(granted, _grant=parking.grant, _me=me, _send=sender.send_grants):
         others = False
         for slot, gen_, owner in granted:
@@ -87,7 +106,11 @@ def _deliverer(parking: Parking, sender: GrantSender, me: int) -> Callable[[list
             else:
                 others = True
         if others:
-            _send(granted, _me)
+            try:
+                _send(granted, _me)
+            except Exception:  # noqa: BLE001 - see the docstring
+                log.exception("apf: sending grants to other workers failed; their ledger "
+                              "scans pick them up")
 
     return deliver
 

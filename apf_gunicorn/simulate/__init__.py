@@ -49,18 +49,18 @@ def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
             default is the production ledger.
         levels_factory: ``levels_factory(level_specs, clients)`` does the same for the
             configuration form (see :func:`.configured.run_configured`).
-        fairness: the dispatch policy to run instead of the scenario's (``--fairness``; see
+        fairness: the fairness to run instead of the scenario's (``--fairness``; see
             :func:`.scenario.with_fairness`).
         timeline: record each client's executing seats over time, at most this many steps
             per client (:class:`.harness.SeatsTimeline`; ``result.timeline``).
 
     Returns:
-        The windows, the per-client totals, and per level the policy it ran
+        The windows, the per-client totals, and per level the fairness it ran
         (``result.fairness``).
 
     Raises:
         ScenarioError: the configuration form's objects are invalid, or ``fairness`` is not
-            a policy name.
+            one of :data:`~apf_gunicorn.flowcontrol.fairness.NAMES`.
     """
     if fairness is not None:
         scenario = with_fairness(scenario, fairness)

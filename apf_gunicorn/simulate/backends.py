@@ -48,8 +48,8 @@ class LedgerBackend:
 
         Args:
             specs: per level ``(name, desired_queues, hand_size, queue_length_limit,
-                concurrency_limit[, fairness])``; ``fairness`` is the dispatch policy
-                (``kubernetes`` when left out, None for an exempt level).
+                concurrency_limit[, fairness])``; ``fairness`` is the level's
+                fairness (``kubernetes`` when left out, None for an exempt level).
             slots: request slots to provide (:func:`concurrent_requests_bound`).
             now: virtual ns of the configuration.
         """
@@ -60,8 +60,9 @@ class LedgerBackend:
                             slots=max(slots, default.slots))
         ledger_specs = []
         for name, desired, hand, qll, limit, *rest in specs:
-            policy = rest[0] if rest else fairness.SCENARIO_DEFAULT
-            ledger_specs.append(LevelSpec(name, desired, hand, qll, limit, fairness=policy))
+            fairness_name = rest[0] if rest else fairness.SCENARIO_DEFAULT
+            ledger_specs.append(LevelSpec(name, desired, hand, qll, limit,
+                                          fairness=fairness_name))
         ledger = Ledger.create(bytearray(Ledger.size(capacity)), capacity, lock=NullLock())
         levels, _ = ledger.configure(ledger_specs, ["simulated"], now)
         return cls(ledger, dict(levels))
@@ -99,9 +100,9 @@ class LedgerBackend:
 
 def ledger_backend(qs: QueueSetSpec, clients: Sequence[ClientSpec]) -> LedgerBackend:
     """One level named ``queueSet`` configured as the scenario's queue set (an exempt set,
-    ``queues`` -1, has no dispatch policy)."""
-    policy = qs.fairness if qs.queues >= 0 else None
+    ``queues`` -1, has no fairness)."""
+    fairness_name = qs.fairness if qs.queues >= 0 else None
     return LedgerBackend.create(
         [("queueSet", qs.queues, qs.hand_size, qs.queue_length_limit, qs.concurrency_limit,
-          policy)],
+          fairness_name)],
         slots=concurrent_requests_bound(clients))

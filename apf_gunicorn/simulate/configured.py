@@ -65,7 +65,7 @@ def run_configured(scenario: Scenario,
                    timeline: int | None = None) -> RunResult:
     """Run a configuration-form scenario; ``backend_factory(level_specs, clients)`` must return
     a backend whose ``ledger`` has ``take_demand_stats`` and ``set_limits`` (the production
-    ledger by default). Each level runs its ``apf-gunicorn.io/fairness`` annotation's policy,
+    ledger by default). Each level runs its ``apf-gunicorn.io/fairness`` annotation's fairness,
     else the scenario's ``fairness``; ``timeline`` as in :func:`apf_gunicorn.simulate.simulate`.
     """
     config = _load(scenario)
@@ -80,7 +80,7 @@ def run_configured(scenario: Scenario,
                       queuing.hand_size if queuing else 0,
                       queuing.queue_length_limit if queuing else 0,
                       lim.nominal - lim.lendable // 2,
-                      fairness.level_policy(pl, scenario.config.fairness)[0]))
+                      fairness.level_fairness(pl, scenario.config.fairness)[0]))
     backend = (backend_factory or ledger_factory)(specs, scenario.clients)
     index = backend.levels  # level name -> ledger index
     classifier = matching.Classifier(config)

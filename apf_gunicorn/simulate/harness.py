@@ -257,7 +257,7 @@ class RunResult:
     end_ns: int
     events: int
     requests: int
-    # per level, the dispatch policy it ran (None: exempt); filled in by simulate()
+    # per level, the fairness it ran (None: exempt); filled in by simulate()
     fairness: dict[str, str | None] = field(default_factory=dict)
     timeline: SeatsTimeline | None = None  # when asked for (UniformHarness(timeline=N))
     # with an auto limit: (virtual ns, server limit) at the start and after every tick

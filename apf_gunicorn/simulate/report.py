@@ -26,7 +26,7 @@ def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str,
     """The ``--json`` document. Keys beyond the SPEC's: per window ``start``, per client
     ``demand`` and ``fairShare`` (Kubernetes' fairAlloc ideal), ``seatDemand`` (the backend's
     seat-demand integrator against the harness's own); top level ``fairness`` (per level, the
-    dispatch policy it ran; null for an exempt level), ``timeline`` (when recorded: per
+    fairness it ran; null for an exempt level), ``timeline`` (when recorded: per
     client the average executing seats of each ``stepSeconds`` step up to ``endSeconds``),
     ``epochAdvances``,
     ``virtualEnd``, ``events``, ``requests`` and anything in ``extra``. With a ``backend``:
@@ -104,8 +104,8 @@ def format_table(result: RunResult, max_clients: int = 50) -> str:
     then each client's totals. Only the first ``max_clients`` clients are listed per table."""
     lines: list[str] = []
     if result.fairness:
-        lines.append("fairness: " + ", ".join(f"{level} {policy or 'none (exempt)'}"
-                                              for level, policy in result.fairness.items()))
+        lines.append("fairness: " + ", ".join(f"{level} {name or 'none (exempt)'}"
+                                              for level, name in result.fairness.items()))
         lines.append("")
     names = list(result.clients)
     shown = names[:max_clients]

@@ -16,9 +16,9 @@ error names the offending field, and every error of a file is reported at once
     >>> scenario.queue_set.concurrency_limit, scenario.evaluate
     (1, (20000000000,))
 
-Both forms may name the dispatch policy: ``queueSet.fairness``, or the configuration form's
+Both forms may name the fairness: ``queueSet.fairness``, or the configuration form's
 top-level ``fairness`` (for levels without an ``apf-gunicorn.io/fairness`` annotation); left
-out it is ``kubernetes``, so Kubernetes' own scenarios run Kubernetes' policy.
+out it is ``kubernetes``, so Kubernetes' own scenarios run Kubernetes' fairness.
 
 Extensions beyond Kubernetes' harness: ``start`` delays all of a client's threads;
 ``count: N`` makes a client stand for N clients named ``name-0`` … ``name-(N-1)``, each its
@@ -126,7 +126,7 @@ class QueueSetSpec:
     queues: int
     hand_size: int
     queue_length_limit: int
-    fairness: str = fairness.SCENARIO_DEFAULT  # dispatch policy; Kubernetes' scenarios leave it out
+    fairness: str = fairness.SCENARIO_DEFAULT  # Kubernetes' scenarios leave it out
     auto: AutoSpec | None = None  # concurrencyLimit: auto (concurrency_limit is then the start)
 
 
@@ -137,7 +137,7 @@ class ConfigSpec:
     server_concurrency_limit: int
     path: str | None = None
     objects: tuple[dict, ...] = ()
-    # the policy of levels without an apf-gunicorn.io/fairness annotation (the server's
+    # the fairness of levels without an apf-gunicorn.io/fairness annotation (the server's
     # APF_FAIRNESS)
     fairness: str = fairness.SCENARIO_DEFAULT
     auto: AutoSpec | None = None  # serverConcurrencyLimit: auto (the limit is then the start)
@@ -226,7 +226,7 @@ def parse_scenario(data: Any, base_dir: str = ".", source: str = "") -> Scenario
     queue_set = errs.get(_parse_queue_set, data["queueSet"]) if has_qs else None
     config = None if has_qs or not has_cfg else errs.get(_parse_config, data, base_dir)
     if has_qs and "fairness" in data:
-        errs.errors.append(ScenarioError("fairness", "in the queueSet form the policy goes "
+        errs.errors.append(ScenarioError("fairness", "in the queueSet form the fairness goes "
                                                      "under queueSet (queueSet.fairness)"))
     clients = errs.get(_parse_clients, data.get("clients"), config_form=not has_qs)
     evaluate = errs.get(_parse_evaluate, data.get("evaluate"))
@@ -354,12 +354,12 @@ def _parse_queue_set(raw: Any) -> QueueSetSpec:
     else:  # Kubernetes ignores the queuing parameters of exempt and reject-type sets
         hand = errs.get(_int, raw, "handSize", "queueSet", default=0, minimum=0)
         qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
-    policy = errs.get(_policy, raw, "queueSet")
+    fairness_name = errs.get(_fairness_field, raw, "queueSet")
     if bounds is not None and queues is not None and queues < 0:
         errs.errors.append(ScenarioError("queueSet.concurrencyLimit",
                                          "an exempt set (queues -1) has no limit to adapt"))
     errs.check()
-    return _with_bounds(QueueSetSpec(limit, queues, hand, qll, policy), bounds)
+    return _with_bounds(QueueSetSpec(limit, queues, hand, qll, fairness_name), bounds)
 
 
 def _with_bounds(spec: Any, bounds: tuple[int, int] | None) -> Any:
@@ -372,43 +372,46 @@ def _parse_config(data: dict, base_dir: str) -> ConfigSpec:
     if "config" in data and "objects" in data:
         raise ScenarioError("config", "give config (a path) or objects, not both")
     limit, bounds = _limit(data, "serverConcurrencyLimit", "", 1)
-    policy = _policy(data, "")
+    fairness_name = _fairness_field(data, "")
     if "config" in data:
         path = data["config"]
         if not isinstance(path, str) or not path:
             raise ScenarioError("config", "must be a path to a YAML file or directory")
         return _with_bounds(ConfigSpec(limit, path=os.path.join(base_dir, path),
-                                       fairness=policy), bounds)
+                                       fairness=fairness_name), bounds)
     objects = data["objects"]
     if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
         raise ScenarioError("objects", "must be a list of FlowSchema/PriorityLevelConfiguration objects")
-    return _with_bounds(ConfigSpec(limit, objects=tuple(objects), fairness=policy), bounds)
+    return _with_bounds(ConfigSpec(limit, objects=tuple(objects), fairness=fairness_name),
+                        bounds)
 
 
-def _policy(raw: dict, where: str) -> str:
-    """The ``fairness`` field: a policy name, ``kubernetes`` when absent."""
+def _fairness_field(raw: dict, where: str) -> str:
+    """The ``fairness`` field: one of :data:`~apf_gunicorn.flowcontrol.fairness.NAMES`,
+    ``kubernetes`` when absent."""
     path = f"{where}.fairness" if where else "fairness"
     value = raw.get("fairness", fairness.SCENARIO_DEFAULT)
-    if value not in fairness.POLICIES:
-        raise ScenarioError(path, f"must be one of {', '.join(fairness.POLICIES)}, got {value!r}")
+    if value not in fairness.NAMES:
+        raise ScenarioError(path, f"must be one of {', '.join(fairness.NAMES)}, got {value!r}")
     return value
 
 
-def with_fairness(scenario: Scenario, policy: str) -> Scenario:
+def with_fairness(scenario: Scenario, fairness_name: str) -> Scenario:
     """``scenario`` with its ``fairness`` replaced (``simulate --fairness``): the queue set's
-    policy, or in the configuration form the policy of levels without an
+    fairness, or in the configuration form the fairness of levels without an
     ``apf-gunicorn.io/fairness`` annotation (annotations still win, as in the server).
 
     Raises:
-        ScenarioError: ``policy`` is not one of :data:`~apf_gunicorn.flowcontrol.fairness.POLICIES`.
+        ScenarioError: ``fairness_name`` is not one of
+            :data:`~apf_gunicorn.flowcontrol.fairness.NAMES`.
     """
-    if policy not in fairness.POLICIES:
-        raise ScenarioError("fairness", f"must be one of {', '.join(fairness.POLICIES)}, "
-                                        f"got {policy!r}")
+    if fairness_name not in fairness.NAMES:
+        raise ScenarioError("fairness", f"must be one of {', '.join(fairness.NAMES)}, "
+                                        f"got {fairness_name!r}")
     if scenario.queue_set is not None:
-        return replace(scenario, queue_set=replace(scenario.queue_set, fairness=policy))
+        return replace(scenario, queue_set=replace(scenario.queue_set, fairness=fairness_name))
     assert scenario.config is not None
-    return replace(scenario, config=replace(scenario.config, fairness=policy))
+    return replace(scenario, config=replace(scenario.config, fairness=fairness_name))
 
 
 def _parse_clients(raw: Any, config_form: bool) -> tuple[ClientSpec, ...]:

@@ -1,6 +1,8 @@
 """gunicorn config for the lock-holder crash test: apf_gunicorn's conf, but the first worker
 SIGKILLs itself inside its Nth ledger critical section (``APF_TEST_DIE_IN_LOCK=N``, read here
-only), so the test sees the next locker repair the ledger after a holder died.
+only), so the test sees the next locker repair the ledger after a holder died. That worker
+logs ``apf test: worker PID dies in its Nth ledger critical section`` at its fork, so the test
+knows which process to send requests to.
 
     gunicorn -c python:tests.apps.dying_conf tests.apps.app:app
 """
@@ -32,3 +34,5 @@ def post_fork(server, worker):
     hooks.post_fork(server, worker)
     if DIE_AFTER and worker.age == 1:  # the first worker only: its replacement lives
         worker_setup.make_lock = DyingLock
+        worker.log.info("apf test: worker %d dies in its %dth ledger critical section",
+                        os.getpid(), DIE_AFTER)

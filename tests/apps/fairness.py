@@ -1,8 +1,8 @@
-"""What the real-server fairness tests share: the dispatch policies they run under, and the
+"""What the real-server fairness tests share: the fairnesses they run under, and the
 arithmetic that turns the app's own records into each flow's executing seats.
 
-``FAIRNESS`` lists the ``APF_FAIRNESS`` values the tests start servers with. Adding a policy
-is one line here; a policy in ``MAXMIN`` must also meet the max-min bounds
+``FAIRNESS`` lists the ``APF_FAIRNESS`` values the tests start servers with. Adding a fairness
+is one line here; a fairness in ``MAXMIN`` must also meet the max-min bounds
 (tests/test_server_fairness.py, tests/test_server_apf.py's light client).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 FAIRNESS = ["kubernetes", "maxmin"]  # APF_FAIRNESS values under test
-MAXMIN = {"maxmin"}  # the policies that claim max-min fairness between flows
+MAXMIN = {"maxmin"}  # the fairnesses that are max-min fair between flows
 
 
 def maxmin_split(limit: float, demands: Mapping[str, float]) -> dict[str, float]:

@@ -38,7 +38,7 @@ def clamped():
 
 
 @app.route("/linger")
-@cost(seats=1, final_seats=2, additional_latency="2s")
+@cost(seats=1, final_seats=2, additional_latency="6s")  # long enough to see on a loaded machine
 def linger():
     return "lingering\n"
 

@@ -1,35 +1,36 @@
-"""What a dispatch policy provides to the ledger: the seam between mechanism and fairness.
+"""What a level's fairness provides to the ledger: the seam between mechanism and fairness.
 
 The ledger (``requestpath.py``) owns the mechanism: slots, seats, the lock, the counters,
 lingering seats, queue attrition, and R with the seat-demand integrator (``vclock.py``). A
-*dispatch policy* owns the fairness: which queue an arriving request waits in, which waiting
+level's *fairness* owns the order: which queue an arriving request waits in, which waiting
 request runs next, and how a queue is charged for what it ran. Kubernetes' queueset
-(``queueset.KubernetesQueueSet``) is one; ``maxmin.MaxMinPolicy`` (docs/fairness.md) is the
+(``queueset.KubernetesQueueSet``) is one; ``maxmin.MaxMinFairness`` (docs/fairness.md) is the
 other, selected per level by its ``L_FAIRNESS`` word (``LevelSpec.fairness``).
 
-How the ledger reaches a policy: only through the routers in ``ledger.py``
+How the ledger reaches a fairness: only through the routers in ``ledger.py``
 (``Ledger._enqueue_locked``, ``_dispatch_all_locked``, ``_touch_locked``,
 ``_waiting_removed_locked``, ``_main_phase_ended_locked``, ``_advance_epoch_locked``,
 ``_queues_moved_locked``, ``_repair_level_locked``), which pick ``Ledger._queueset`` or
-``Ledger._maxmin`` by the level's ``L_FAIRNESS`` (``Ledger._policy_locked``), nowhere else. A
-policy object is built once per ``Ledger`` (``Policy(led)``) and may keep the ledger's buffer
-views, but not the ledger: each call is handed the ledger as ``led`` (so there is no reference
-cycle, and a dropped ledger frees its buffer at once), and may use its ``..._locked`` helpers
-(alloc, link/unlink, log/commit, counters, the min-tree). Both policies admit as Kubernetes
-does and start a chosen request alike, through the ledger's ``_wait_locked`` (queue choice,
-``queue-full``, the waiting slot), ``_start_locked`` (the final-seat cap and the counts of a
-dispatch) and ``_admitted`` (the outcome); what differs is the order.
+``Ledger._maxmin`` by the level's ``L_FAIRNESS`` (``Ledger._fairness_locked``), nowhere else. A
+fairness object is built once per ``Ledger`` (``KubernetesQueueSet(led)``,
+``MaxMinFairness(led)``) and may keep the ledger's buffer views, but not the ledger: each call
+is handed the ledger as ``led`` (so there is no reference cycle, and a dropped ledger frees its
+buffer at once), and may use its ``..._locked`` helpers (alloc, link/unlink, log/commit,
+counters, the min-tree). Both fairnesses admit as Kubernetes does and start a chosen request
+alike, through the ledger's ``_wait_locked`` (queue choice, ``queue-full``, the waiting slot),
+``_start_locked`` (the final-seat cap and the counts of a dispatch) and ``_admitted`` (the
+outcome); what differs is the order.
 
-Two things a new policy must also settle, outside this interface:
+Two things a new fairness must also settle, outside this interface:
 
 * the fast paths: ``fastpath.py``'s admit-at-once and fast finish (and ``fp_admit`` /
   ``fp_finish`` in ``_fastpath.c``) embody Kubernetes' at-once case (first card of the hand,
-  ``nextDispatchR`` floored at R and charged the request's work). For another policy's levels
-  they must decline (or do that policy's at-once case, identically in C and Python); for
-  maxmin levels they do maxmin's (``MaxMinPolicy.at_once_locked`` and ``mm_at_once``, and at
+  ``nextDispatchR`` floored at R and charged the request's work). On levels of another
+  fairness they must decline (or do its at-once case, identically in C and Python); on
+  maxmin levels they do maxmin's (``MaxMinFairness.at_once_locked`` and ``mm_at_once``, and at
   the finish ``main_phase_ended_locked`` and ``mm_finish``);
 * repair (``repair.py``) rebuilds the FIFOs and aggregates from the slot table, then calls
-  :meth:`DispatchPolicy.repair_locked`; any per-policy state that is not derivable from the
+  :meth:`Fairness.repair_locked`; any per-fairness state that is not derivable from the
   slot table must be kept whole by the undo log or be recomputable there.
 
 Every method runs with the ledger lock held and the dirty mark set (hence ``_locked``);
@@ -45,8 +46,8 @@ from typing import Protocol
 from apf_gunicorn.ledger.records import AdmitResult
 
 
-class DispatchPolicy(Protocol):
-    """The methods the ledger calls on a level's dispatch policy (see the module docstring)."""
+class Fairness(Protocol):
+    """The methods the ledger calls on a level's fairness (see the module docstring)."""
 
     name: str  # as selected in configuration, e.g. "kubernetes"
 
@@ -85,7 +86,7 @@ class DispatchPolicy(Protocol):
 
     def advance_epoch_locked(self, led, lb: int) -> None:
         """R reached ``HIGH_R`` (``vclock.r_after``): move the level's R and every virtual
-        time the policy keeps down by ``R_DECREMENT``."""
+        time the fairness keeps down by ``R_DECREMENT``."""
         ...
 
     def queues_moved_locked(self, led, lb: int) -> None:
@@ -95,5 +96,5 @@ class DispatchPolicy(Protocol):
 
     def repair_locked(self, led, lb: int) -> None:
         """A repair rebuilt the level's FIFOs and aggregates from the slot table: restore the
-        policy's invariants (Kubernetes: the anti-windup floor and the tree)."""
+        fairness's invariants (Kubernetes: the anti-windup floor and the tree)."""
         ...

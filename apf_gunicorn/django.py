@@ -1,0 +1,238 @@
+"""Per-view request costs for Django apps served by apf_gunicorn.
+
+Tag a view with what one request to it costs; the middleware finds the view of each request
+through the project's URLconf (``django.urls.resolve``) and admits the request with that many
+seats::
+
+    from apf_gunicorn.django import cost
+
+    @cost(seats=4, final_seats=2, additional_latency="50ms")
+    def report(request, year): ...
+
+    class Items(View):
+        @cost(seats=3)                # per HTTP method of a class-based view
+        def post(self, request): ...
+
+    @cost(long_running=True)          # a whole class-based view (every method)
+    class Events(View): ...
+
+The arguments are those of :func:`apf_gunicorn.flask.cost` (checked at import: a bad cost
+fails at start). The decorator only sets an attribute and returns the view itself, so it may
+sit above or below Django's decorators (``login_required``, ``require_GET``: they use
+``functools.wraps``). Flask's decorator on a Django view is not read; it is reported at start
+and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.viewcost.unusable_costs`).
+
+Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
+WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
+wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
+project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
+is not seen; ``i18n_patterns`` resolve in ``LANGUAGE_CODE``. Each (method, path) is resolved
+once and kept in a bounded LRU (:data:`CACHE_SIZE` entries; paths longer than
+:data:`MAX_CACHED_PATH` are resolved every time, so the cache's memory stays bounded): two
+paths share nothing, even when Django resolves them to the same view, so no guess about
+"path shapes" can ever give a request another view's cost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, tag, view_cost
+
+log = logging.getLogger("apf_gunicorn.django")
+
+#: The attribute ``@cost`` sets on a view function, method or class.
+COST_ATTRIBUTE = DJANGO_ATTRIBUTE
+#: Resolved (method, path) pairs kept per worker.
+CACHE_SIZE = 4096
+#: Longest path whose resolution is cached (longer ones are resolved per request shape).
+MAX_CACHED_PATH = 1024
+#: How many WSGI wrappers are looked through to find Django's handler, and the attributes
+#: they keep the wrapped app in (WhiteNoise: ``application``; Sentry's middleware: ``app``).
+_MAX_WRAPPERS = 4
+_WRAPPED = ("application", "app")
+
+F = TypeVar("F")
+
+
+def cost(seats: int = 1, final_seats: int = 0, additional_latency: Any = 0,
+         long_running: bool = False) -> Callable[[F], F]:
+    """Declare what one request to the decorated Django view costs.
+
+    Args:
+        seats: seats held while the view runs (>= 1).
+        final_seats: seats kept after the response for ``additional_latency``.
+        additional_latency: a Go duration such as ``"50ms"``, or a timedelta.
+        long_running: give the seats back once the view has returned its response (a
+            ``StreamingHttpResponse``), not when the body has been sent.
+
+    Returns:
+        A decorator for a view function, a class-based view or one of its handler methods.
+
+    Raises:
+        ValueError: naming the bad argument.
+    """
+    return tag(COST_ATTRIBUTE, seats, final_seats, additional_latency, long_running)
+
+
+def django_handler(app: Any) -> Any:
+    """Django's ``WSGIHandler`` behind ``app`` (itself, or kept in ``.application`` or
+    ``.app`` by WSGI wrappers), or None. Never imports Django: an app is Django's only if
+    Django is loaded."""
+    module = sys.modules.get("django.core.handlers.wsgi")
+    if module is None:
+        return None
+    for _ in range(_MAX_WRAPPERS + 1):
+        if isinstance(app, module.WSGIHandler):
+            return app
+        app = next((w for w in (getattr(app, a, None) for a in _WRAPPED) if w is not None),
+                   None)
+        if app is None:
+            return None
+    return None
+
+
+def view_name(view: Any) -> str:
+    """A view's dotted name: the class of a class-based view, else the function."""
+    target = getattr(view, "view_class", None) or view
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def iter_views() -> Iterator[tuple[str, Any]]:
+    """(route, view) of every URL pattern of the project's ``ROOT_URLCONF``, included ones
+    too; the route is the patterns' text joined (``"reports/<int:year>/"``)."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    def walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                yield from walk(p.url_patterns, prefix + str(p.pattern))
+            elif isinstance(p, URLPattern):
+                yield prefix + str(p.pattern), p.callback
+
+    yield from walk(get_resolver().url_patterns, "")
+
+
+class DjangoViewCosts:
+    """Finds the declared cost of a request by resolving its path in the URLconf.
+
+    ``lookup`` is cached per (method, path) in a per-instance LRU; thread-safe.
+    """
+
+    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
+        from django.conf import settings
+
+        self._urlconf = settings.ROOT_URLCONF
+        self._cached = functools.lru_cache(maxsize=cache_size)(self._lookup)
+
+    @classmethod
+    def for_app(cls, app: Any, require_costs: bool = True) -> DjangoViewCosts | None:
+        """None unless ``app`` is a Django app whose URLconf has a view declaring a cost (any
+        Django app with ``require_costs=False``). A URLconf that cannot be read is logged and
+        gives None: the requests then cost one seat, as before."""
+        if django_handler(app) is None:
+            return None
+        try:
+            if require_costs and not any(declares_cost(v, COST_ATTRIBUTE)
+                                         for _, v in iter_views()):
+                return None
+            return cls()
+        except Exception:
+            log.exception("apf: cannot read the Django URLconf; @cost declarations are ignored")
+            return None
+
+    def _match(self, path: str) -> Any:
+        """Django's ResolverMatch for the path, or None (404, or a resolver that fails)."""
+        from django.urls import Resolver404, resolve
+
+        try:
+            return resolve(path, self._urlconf)
+        except Resolver404:
+            return None
+        except Exception:  # a converter or a URLconf choking on hostile input
+            return None
+
+    def _lookup(self, method: str, path: str) -> WorkEstimate | None:
+        match = self._match(path)
+        return None if match is None else view_cost(match.func, method, COST_ATTRIBUTE)
+
+    def lookup(self, method: str, path: str) -> WorkEstimate | None:
+        """The cost the request's view declares, or None (no view, or no cost)."""
+        if len(path) > MAX_CACHED_PATH:
+            return self._lookup(method, path)
+        return self._cached(method, path)
+
+    def name(self, method: str, path: str) -> str | None:
+        """The view that serves the request and its route (``"mysite.views.report
+        (reports/<int:year>/)"``), or None when the path resolves to no view."""
+        match = self._match(path)
+        if match is None:
+            return None
+        return f"{view_name(match.func)} ({match.route})"
+
+
+def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
+    """Every ``@cost`` of a Django app's views: ``[("@cost on view mysite.views.report
+    (reports/<int:year>/)", estimate)]`` (one entry per method for a class-based view's
+    handlers); empty for any other app."""
+    out: list[tuple[str, WorkEstimate]] = []
+    for route, view in _views(app):
+        where = f"@cost on view {view_name(view)} ({route})"
+        view_class = getattr(view, "view_class", None)
+        if view_class is None:
+            est = view_cost(view, "GET", COST_ATTRIBUTE)
+            if est is not None:
+                out.append((where, est))
+            continue
+        for method in getattr(view_class, "http_method_names", ()):
+            if method in ("head", "options") or not hasattr(view_class, method):
+                continue
+            est = view_cost(view, method.upper(), COST_ATTRIBUTE)
+            if est is not None:
+                out.append((f"{where} {method.upper()}", est))
+    return out
+
+
+def named_views(app: Any) -> list[tuple[str, Any]]:
+    """(``"mysite.views.report (reports/<int:year>/)"``, view) of every URL pattern of a
+    Django app; empty for any other app."""
+    return [(f"{view_name(view)} ({route})", view) for route, view in _views(app)]
+
+
+def unreachable_costs(app: Any) -> list[str]:
+    """A message when Django views declare a cost but ``app`` does not lead to Django's
+    handler (a WSGI wrapper that keeps it elsewhere): the costs could not be read. A Flask
+    app in the same process is not suspected (its own ``@cost`` is what it reads)."""
+    from apf_gunicorn.flask import is_flask_like
+
+    if django_handler(app) is not None or is_flask_like(app):
+        return []
+    conf = sys.modules.get("django.conf")
+    try:
+        if conf is None or not conf.settings.configured:
+            return []
+        if not any(declares_cost(v, COST_ATTRIBUTE) for _, v in iter_views()):
+            return []
+    except Exception:
+        return []
+    return [f"Django views declare @cost, but the WSGI app ({type(app).__module__}."
+            f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
+            f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
+            "reachable, or declare the costs in APF_ROUTES)"]
+
+
+def _views(app: Any) -> list[tuple[str, Any]]:
+    """(route, view) of a Django app's URLconf; empty for any other app or an unreadable
+    URLconf (the server logs that when it builds :class:`DjangoViewCosts`)."""
+    if django_handler(app) is None:
+        return []
+    try:
+        return list(iter_views())
+    except Exception:
+        return []

@@ -1,0 +1,278 @@
+"""Django views with a cost (apf_gunicorn.django): resolution through the URLconf, cached per
+(method, path); explain naming the view; costs that cannot take effect reported; and the
+example project (examples/mysite) under a real gunicorn, where a 4-seat report on a level
+annotated ``apf-gunicorn.io/max-seats: "4"`` is admitted with 4 seats."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("django")  # the test extra installs it; apf_gunicorn does not need it
+
+from flask import Flask  # noqa: E402
+
+from apf_gunicorn import django as apf_django
+from apf_gunicorn.cli import main
+from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from apf_gunicorn.viewcost import unusable_costs, view_costs_for_app
+from tests.conftest import ROOT, free_port
+
+EXAMPLE_CONFIG = str(ROOT / "examples" / "mysite" / "apf.yaml")
+REPORT = "examples.mysite.views.report (reports/<int:year>/)"
+
+
+@pytest.fixture(scope="module")
+def app():
+    from tests.apps.django_wsgi import application
+
+    return application
+
+
+@pytest.fixture(autouse=True)
+def _no_apf_environment(monkeypatch):
+    """explain reads APF_* as the server does: start every test from none."""
+    for name in list(os.environ):
+        if name.startswith("APF_"):
+            monkeypatch.delenv(name)
+
+
+def test_view_costs_resolve_through_the_urlconf(app):
+    costs = view_costs_for_app(app)
+    assert isinstance(costs, apf_django.DjangoViewCosts)
+    assert costs.lookup("GET", "/reports/2024/") == WorkEstimate(4)
+    assert costs.lookup("HEAD", "/reports/2025/") == WorkEstimate(4)
+    assert costs.lookup("GET", "/reports/2024") is None  # no view: Django redirects (APPEND_SLASH)
+    assert costs.lookup("GET", "/reports/twenty/") is None  # 404
+    assert costs.lookup("GET", "/items/") is None  # a class-based view's undecorated method
+    assert costs.lookup("POST", "/items/") == WorkEstimate(2)  # its decorated one
+    assert costs.lookup("POST", "/api/v1/items/") == WorkEstimate(2)
+    assert costs.lookup("GET", "/exports/") == WorkEstimate(2, 1, 10_000_000)  # on the class
+    assert costs.lookup("GET", "/misplaced/") is None  # Flask's decorator is not read
+    assert costs.lookup("GET", "/" + "x" * 5000) is None  # a long path: resolved, not cached
+    assert costs.name("GET", "/reports/2024/") == REPORT
+    assert costs.name("GET", "/items/") == "examples.mysite.views.Items (items/)"
+    assert costs.name("GET", "/nowhere/") is None
+
+
+def test_lookups_are_cached_per_method_and_path(app, monkeypatch):
+    costs = apf_django.DjangoViewCosts(cache_size=2)
+    calls = []
+    match = costs._match
+    monkeypatch.setattr(costs, "_match", lambda path: calls.append(path) or match(path))
+    for _ in range(3):
+        assert costs.lookup("GET", "/reports/2024/") == WorkEstimate(4)
+    assert calls == ["/reports/2024/"]
+    costs.lookup("GET", "/reports/2025/")  # another path: its own entry
+    costs.lookup("POST", "/reports/2025/")
+    costs.lookup("GET", "/reports/2024/")  # evicted by the bound of 2
+    assert calls == ["/reports/2024/", "/reports/2025/", "/reports/2025/", "/reports/2024/"]
+
+
+def test_only_django_apps_get_django_costs(app):
+    assert apf_django.django_handler(app) is app
+
+    class Wrapper:  # a WSGI wrapper that keeps the app in .application (WhiteNoise does)
+        def __init__(self, application):
+            self.application = application
+
+        def __call__(self, environ, start_response):
+            return self.application(environ, start_response)
+
+    assert apf_django.django_handler(Wrapper(Wrapper(app))) is app
+    assert isinstance(view_costs_for_app(Wrapper(app)), apf_django.DjangoViewCosts)
+    assert view_costs_for_app(lambda environ, start_response: []) is None
+    assert apf_django.DjangoViewCosts.for_app(Flask("x")) is None
+
+    class Hiding:  # keeps the app where nobody looks: its costs cannot be read, and that is said
+        def __init__(self, inner):
+            self._inner = inner
+
+    assert view_costs_for_app(Hiding(app)) is None
+    (hidden,) = unusable_costs(Hiding(app))
+    assert hidden.startswith("Django views declare @cost, but the WSGI app (")
+    assert hidden.endswith("Hiding) is not Django's WSGIHandler and keeps none in .application "
+                           "or .app: the costs have no effect (keep the handler reachable, or "
+                           "declare the costs in APF_ROUTES)")
+
+
+def test_declared_and_unusable_costs(app):
+    declared = dict(apf_django.declared_costs(app))
+    assert declared[f"@cost on view {REPORT}"] == WorkEstimate(4)
+    assert declared["@cost on view examples.mysite.views.Items (items/) POST"] == WorkEstimate(2)
+    assert "@cost on view examples.mysite.views.Items (items/) GET" not in declared
+    assert declared["@cost on view tests.apps.django_urls.Exports (exports/) GET"] == (
+        WorkEstimate(2, 1, 10_000_000))
+    assert unusable_costs(app) == [
+        "@cost from apf_gunicorn.flask on the Django view tests.apps.django_urls.misplaced "
+        "(misplaced/) has no effect: use apf_gunicorn.django.cost"]
+
+    flask_app = Flask("wrong")
+
+    @flask_app.get("/r")
+    @apf_django.cost(seats=2)
+    def r():
+        return ""
+
+    assert unusable_costs(flask_app) == [
+        "@cost from apf_gunicorn.django on the Flask view 'r' (/r) has no effect: use "
+        "apf_gunicorn.flask.cost"]
+
+
+def test_first_worker_logs_unusable_and_clamped_costs(app):
+    """What post_worker_init logs for a Django app: the misplaced Flask decorator, and the
+    costs a level would clamp (naming where its maximum comes from)."""
+    from apf_gunicorn.server import startup
+    from apf_gunicorn.server.generation import level_max_seats, load_generation
+    from apf_gunicorn.server.settings import load_settings
+
+    settings = load_settings({"APF_CONFIG": EXAMPLE_CONFIG, "APF_CONCURRENCY_LIMIT": "8"})
+    gen = load_generation(settings)
+    warnings = []
+
+    class Log:
+        def warning(self, fmt, *args):
+            warnings.append(fmt % args)
+
+        def exception(self, msg):
+            raise AssertionError(msg)
+
+    startup.log_route_notes(Log(), app, None, level_max_seats(gen, settings), gen)
+    assert ("apf: @cost from apf_gunicorn.flask on the Django view "
+            "tests.apps.django_urls.misplaced (misplaced/) has no effect: use "
+            "apf_gunicorn.django.cost") in warnings
+    assert (f"apf: @cost on view {REPORT} asks for 4 seat(s): clamped to 1 on priority level "
+            "catch-all; clamped to 2 on priority level web (a level's widest request, "
+            "Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats annotation sets it; see "
+            "docs/work-estimation.md)") in warnings
+
+
+def test_cost_arguments_are_checked_as_flasks():
+    with pytest.raises(ValueError, match="seats"):
+        apf_django.cost(seats=0)
+    with pytest.raises(ValueError, match="additional_latency"):
+        apf_django.cost(final_seats=1, additional_latency="soon")
+
+
+def _explain(capsys, *argv: str) -> dict:
+    assert main(["explain", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_explain_names_the_view_and_reports_unusable_costs(app, capsys):
+    argv = ["--app", "tests.apps.django_wsgi:application", "--config", EXAMPLE_CONFIG,
+            "--concurrency-limit", "8"]
+    out = _explain(capsys, *argv, "--request", "GET /reports/2024/")
+    assert out["seats"]["view"] == REPORT
+    assert (out["seats"]["initial"], out["seats"]["source"]) == (4, "@cost")
+    assert out["notes"] == unusable_costs(app)
+    out = _explain(capsys, *argv, "--request", "GET /misplaced/")
+    assert out["seats"]["view"] == "tests.apps.django_urls.misplaced (misplaced/)"
+    assert (out["seats"]["initial"], out["seats"]["source"]) == (1, "default")
+    assert any("apf_gunicorn.flask on the Django view tests.apps.django_urls.misplaced" in n
+               for n in out["notes"])
+    # without the annotation Kubernetes' max (ceil(15% x 8 nominal) = 2) clamps it, and says so
+    plain = ROOT / "tests" / "apps" / "rest.yaml"
+    out = _explain(capsys, "--app", "tests.apps.django_wsgi:application", "--config",
+                   str(plain), "--concurrency-limit", "8", "--request", "GET /reports/2024/")
+    assert (out["seats"]["requested"]["initial"], out["seats"]["initial"]) == (4, 2)
+    assert "apf-gunicorn.io/max-seats" in out["seats"]["maxSeatsFrom"]
+
+
+def test_apf_routes_and_the_hook_keep_working_beside_django_costs(app, capsys, tmp_path,
+                                                                  monkeypatch):
+    """Precedence: APF_WORK_ESTIMATOR > @cost > APF_ROUTES > one seat."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("routes:\n- {path: /items/, seats: 3}\n- {path: /reports/<int:y>/, "
+                      "seats: 2}\n")
+    monkeypatch.setenv("APF_ROUTES", str(routes))
+    argv = ["--app", "tests.apps.django_wsgi:application", "--config", EXAMPLE_CONFIG,
+            "--concurrency-limit", "8"]
+    out = _explain(capsys, *argv, "--request", "GET /items/")
+    assert (out["seats"]["initial"], out["seats"]["source"]) == (2, "APF_ROUTES")  # web: max 2
+    assert out["seats"]["requested"]["initial"] == 3
+    out = _explain(capsys, *argv, "--request", "GET /reports/2024/")
+    assert (out["seats"]["initial"], out["seats"]["source"]) == (4, "@cost")
+    monkeypatch.setenv("APF_WORK_ESTIMATOR", "tests.test_django:three_seats")
+    out = _explain(capsys, *argv, "--request", "GET /reports/2024/")
+    assert (out["seats"]["initial"], out["seats"]["source"]) == (3, "APF_WORK_ESTIMATOR")
+
+
+def three_seats(environ, attrs, classification):
+    return {"seats": 3}
+
+
+# -- the example project under a real gunicorn ------------------------------------------------
+
+def _get(port: int, path: str, timeout: float = 60.0) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def _report_rows(dump: str) -> list[dict]:
+    lines = [[c.strip() for c in line.split(",")] for line in dump.splitlines()]
+    header, rows = lines[0], lines[1:]
+    return [dict(zip(header, row, strict=True)) for row in rows if row[0] == "reports"]
+
+
+@pytest.mark.server
+def test_example_project_admits_a_four_seat_report(server_factory):
+    """Six concurrent reports on the 8-seat example server: each holds 4 seats (the level's
+    apf-gunicorn.io/max-seats), so they run one at a time on the level's 4 nominal seats and
+    dump_requests shows InitialSeats 4 for all six; explain --app says the same."""
+    aport = free_port()
+    env = {"APF_CONCURRENCY_LIMIT": "8", "APF_ADMIN_BIND": f"127.0.0.1:{aport}",
+           "APF_QUEUE_WAIT_LIMIT": "60", "DJANGO_SETTINGS_MODULE": "examples.mysite.settings"}
+    with server_factory(workers=2, threads=8, env=env, config=EXAMPLE_CONFIG,
+                        args=("examples.mysite.wsgi:application",)) as srv:
+        barrier = threading.Barrier(6)
+
+        def report(_):
+            barrier.wait()
+            return srv.request("/reports/2024/?ms=1500", timeout=60)[0]
+
+        with ThreadPoolExecutor(6) as pool:
+            statuses = pool.map(report, range(6))
+
+            def six_reports():
+                rows = _report_rows(_get(aport, "/debug/api_priority_and_fairness/"
+                                               "dump_requests")[2].decode())
+                return rows if len(rows) == 6 else None
+
+            rows = srv.wait_for(six_reports, timeout=30)
+            statuses = list(statuses)
+        assert rows, srv.log()
+        assert [r["InitialSeats"] for r in rows] == ["4"] * 6
+        assert statuses == [200] * 6
+        # REST paths of the example are classified like any other path (no resource rules)
+        api = srv.request("/api/v1/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]
+        assert api == srv.request("/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]
+        log = srv.log()
+    # no report was clamped (the start-up notes name the levels that would clamp a cost,
+    # by who sends it; reports land in "reports")
+    assert "admits at most" not in log and "has no effect" not in log
+    assert f"@cost on view {REPORT} asks for 4 seat(s): clamped to 1 on priority level " \
+           "catch-all; clamped to 2 on priority level web" in log
+
+    explain = subprocess.run(
+        [sys.executable, "-m", "apf_gunicorn", "explain", "--app",
+         "examples.mysite.wsgi:application", "--config", EXAMPLE_CONFIG,
+         "--concurrency-limit", "8", "--request", "GET /reports/2024/", "--json"],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=120,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("APF_")},
+             "DJANGO_SETTINGS_MODULE": "examples.mysite.settings"})
+    assert explain.returncode == 0, explain.stderr
+    seats = json.loads(explain.stdout)["seats"]
+    assert (seats["view"], seats["initial"], seats["source"]) == (REPORT, 4, "@cost")
