@@ -229,6 +229,18 @@ def test_the_floor_holds_under_real_overload() -> None:
     assert seen[-20:].count(3) >= 10
 
 
+def test_a_uniform_slowdown_keeps_the_limit_at_the_knee() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=8)
+    seen = []
+    for n in range(1, 121):  # a pool of 8; from tick 40 every query takes twice as long
+        base = 50 if n < 40 else 100
+        service = base * max(1.0, ctl.limit / 8)
+        count = int(ctl.limit * 1000 / service)
+        seen.append(ctl.update(tick(n, service, ctl.limit, count=count)))
+    assert 6 <= min(seen[40:]) and max(seen[40:]) <= 10
+    assert ctl.baselines["k"] == 50e6
+
+
 def test_an_idle_server_does_not_drift() -> None:
     ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
     for n in range(1, 100):
