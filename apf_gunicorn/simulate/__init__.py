@@ -8,7 +8,9 @@
 
 Modules: :mod:`.scenario` (format and validation), :mod:`.engine` (event loop),
 :mod:`.harness` (Kubernetes' uniform client semantics), :mod:`.backends` (the production
-ledger behind the harness), :mod:`.report` (JSON and table output).
+ledger behind the harness), :mod:`.capacity` (a connection pool, shared cores: what executing
+requests share inside the app), :mod:`.autolimit` (the adaptive limit, ``auto``),
+:mod:`.report` (JSON and table output).
 """
 
 from __future__ import annotations
@@ -68,12 +70,18 @@ def simulate(scenario: Scenario, backend_factory: BackendFactory | None = None,
         return run_configured(scenario, levels_factory, timeline=timeline)
     qs = scenario.queue_set
     backend = (backend_factory or ledger_backend)(qs, scenario.clients)
+    auto = None
+    if qs.auto is not None:
+        from .autolimit import AutoLimit
+
+        auto = AutoLimit(qs.auto, lambda limit, now: backend.handles_of(
+            backend.ledger.set_limits({0: limit}, now)))
     harness = UniformHarness(
         scenario.clients, scenario.evaluate, backend,
         routes=[(0, c.hash) for c in scenario.clients],
         capacity=float(qs.concurrency_limit),
         check_levels={"queueSet": 0},
-        timeline=timeline,
+        timeline=timeline, model=scenario.backend, auto=auto,
     )
     result = harness.run()
     result.fairness = {"queueSet": qs.fairness if qs.queues >= 0 else None}

@@ -5,7 +5,9 @@ The configuration (``config: PATH`` or inline ``objects:``) is loaded and valida
 :class:`apf_gunicorn.flowcontrol.matching.Classifier` (its attributes do not change), every
 priority level becomes one level of one ledger, starting at Kubernetes' initial limit
 ``nominal - lendable/2``, and :func:`apf_gunicorn.flowcontrol.borrowing.run_borrowing` adjusts
-the limits every 10 s of virtual time exactly as the server's master does.
+the limits every 10 s of virtual time exactly as the server's master does. With
+``serverConcurrencyLimit: auto`` the adaptive controller moves the server limit every tick and
+every level follows it (:func:`apf_gunicorn.flowcontrol.relimit.follow_server_limit`).
 
 Each window then also reports, per priority level, the average initial seats its clients kept
 executing and the limit in force at the window's end.
@@ -18,7 +20,15 @@ from typing import Any
 
 import yaml
 
-from apf_gunicorn.flowcontrol import borrowing, fairness, limits, loader, matching, validation
+from apf_gunicorn.flowcontrol import (
+    borrowing,
+    fairness,
+    limits,
+    loader,
+    matching,
+    relimit,
+    validation,
+)
 
 from .backends import LedgerBackend, concurrent_requests_bound
 from .harness import RunResult, UniformHarness, Window
@@ -89,6 +99,19 @@ def run_configured(scenario: Scenario,
                                               server_limit=server_limit, levels=level_triples)
         return backend.handles_of(grants)
 
+    auto = None
+    if scenario.config.auto is not None:
+        from .autolimit import AutoLimit
+
+        def apply(limit: int, now: int) -> list:
+            nonlocal level_limits, server_limit
+            level_limits, grants = relimit.follow_server_limit(
+                backend.ledger, levels, level_triples, states, limit, now)
+            server_limit = limit
+            return backend.handles_of(grants)
+
+        auto = AutoLimit(scenario.config.auto, apply)
+
     used = {name for name in client_levels}
     by_index = {idx: name for name, idx in index.items()}
 
@@ -109,6 +132,7 @@ def run_configured(scenario: Scenario,
         scenario.clients, scenario.evaluate, backend, routes=routes,
         capacity=float(server_limit), on_window=on_window,
         periodic=(borrowing.ADJUSTMENT_PERIOD_NS, borrow), timeline=timeline,
+        model=scenario.backend, auto=auto,
     )
     result = harness.run()
     result.fairness = {spec[0]: spec[5] for spec in specs}

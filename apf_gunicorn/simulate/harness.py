@@ -22,6 +22,7 @@ The backend (:class:`Backend`) is the production ledger in ``simulate`` (see
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -29,8 +30,9 @@ from typing import Any, Protocol
 
 from apf_gunicorn.flowcontrol.gomath import duration_seconds
 
+from . import capacity as capacity_models
 from .engine import EventLoop
-from .scenario import ClientSpec
+from .scenario import BackendSpec, ClientSpec
 
 REJECT_REASONS = ("queue-full", "concurrency-limit", "time-out")
 
@@ -241,6 +243,10 @@ class Window:
     clients: dict[str, ClientWindow]
     seat_demand: dict[str, dict] = field(default_factory=dict)
     priority_levels: dict[str, dict] = field(default_factory=dict)
+    # with a backend: per client completed, throughput, latency percentiles (latency_summary)
+    latency: dict[str, dict] = field(default_factory=dict)
+    # with an auto limit: the server limit over the window (limit_summary)
+    limit: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -254,6 +260,9 @@ class RunResult:
     # per level, the fairness it ran (None: exempt); filled in by simulate()
     fairness: dict[str, str | None] = field(default_factory=dict)
     timeline: SeatsTimeline | None = None  # when asked for (UniformHarness(timeline=N))
+    # with an auto limit: (virtual ns, server limit) at the start and after every tick
+    limits: list[tuple[int, int]] | None = None
+    limit_bounds: tuple[int, int] | None = None
 
 
 class _Thread:
@@ -266,7 +275,7 @@ class _Thread:
 
 
 class _Client:
-    __slots__ = ("spec", "index", "level", "hash", "totals", "exec_seats")
+    __slots__ = ("spec", "index", "level", "hash", "totals", "exec_seats", "latencies", "kind")
 
     def __init__(self, spec: ClientSpec, index: int, level: int, flow_hash: int) -> None:
         self.spec = spec
@@ -275,6 +284,53 @@ class _Client:
         self.hash = flow_hash
         self.totals = ClientTotals()
         self.exec_seats = ExactIntegrator()
+        self.latencies: list[int] = []  # with a backend: arrival to end, ns, this window
+        self.kind = (level, spec.kind)  # what the adaptive controller learns a baseline of
+
+
+def latency_summary(latencies: list[int], seconds: float) -> dict[str, Any]:
+    """``completed``, ``throughput`` (per second) and the p50/p99/max latency in seconds
+    (nearest rank; None without requests) of one client's requests that ended in a window."""
+    ordered = sorted(latencies)
+
+    def rank(q: float) -> float | None:
+        if not ordered:
+            return None
+        return duration_seconds(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+
+    return {"completed": len(ordered),
+            "throughput": len(ordered) / seconds if seconds > 0 else 0.0,
+            "p50": rank(0.50), "p99": rank(0.99), "max": rank(1.0)}
+
+
+def limit_summary(series: Sequence[tuple[int, int]], start: int, end: int) -> dict[str, Any]:
+    """The server limit over ``[start, end)`` from its step function ``series``: the value at
+    the start and at the end, the least and the most, and the time-weighted mean."""
+    value = series[0][1]
+    for t, v in series:
+        if t > start:
+            break
+        value = v
+    first, low, high, area, t0 = value, value, value, 0, start
+    for t, v in series:
+        if start < t < end:
+            area += value * (t - t0)
+            value, t0 = v, t
+            low, high = min(low, v), max(high, v)
+    area += value * (end - t0)
+    return {"start": first, "end": value, "min": low, "max": high,
+            "mean": area / (end - start)}
+
+
+class AutoTicker(Protocol):
+    """The adaptive limit as the harness drives it (``apf_gunicorn.simulate.autolimit``)."""
+
+    tick_ns: int
+    series: list[tuple[int, int]]
+    bounds: tuple[int, int]
+
+    def tick(self, now: int, kinds: dict, concurrency: float, waiting: bool) -> list:
+        """One controller tick: the handles the new limit dispatched."""
 
 
 class UniformHarness:
@@ -287,6 +343,15 @@ class UniformHarness:
     ``(period_ns, fn(now) -> granted handles)`` run every period of virtual time (borrowing);
     ``timeline`` (a number of steps) also records each client's executing seats over time up
     to the last evaluation (:class:`SeatsTimeline`, in ``RunResult.timeline``).
+
+    With ``model`` (a :class:`~.scenario.BackendSpec`) an executing request runs its ``exec``
+    in that backend (:mod:`.capacity`), then its ``overhead``, and its thread's next call
+    follows its end by ``think`` (a real client waits for its answer; none is made after the
+    last evaluation); each window then
+    reports each client's latency (:func:`latency_summary`). With ``auto``
+    (:class:`AutoTicker`) the adaptive controller runs every ``auto.tick_ns``, fed each kind
+    of request's service times (dispatch to end), the average seats executing and whether
+    anything waited.
     """
 
     def __init__(self, clients: Sequence[ClientSpec], evaluate: Sequence[int], backend: Backend,
@@ -294,7 +359,8 @@ class UniformHarness:
                  check_levels: dict[str, int] | None = None,
                  on_window: Callable[[Window, int], None] | None = None,
                  periodic: tuple[int, Callable[[int], list]] | None = None,
-                 timeline: int | None = None) -> None:
+                 timeline: int | None = None, model: BackendSpec | None = None,
+                 auto: AutoTicker | None = None) -> None:
         self.loop = EventLoop()
         self.backend = backend
         self.evaluate = tuple(evaluate)
@@ -311,6 +377,16 @@ class UniformHarness:
         self.level_averages: dict[int, float] = {}
         self.timeline = (None if timeline is None else
                          SeatsTimeline([c.name for c in clients], self.evaluate[-1], timeline))
+        self.model_spec = model
+        self.model = None if model is None else capacity_models.build(self.loop, model)
+        self._jitter = random.Random(model.seed) if model is not None and model.jitter else None
+        self.auto = auto
+        self._times: dict[Any, list[int]] = {}  # handle -> [arrival ns, start ns]
+        self._queued: set = set()  # handles admitted to wait in a queue, not yet started
+        self._waited = False  # something waited since the last controller tick
+        self._executing = ExactIntegrator()  # every level's executing seats
+        self._tick_kinds: dict[Any, list[int]] = {}  # kind -> [finished, service ns]
+        self._tickers = 0  # periodic functions still running (_every)
 
     # -- client behaviour ---------------------------------------------------------------
     def _call(self, thread: _Thread, k: int) -> None:
@@ -329,6 +405,11 @@ class UniformHarness:
                 check.add(-spec.max_seats, now)
             return  # a rejected thread stops
         self._running[adm.handle] = (thread, k)
+        if self.model is not None or self.auto is not None:
+            self._times[adm.handle] = [now, now]
+            if adm.handle not in adm.granted:
+                self._queued.add(adm.handle)
+                self._waited = True
         self._start_all(adm.granted)
 
     def _start_all(self, granted: list) -> None:
@@ -347,6 +428,25 @@ class UniformHarness:
         self.level_exec[client.level].add(spec.seats, now)
         if self.timeline is not None:
             self.timeline.add(client.index, spec.seats, now)
+        times = self._times.get(handle)
+        if times is not None:
+            times[1] = now
+            self._queued.discard(handle)
+            self._executing.add(spec.seats, now)
+        if self.model is not None:
+            work = spec.exec_ns
+            if self._jitter is not None:
+                jitter = self.model_spec.jitter
+                work = round(work * self._jitter.uniform(1 - jitter, 1 + jitter))
+
+            def after_backend() -> None:
+                if spec.overhead_ns:
+                    loop.after(spec.overhead_ns, lambda: self._end(handle, client))
+                else:
+                    self._end(handle, client)
+
+            self.model.begin(work, after_backend)
+            return
         if k + 1 < thread.calls:
             loop.at(now + spec.exec_ns + spec.think_ns, lambda: self._call(thread, k + 1))
         loop.at(now + spec.exec_ns, lambda: self._end(handle, client))
@@ -354,7 +454,18 @@ class UniformHarness:
     def _end(self, handle: Any, client: _Client) -> None:
         now = self.loop.now
         spec = client.spec
-        del self._running[handle]
+        thread, k = self._running.pop(handle)
+        times = self._times.pop(handle, None)
+        if times is not None:
+            self._executing.add(-spec.seats, now)
+            acc = self._tick_kinds.setdefault(client.kind, [0, 0])
+            acc[0] += 1
+            acc[1] += now - times[1]
+        if self.model is not None:
+            client.latencies.append(now - times[0])
+            # closed loop: no new call once the last window has ended (no long drain)
+            if k + 1 < thread.calls and now + spec.think_ns < self.evaluate[-1]:
+                self.loop.at(now + spec.think_ns, lambda: self._call(thread, k + 1))
         client.exec_seats.add(-spec.seats, now)
         self.level_exec[client.level].add(-spec.seats, now)
         if self.timeline is not None:
@@ -383,14 +494,9 @@ class UniformHarness:
                     thread = _Thread(client, j, calls)
                     loop.at(start, lambda t=thread: self._call(t, 0))
         if self.periodic is not None:
-            period, fn = self.periodic
-
-            def tick() -> None:
-                self._start_all(fn(loop.now))
-                if len(loop) or loop.now < self.evaluate[-1]:
-                    loop.after(period, tick)
-
-            loop.at(period, tick)
+            self._every(*self.periodic)
+        if self.auto is not None:
+            self._every(self.auto.tick_ns, self._auto_tick)
         windows = []
         start = 0
         for index, end in enumerate(self.evaluate):
@@ -400,9 +506,37 @@ class UniformHarness:
         if self.timeline is not None:
             self.timeline.close(self.evaluate[-1])
         loop.run()
-        return RunResult(windows, {c.spec.name: c.totals for c in self.clients},
-                         self.backend.epoch_advances(), loop.now, loop.events_run, self.requests,
-                         timeline=self.timeline)
+        result = RunResult(windows, {c.spec.name: c.totals for c in self.clients},
+                           self.backend.epoch_advances(), loop.now, loop.events_run,
+                           self.requests, timeline=self.timeline)
+        if self.auto is not None:
+            result.limits = list(self.auto.series)
+            result.limit_bounds = self.auto.bounds
+            for w in windows:
+                w.limit = limit_summary(result.limits, w.start_ns, w.end_ns)
+        return result
+
+    def _every(self, period: int, fn: Callable[[int], list]) -> None:
+        """Run ``fn(now)`` every ``period`` ns while anything is left to run, starting the
+        requests it dispatched."""
+        loop = self.loop
+        self._tickers += 1
+
+        def tick() -> None:
+            self._start_all(fn(loop.now))
+            # the other tickers' next events do not count as something left to run
+            if len(loop) > self._tickers - 1 or loop.now < self.evaluate[-1]:
+                loop.after(period, tick)
+            else:
+                self._tickers -= 1
+
+        loop.at(period, tick)
+
+    def _auto_tick(self, now: int) -> list:
+        average = self._executing.reset(now).average
+        kinds, self._tick_kinds = self._tick_kinds, {}
+        waiting, self._waited = self._waited, bool(self._queued)
+        return self.auto.tick(now, kinds, 0.0 if math.isnan(average) else average, waiting)
 
     def _window(self, start: int, end: int, index: int) -> Window:
         demands = []
@@ -414,10 +548,14 @@ class UniformHarness:
             demands.append(client_demand(spec, threads))
         fair = fair_alloc(demands, self.capacity)
         out: dict[str, ClientWindow] = {}
+        window = Window(start, end, out)
         for client, demand, share in zip(self.clients, demands, fair, strict=True):
             avg = client.exec_seats.reset(end).average
             out[client.spec.name] = ClientWindow(avg, demand, share)
-        window = Window(start, end, out)
+            if self.model is not None:
+                window.latency[client.spec.name] = latency_summary(
+                    client.latencies, duration_seconds(end - start))
+                client.latencies = []
         self.level_averages = {lvl: i.reset(end).average for lvl, i in self.level_exec.items()}
         for name, level in self.check_levels.items():
             mine = self.demand_check[name].reset(end)

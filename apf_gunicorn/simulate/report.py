@@ -14,6 +14,10 @@ from apf_gunicorn.flowcontrol.gomath import duration_seconds, format_duration
 from .harness import REJECT_REASONS, RunResult
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
 def _num(x: float) -> float | None:
     return None if isinstance(x, float) and math.isnan(x) else x
 
@@ -25,7 +29,12 @@ def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str,
     fairness it ran; null for an exempt level), ``timeline`` (when recorded: per
     client the average executing seats of each ``stepSeconds`` step up to ``endSeconds``),
     ``epochAdvances``,
-    ``virtualEnd``, ``events``, ``requests`` and anything in ``extra``."""
+    ``virtualEnd``, ``events``, ``requests`` and anything in ``extra``. With a ``backend``:
+    per window ``latency`` (per client ``completed``, ``throughput`` per second, ``p50``,
+    ``p99``, ``max`` in seconds); with an ``auto`` limit: per window ``concurrencyLimit``
+    (``start``, ``end``, ``min``, ``max``, time-weighted ``mean``) and top level
+    ``concurrencyLimit`` (``min``, ``max`` bounds and ``series``, ``[seconds, limit]`` at the
+    start and after every tick)."""
     evaluations = []
     for w in result.windows:
         entry: dict[str, Any] = {
@@ -39,6 +48,10 @@ def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str,
         }
         if w.priority_levels:
             entry["priorityLevels"] = w.priority_levels
+        if w.latency:
+            entry["latency"] = w.latency
+        if w.limit is not None:
+            entry["concurrencyLimit"] = w.limit
         if w.seat_demand:
             entry["seatDemand"] = {
                 name: {k: (_num(v) if isinstance(v, float) else v) for k, v in d.items()}
@@ -66,9 +79,24 @@ def to_json(result: RunResult, extra: dict[str, Any] | None = None) -> dict[str,
             "stepSeconds": duration_seconds(tl.width_ns), "endSeconds": duration_seconds(tl.end_ns),
             "clients": {name: tl.series(i) for i, name in enumerate(tl.names)},
         }
+    if result.limits is not None:
+        low, high = result.limit_bounds or (None, None)
+        doc["concurrencyLimit"] = {
+            "mode": "auto", "min": low, "max": high,
+            "series": [[duration_seconds(t), v] for t, v in result.limits]}
     if extra:
         doc.update(extra)
     return doc
+
+
+def limit_changes(series: list[tuple[int, int]]) -> str:
+    """``0s 32, 1s 24, ...``: the limit at the start and at each tick that changed it."""
+    out, last = [], None
+    for t, v in series:
+        if v != last:
+            out.append(f"{format_duration(t)} {v}")
+            last = v
+    return ", ".join(out)
 
 
 def format_table(result: RunResult, max_clients: int = 50) -> str:
@@ -89,6 +117,17 @@ def format_table(result: RunResult, max_clients: int = 50) -> str:
             c = w.clients[name]
             lines.append(f"  {name:<{width}}  {c.average_executing_seats:>12.6f}  "
                          f"{c.demand:>10.4f}  {c.fair_share:>10.4f}")
+        if w.latency:
+            lines.append(f"  {'client':<{width}}  {'completed':>9}  {'per s':>8}  "
+                         f"{'p50 ms':>8}  {'p99 ms':>8}")
+            for name in shown:
+                d = w.latency[name]
+                lines.append(f"  {name:<{width}}  {d['completed']:>9}  {d['throughput']:>8.1f}"
+                             f"  {_ms(d['p50']):>8}  {_ms(d['p99']):>8}")
+        if w.limit is not None:
+            d = w.limit
+            lines.append(f"  concurrency limit (auto): {d['start']} at the start, {d['end']} "
+                         f"at the end, {d['min']}..{d['max']}, mean {d['mean']:.2f}")
         for level, d in w.priority_levels.items():
             lines.append(f"  level {level}: avg seats {d.get('averageExecutingSeats', 0):.4f}, "
                          f"current limit {d.get('currentLimit')}")
@@ -117,6 +156,12 @@ def format_table(result: RunResult, max_clients: int = 50) -> str:
         lines.append(f"  ... {len(names) - len(shown)} more clients; all {len(names)}: "
                      f"dispatched {tot['dispatched']}, completed {tot['completed']}, "
                      f"rejected {rej}")
+    if result.limits is not None:
+        lines.append("")
+        low, high = result.limit_bounds or ("?", "?")
+        end = result.windows[-1].end_ns if result.windows else result.end_ns
+        lines.append(f"concurrency limit auto:{low}-{high} over time (to the last window's "
+                     f"end): {limit_changes([p for p in result.limits if p[0] <= end])}")
     lines.append("")
     lines.append(f"epoch advances: {result.epoch_advances}; virtual end "
                  f"{format_duration(result.end_ns)}; {result.requests} requests, "

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from apf_gunicorn.flowcontrol import fairness
+from apf_gunicorn.flowcontrol.adaptive import parse_auto
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, flow_hash
@@ -86,6 +87,38 @@ class _Errors:
 
 
 @dataclass(frozen=True, slots=True)
+class AutoSpec:
+    """``concurrencyLimit: auto[:MIN-MAX]``: the adaptive controller sets the server limit,
+    starting at ``start``, once every ``tick_ns`` of virtual time."""
+
+    minimum: int
+    maximum: int
+    start: int
+    tick_ns: int = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """What executing requests share inside the app (``backend:``).
+
+    ``kind`` ``pool``: ``capacity`` connections; a request holds one for its ``exec`` and waits
+    for one (FIFO) when all are taken. ``cores``: ``capacity`` cores shared by the running
+    requests (processor sharing, each progressing at ``min(1, cores / running)`` of its
+    ``exec``); with ``workers`` > 0 each request runs in one of that many processes (chosen at
+    random, seeded), each running Python one request at a time (the GIL), the processes
+    sharing the cores. ``changes`` are ``(at ns, capacity)``; ``jitter`` multiplies each
+    request's ``exec`` by a uniform factor in ``[1 - jitter, 1 + jitter]`` (seeded).
+    """
+
+    kind: str
+    capacity: int
+    workers: int = 0
+    changes: tuple[tuple[int, int], ...] = ()
+    jitter: float = 0.0
+    seed: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSetSpec:
     """One queue set: ``queues`` > 0 queues, 0 no queuing (reject at the limit), -1 exempt."""
 
@@ -94,6 +127,7 @@ class QueueSetSpec:
     hand_size: int
     queue_length_limit: int
     fairness: str = fairness.SCENARIO_DEFAULT  # Kubernetes' scenarios leave it out
+    auto: AutoSpec | None = None  # concurrencyLimit: auto (concurrency_limit is then the start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +140,7 @@ class ConfigSpec:
     # the fairness of levels without an apf-gunicorn.io/fairness annotation (the server's
     # APF_FAIRNESS)
     fairness: str = fairness.SCENARIO_DEFAULT
+    auto: AutoSpec | None = None  # serverConcurrencyLimit: auto (the limit is then the start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +159,8 @@ class ClientSpec:
     hash: int | None = None  # queueSet form
     attributes: RequestAttributes | None = None  # configuration form
     start_ns: int = 0  # extension: the client's threads start this much later
+    overhead_ns: int = 0  # with a backend: time in the app outside it, after it
+    kind: str = ""  # the kind of request the adaptive controller learns a baseline for
 
     @property
     def max_seats(self) -> int:
@@ -138,20 +175,30 @@ class Scenario:
     config: ConfigSpec | None = None
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False)
+    backend: BackendSpec | None = None
+
+    @property
+    def auto(self) -> AutoSpec | None:
+        """The adaptive limit's settings, if the scenario's limit is ``auto``."""
+        spec = self.queue_set if self.queue_set is not None else self.config
+        return spec.auto if spec is not None else None
 
 
 _QUEUESET_KEYS = {"concurrencyLimit", "queues", "handSize", "queueLengthLimit", "fairness"}
 _CLIENT_KEYS = {
     "name", "hash", "threads", "calls", "exec", "think", "seats", "finalSeats",
-    "additionalLatency", "split", "count", "start", "stagger",
+    "additionalLatency", "split", "count", "start", "stagger", "overhead", "kind",
 }
+_BACKEND_KINDS = ("pool", "cores")
+_BACKEND_KEYS = {*_BACKEND_KINDS, "workers", "changes", "jitter", "seed"}
+_CONTROLLER_KEYS = {"start", "tick"}
 _ATTRIBUTE_KEYS = {
     "user", "groups", "verb", "path", "apiGroup", "apiVersion", "resource", "subresource",
     "namespace", "resourceName",
 }
 _TOP_KEYS = {
     "queueSet", "config", "objects", "serverConcurrencyLimit", "clients", "evaluate",
-    "description", "fairness",
+    "description", "fairness", "backend", "controller",
 }
 
 
@@ -183,8 +230,110 @@ def parse_scenario(data: Any, base_dir: str = ".", source: str = "") -> Scenario
                                                      "under queueSet (queueSet.fairness)"))
     clients = errs.get(_parse_clients, data.get("clients"), config_form=not has_qs)
     evaluate = errs.get(_parse_evaluate, data.get("evaluate"))
+    backend = errs.get(_parse_backend, data["backend"]) if "backend" in data else None
+    if "backend" not in data and isinstance(data.get("clients"), list):
+        errs.errors.extend(ScenarioError(f"clients[{i}].overhead", "only meaningful with a "
+                                                                   "backend")
+                           for i, c in enumerate(data["clients"])
+                           if isinstance(c, dict) and "overhead" in c)
+    spec = queue_set if has_qs else config
+    auto = errs.get(_parse_controller, data.get("controller"), spec)
+    if auto is not None and spec is not None:
+        spec = replace(spec, auto=auto, **{"concurrency_limit" if has_qs else
+                                           "server_concurrency_limit": auto.start})
+        queue_set, config = (spec, None) if has_qs else (None, spec)
     errs.check()
-    return Scenario(clients, evaluate, queue_set, config, source)
+    return Scenario(clients, evaluate, queue_set, config, source, backend=backend)
+
+
+def _limit(raw: dict, key: str, where: str, minimum: int) -> tuple[int, tuple[int, int] | None]:
+    """A concurrency limit: an integer, or ``auto`` / ``auto:MIN-MAX`` (then ``(0, bounds)``)."""
+    path = f"{where}.{key}" if where else key
+    value = raw.get(key)
+    if isinstance(value, str):
+        try:
+            bounds = parse_auto(value)
+        except ValueError as exc:
+            raise ScenarioError(path, str(exc)) from None
+        if bounds is None:
+            raise ScenarioError(path, f"must be an integer, auto or auto:MIN-MAX, got {value!r}")
+        return 0, bounds
+    return _int(raw, key, where, required=True, minimum=minimum), None
+
+
+def _parse_controller(raw: Any, spec: Any) -> AutoSpec | None:
+    """``controller:`` (``start``, ``tick``) for an ``auto`` limit; the bounds come from the
+    limit's ``auto:MIN-MAX``."""
+    partial = spec.auto if spec is not None else None
+    if partial is None:
+        if raw is not None:
+            raise ScenarioError("controller", "only meaningful with an auto concurrency limit")
+        return None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ScenarioError("controller", "must be a mapping")
+    errs = _Errors()
+    errs.get(_no_unknown, raw, _CONTROLLER_KEYS, "controller")
+    low, high = partial.minimum, partial.maximum
+    default = min(high, max(low, round((low * high) ** 0.5)))
+    start = errs.get(_int, raw, "start", "controller", default=default, minimum=low,
+                     maximum=high)
+    tick = errs.get(_duration, raw, "tick", "controller", default=1_000_000_000, minimum=1)
+    if "tick" in raw and tick == 0:
+        errs.errors.append(ScenarioError("controller.tick", "must be positive"))
+    errs.check()
+    return AutoSpec(low, high, start, tick)
+
+
+def _parse_backend(raw: Any) -> BackendSpec:
+    if not isinstance(raw, dict):
+        raise ScenarioError("backend", "must be a mapping")
+    errs = _Errors()
+    errs.get(_no_unknown, raw, _BACKEND_KEYS, "backend")
+    kinds = [k for k in _BACKEND_KINDS if k in raw]
+    if len(kinds) != 1:
+        errs.errors.append(ScenarioError("backend", "give exactly one of pool (connections) "
+                                                    "or cores"))
+        errs.check()
+    kind = kinds[0]
+    capacity = errs.get(_int, raw, kind, "backend", required=True, minimum=1)
+    workers = errs.get(_int, raw, "workers", "backend", default=0, minimum=1)
+    if "workers" in raw and kind != "cores":
+        errs.errors.append(ScenarioError("backend.workers", "only meaningful with cores"))
+    seed = errs.get(_int, raw, "seed", "backend", default=1, minimum=0, maximum=_U64_MAX)
+    jitter = raw.get("jitter", 0.0)
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter < 1:
+        errs.errors.append(ScenarioError("backend.jitter",
+                                         f"must be a number from 0 up to (not including) 1, "
+                                         f"got {jitter!r}"))
+    changes = errs.get(_parse_changes, raw.get("changes", []), kind)
+    errs.check()
+    return BackendSpec(kind, capacity, workers, changes, float(jitter), seed)
+
+
+def _parse_changes(raw: Any, kind: str) -> tuple[tuple[int, int], ...]:
+    if not isinstance(raw, list):
+        raise ScenarioError("backend.changes", f"must be a list of {{at: TIME, {kind}: N}}")
+    out: list[tuple[int, int]] = []
+    errs = _Errors()
+    for i, item in enumerate(raw):
+        where = f"backend.changes[{i}]"
+        if not isinstance(item, dict):
+            errs.errors.append(ScenarioError(where, f"must be a mapping {{at: TIME, {kind}: N}}"))
+            continue
+        errs.get(_no_unknown, item, {"at", kind}, where)
+        if set(item) - {"at", kind}:
+            continue
+        at = errs.get(_duration, item, "at", where, required=True, minimum=0)
+        value = errs.get(_int, item, kind, where, required=True, minimum=1)
+        if at is None or value is None:
+            continue
+        if out and at <= out[-1][0]:
+            errs.errors.append(ScenarioError(f"{where}.at", "times must be increasing"))
+            continue
+        out.append((at, value))
+    errs.check()
+    return tuple(out)
 
 
 def _parse_queue_set(raw: Any) -> QueueSetSpec:
@@ -192,7 +341,7 @@ def _parse_queue_set(raw: Any) -> QueueSetSpec:
         raise ScenarioError("queueSet", "must be a mapping")
     errs = _Errors()
     errs.get(_no_unknown, raw, _QUEUESET_KEYS, "queueSet")
-    limit = errs.get(_int, raw, "concurrencyLimit", "queueSet", required=True, minimum=0)
+    limit, bounds = errs.get(_limit, raw, "concurrencyLimit", "queueSet", 0) or (None, None)
     queues = errs.get(_int, raw, "queues", "queueSet", required=True, minimum=-1)
     if queues is None or queues > 0:
         hand = errs.get(_int, raw, "handSize", "queueSet", required=True, minimum=1)
@@ -206,24 +355,35 @@ def _parse_queue_set(raw: Any) -> QueueSetSpec:
         hand = errs.get(_int, raw, "handSize", "queueSet", default=0, minimum=0)
         qll = errs.get(_int, raw, "queueLengthLimit", "queueSet", default=0, minimum=0)
     fairness_name = errs.get(_fairness_field, raw, "queueSet")
+    if bounds is not None and queues is not None and queues < 0:
+        errs.errors.append(ScenarioError("queueSet.concurrencyLimit",
+                                         "an exempt set (queues -1) has no limit to adapt"))
     errs.check()
-    return QueueSetSpec(limit, queues, hand, qll, fairness_name)
+    return _with_bounds(QueueSetSpec(limit, queues, hand, qll, fairness_name), bounds)
+
+
+def _with_bounds(spec: Any, bounds: tuple[int, int] | None) -> Any:
+    """``spec`` with an ``auto`` limit of ``bounds`` (its start and tick are filled in once
+    ``controller:`` has been read, by :func:`_parse_controller`)."""
+    return spec if bounds is None else replace(spec, auto=AutoSpec(*bounds, start=0))
 
 
 def _parse_config(data: dict, base_dir: str) -> ConfigSpec:
     if "config" in data and "objects" in data:
         raise ScenarioError("config", "give config (a path) or objects, not both")
-    limit = _int(data, "serverConcurrencyLimit", "", required=True, minimum=1)
+    limit, bounds = _limit(data, "serverConcurrencyLimit", "", 1)
     fairness_name = _fairness_field(data, "")
     if "config" in data:
         path = data["config"]
         if not isinstance(path, str) or not path:
             raise ScenarioError("config", "must be a path to a YAML file or directory")
-        return ConfigSpec(limit, path=os.path.join(base_dir, path), fairness=fairness_name)
+        return _with_bounds(ConfigSpec(limit, path=os.path.join(base_dir, path),
+                                       fairness=fairness_name), bounds)
     objects = data["objects"]
     if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
         raise ScenarioError("objects", "must be a list of FlowSchema/PriorityLevelConfiguration objects")
-    return ConfigSpec(limit, objects=tuple(objects), fairness=fairness_name)
+    return _with_bounds(ConfigSpec(limit, objects=tuple(objects), fairness=fairness_name),
+                        bounds)
 
 
 def _fairness_field(raw: dict, where: str) -> str:
@@ -293,7 +453,12 @@ def _parse_client(i: int, item: Any, config_form: bool, names: set[str],
         additional_latency_ns=errs.get(_duration, item, "additionalLatency", where, default=0,
                                        minimum=0),
         split=errs.get(_bool, item, "split", where),
+        overhead_ns=errs.get(_duration, item, "overhead", where, default=0, minimum=0),
     )
+    kind = item.get("kind", item.get("path", item.get("resource", name)))
+    if not isinstance(kind, str) or not kind:
+        errs.errors.append(ScenarioError(f"{where}.kind", "must be a non-empty string"))
+    common["kind"] = kind
     if config_form:
         if "hash" in item:
             errs.errors.append(ScenarioError(f"{where}.hash",

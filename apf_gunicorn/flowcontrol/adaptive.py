@@ -1,0 +1,410 @@
+"""The adaptive server concurrency limit (``auto``): a pure controller, fed once a tick.
+
+The server's concurrency limit should sit at the knee of the real bottleneck (a connection
+pool, the CPU): below it seats stay idle while the backend could serve more; above it requests
+pile up *inside* the app, where nothing is fair. :class:`AdaptiveLimit` finds the knee from
+what finished requests say, once a tick (about a second), with no probing window that rejects
+or pins traffic: while it moves, requests wait fairly in the queues.
+
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
+    limit = ctl.update(Tick(now, {("workload-low", "/items"): KindSample(120, 6_100_000_000)},
+                            concurrency=19.6, waiting=True))
+
+The control law (docs/adaptive.md has the reasoning and the simulator's numbers):
+
+* **Inflation against each kind's own baseline.** A kind of request (a priority level, and a
+  route shape when known) has a baseline: its service time with no contention. A tick's
+  inflation ``r`` is the work-weighted ratio ``sum(service) / sum(count x baseline)`` over the
+  kinds that finished, so a shift of the mix towards a slower kind is not inflation.
+* **A curve, not a point.** Each tick's per-kind service times are filed under the concurrency
+  they were observed at (the average seats executing), smoothed, and kept for a few ticks. The
+  *throughput elasticity* between two concurrencies ``a < b`` is ``1 - ln(r_b/r_a) / ln(b/a)``:
+  by Little's law, the fraction of the added seats that became throughput (1 below the knee of
+  a pool; 0 beyond it, where added seats only wait for a connection; in between for CPU and
+  the GIL, where latency grows with concurrency while throughput still grows too).
+* **Moves** (at most one per two ticks: the tick after a move mixes requests served before
+  it, so it only teaches baselines). With ``below`` the elasticity from the nearest lower
+  concurrency to this one and ``above`` from this one to the nearest higher: down towards the
+  lower one when ``below < gain_low`` (the seats above it only queued); up when
+  ``above >= gain_low`` (by a quarter when ``>= gain_high``); a probe one step up when nothing
+  is known above (by a quarter while rising and the last seats paid in full); moving up needs
+  the elasticity to clear ``gain_low`` by ``confidence`` times its noise (each point's
+  tick-to-tick spread over the distance between the points), so noise does not ratchet the
+  limit up, while moving down needs no such proof (fewer seats only make requests wait in our
+  fair queues); a step down
+  when nothing is known below and the seats above did not pay (a quarter when they clearly
+  did not), or when nothing is known at all and latency is inflated beyond ``1 + tolerance``
+  (towards the tolerance, at most a quarter); else hold: the knee. What a higher concurrency
+  said is believed for ``memory_above_ticks`` (so a capacity increase is found within a few
+  ticks by the next probe), a lower one for ``memory_below_ticks``. An elasticity impossible
+  for one backend, or a concurrency's inflation jumping by more than ``regime_change``, means
+  the backend changed: the rest of the curve is forgotten.
+* **When the limit does not bind** (nothing waited, executing seats below
+  ``binding_fraction`` of the limit): far below (demand under half the limit) it holds, so an
+  idle server's limit does not drift; near it, the app's own bottleneck may still be
+  overloaded while our limit is not reached, so unless fewer seats are known to cost
+  throughput the limit steps below the demand and the curve learns.
+
+Guards against the known failures of Envoy's adaptive concurrency filter and Netflix's
+concurrency-limits: the baseline comes down at once (half the gap per tick, so one noisy tick
+does not pull it to the bottom of the noise) and never creeps up under sustained load: it rises
+only by a reset after ``reset_ticks`` binding ticks at the floor still inflated (the floor is
+the least concurrency we can offer, so what is seen there is the best no-load estimate left);
+smoothing and a tolerance against noise; moves bounded per tick; a floor (``minimum``) that
+holds however inflated latency is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+#: what ``auto`` means without bounds
+DEFAULT_MINIMUM = 1
+DEFAULT_MAXIMUM = 1024
+
+
+def parse_auto(text: str) -> tuple[int, int] | None:
+    """Parse ``auto`` or ``auto:MIN-MAX``.
+
+    Args:
+        text: the setting's value.
+    Returns:
+        ``(minimum, maximum)``, or None when ``text`` is not an ``auto`` form at all (a number,
+        say).
+    Raises:
+        ValueError: an ``auto:`` form whose bounds are not two integers ``1 <= MIN <= MAX``.
+    """
+    text = text.strip()
+    if text == "auto":
+        return DEFAULT_MINIMUM, DEFAULT_MAXIMUM
+    if not text.startswith("auto:"):
+        return None
+    low, sep, high = text[5:].partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"{text!r}: write auto or auto:MIN-MAX, e.g. auto:2-64")
+    lo, hi = int(low), int(high)
+    if lo < 1 or hi < lo:
+        raise ValueError(f"{text!r}: the bounds must satisfy 1 <= MIN <= MAX")
+    return lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class KindSample:
+    """The requests of one kind that finished in a tick: how many, and their summed service
+    time (dispatch to finish: execution, not queue wait), in ns."""
+
+    count: int
+    service_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one tick observed.
+
+    ``kinds`` maps a kind of request (any hashable: a level name, or ``(level, route)``) to its
+    :class:`KindSample`; ``concurrency`` is the average seats executing over the tick;
+    ``waiting`` says whether any request waited in a queue (the limit was binding).
+    """
+
+    now: int
+    kinds: Mapping[Hashable, KindSample]
+    concurrency: float
+    waiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSettings:
+    """The controller's bounds and constants (the defaults are what the simulator's tests
+    and docs/adaptive.md use)."""
+
+    minimum: int = DEFAULT_MINIMUM
+    maximum: int = DEFAULT_MAXIMUM
+    tolerance: float = 0.25  # inflation up to 1 + tolerance counts as none
+    gain_low: float = 0.08  # throughput elasticity below which added seats only wait
+    gain_high: float = 0.5  # elasticity at which added seats clearly pay
+    step_up: float = 0.25  # a confirmed move up: a quarter (at least one seat)
+    step_explore: float = 0.1  # an exploratory move: a tenth (at least one seat)
+    step_down: float = 0.25  # the largest move down per tick
+    memory_above_ticks: int = 4  # how long what a higher concurrency said is believed
+    memory_below_ticks: int = 20  # ... and a lower one
+    separation: float = 1.08  # two concurrencies compared differ by at least this ratio
+    smoothing: float = 0.5  # weight of a new tick in a concurrency's smoothed sample
+    regime_change: float = 0.2  # a jump of the inflation at one concurrency wiping the rest
+    binding_fraction: float = 0.9  # executing seats / limit from which the limit binds
+    reset_ticks: int = 30  # binding ticks at the floor, inflated, before baselines reset
+    noise_prior: float = 0.03  # a tick's inflation noise (log) assumed for a point seen once
+    confidence: float = 0.25  # moving up needs the elasticity this many noise spreads above gain_low
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"bounds must satisfy 1 <= minimum <= maximum, got "
+                             f"{self.minimum}-{self.maximum}")
+
+
+@dataclass(slots=True)
+class _Point:
+    """The smoothed per-kind ``[count, service ns]`` observed at one concurrency (rounded),
+    and the smoothed exact concurrency."""
+
+    kinds: dict[Hashable, list[float]]
+    tick: int
+    concurrency: float
+    samples: int = 1
+    spread: float = 0.0  # smoothed squared log-deviation of a tick's inflation from the point
+
+
+@dataclass(slots=True)
+class Decision:
+    """The last tick's outcome, for metrics, logs and tests."""
+
+    limit: int
+    reason: str
+    inflation: float | None = None
+    concurrency: float = 0.0
+    below: float | None = None  # elasticity towards the lower concurrency compared
+    above: float | None = None  # ... towards the higher one
+
+
+@dataclass(slots=True)
+class AdaptiveLimit:
+    """The controller: :meth:`update` once a tick returns the new server limit.
+
+    Args:
+        settings: bounds and constants.
+        start: the limit before the first tick (clamped to the bounds).
+    """
+
+    settings: AdaptiveSettings
+    start: int
+    limit: int = field(init=False)
+    baselines: dict[Hashable, float] = field(init=False, default_factory=dict)
+    last: Decision = field(init=False)
+    _curve: dict[int, _Point] = field(init=False, default_factory=dict)
+    _tick: int = field(init=False, default=0)
+    _floor_ticks: int = field(init=False, default=0)
+    _settling: bool = field(init=False, default=False)
+    _rising: bool = field(init=False, default=False)  # the last move was up
+    _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.limit = self._clamp(self.start)
+        self.last = Decision(self.limit, "start")
+
+    def _clamp(self, value: float) -> int:
+        return max(self.settings.minimum, min(self.settings.maximum, int(value)))
+
+    # -- the tick ---------------------------------------------------------------------------
+    def update(self, tick: Tick) -> int:
+        """Fold one tick's observations and return the limit to apply.
+
+        Args:
+            tick: what the tick observed (:class:`Tick`).
+        Returns:
+            The new server concurrency limit, within the settings' bounds.
+        """
+        self._tick += 1
+        kinds = {k: s for k, s in tick.kinds.items() if s.count > 0}
+        if not kinds:
+            self.last = Decision(self.limit, "no finished requests", None, tick.concurrency)
+            return self.limit
+        self._learn_baselines(kinds)
+        binding = tick.waiting or tick.concurrency >= self.settings.binding_fraction * self.limit
+        if self._settling:
+            # the first tick after a move mixes requests served before it: learn only baselines
+            self._settling = False
+            self.last = Decision(self.limit, "settling after a move", None, tick.concurrency)
+            return self.limit
+        key = max(1, round(tick.concurrency))
+        r_now = self._inflation({k: [s.count, s.service_ns] for k, s in kinds.items()})
+        self._file(key, kinds, r_now, tick.concurrency)
+        r = self._inflation(self._curve[key].kinds)
+        if not binding:
+            self._floor_ticks = 0
+            new, reason, below = self._unbound(key, tick.concurrency)
+            self._settling = self._clamp(new) != self.limit
+            self.limit = self._clamp(new)
+            self.last = Decision(self.limit, reason, r, tick.concurrency, below)
+            return self.limit
+        self._watch_floor(kinds, r)
+        new, reason, below, above = self._decide(key, r, tick.concurrency)
+        self._settling = self._clamp(new) != self.limit
+        self._rising = self._clamp(new) > self.limit
+        self.limit = self._clamp(new)
+        self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
+        return self.limit
+
+    def _learn_baselines(self, kinds: Mapping[Hashable, KindSample]) -> None:
+        """A kind's baseline starts at its first mean and only comes down: by half the gap per
+        tick (less for a tick of one or two requests), so noise does not drag it to its
+        bottom; it rises only by the floor reset (:meth:`_watch_floor`)."""
+        for kind, s in kinds.items():
+            mean = s.service_ns / s.count
+            base = self.baselines.get(kind)
+            if base is None or base <= 0:
+                self.baselines[kind] = mean
+            elif mean < base:
+                self.baselines[kind] = base + 0.5 * min(1.0, s.count / 3) * (mean - base)
+
+    def _inflation(self, kinds: Mapping[Hashable, list[float]]) -> float:
+        """``sum(service) / sum(count x baseline)`` over kinds with a baseline."""
+        num = den = 0.0
+        for kind, (count, service) in kinds.items():
+            base = self.baselines.get(kind)
+            if base:
+                num += service
+                den += count * base
+        return num / den if den > 0 else 1.0
+
+    def _file(self, key: int, kinds: Mapping[Hashable, KindSample], r_now: float,
+              concurrency: float) -> None:
+        """Smooth this tick into the point at ``key``; a jump means the backend changed, and
+        what other concurrencies said no longer holds."""
+        s = self.settings
+        point = self._curve.get(key)
+        fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
+        if point is not None and self._tick - point.tick <= s.memory_below_ticks:
+            r_old = self._inflation(point.kinds)
+            if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
+                self._curve = {key: _Point(fresh, self._tick, concurrency)}
+                return
+            a = s.smoothing
+            deviation = math.log(r_now / r_old) ** 2
+            spread = deviation if point.samples == 1 else (1 - a) * point.spread + a * deviation
+            merged = {k: [(1 - a) * c, (1 - a) * t] for k, (c, t) in point.kinds.items()}
+            for k, (c, t) in fresh.items():
+                old = merged.setdefault(k, [0.0, 0.0])
+                old[0] += a * c
+                old[1] += a * t
+            conc = (1 - a) * point.concurrency + a * concurrency
+            self._curve[key] = _Point(merged, self._tick, conc, point.samples + 1, spread)
+        else:
+            self._curve[key] = _Point(fresh, self._tick, concurrency)
+        horizon = max(s.memory_above_ticks, s.memory_below_ticks)
+        self._curve = {c: p for c, p in self._curve.items() if self._tick - p.tick <= horizon}
+
+    def _neighbour(self, key: int, lower: bool) -> int | None:
+        s = self.settings
+        memory = s.memory_below_ticks if lower else s.memory_above_ticks
+        best = None
+        for c, p in self._curve.items():
+            if self._tick - p.tick > memory:
+                continue
+            if lower and c * s.separation <= key and (best is None or c > best):
+                best = c
+            elif not lower and c >= key * s.separation and (best is None or c < best):
+                best = c
+        return best
+
+    def _compare(self, key: int, lower: bool) -> tuple[int | None, float | None]:
+        """The neighbour below or above ``key`` and the elasticity between them. An
+        elasticity impossible for one backend (latency falling as concurrency rises, or
+        growing much faster than it) means the backend changed since the neighbour was seen:
+        the rest of the curve is forgotten, only what ``key`` just said is kept."""
+        other = self._neighbour(key, lower)
+        if other is None:
+            return None, None
+        e = self._elasticity(other, key) if lower else self._elasticity(key, other)
+        if not -1.0 <= e <= 1.5:
+            self._curve = {key: self._curve[key]}
+            return None, None
+        return other, e
+
+    def _uncertainty(self, a: int, b: int) -> float:
+        """How far noise can move :meth:`_elasticity` between ``a`` and ``b``: the points'
+        tick-to-tick spread (``noise_prior`` for a point seen once) over their distance."""
+        s = self.settings
+        pa, pb = self._curve[a], self._curve[b]
+        var = sum(p.spread if p.samples > 1 else s.noise_prior ** 2 for p in (pa, pb))
+        spread = math.log(max(pb.concurrency, 1e-9) / max(pa.concurrency, 1e-9))
+        return math.sqrt(var) / spread if spread > 0.01 else math.inf
+
+    def _elasticity(self, a: int, b: int) -> float:
+        """Throughput elasticity between concurrencies ``a < b`` (Little's law on the
+        inflation): 1 when latency stays flat, 0 when it grows as fast as concurrency."""
+        pa, pb = self._curve[a], self._curve[b]
+        ra, rb = self._inflation(pa.kinds), self._inflation(pb.kinds)
+        spread = math.log(max(pb.concurrency, 1e-9) / max(pa.concurrency, 1e-9))
+        if spread <= 0.01:
+            return 1.0  # rounding put two alike concurrencies apart: nothing to learn
+        return 1.0 - math.log(rb / ra) / spread
+
+    def _unbound(self, key: int, concurrency: float) -> tuple[int, str, float | None]:
+        """The limit did not bind: demand is below it. Far below (less than half), it holds,
+        so an idle server's limit does not drift. Near it, the knee may still be under the
+        demand (the app's own pool overloaded while our limit is not reached): unless a lower
+        concurrency is known to cost throughput, the limit goes a step below the demand, so
+        requests wait in our queues and the curve learns what fewer seats give."""
+        s = self.settings
+        if concurrency < 0.5 * self.limit:
+            return self.limit, "not binding: hold", None
+        lo, below = self._compare(key, lower=True)
+        demand = math.ceil(concurrency)
+        if below is None:
+            step = max(1, math.ceil(s.step_explore * demand))
+            return min(self.limit, demand - step), "not binding: probe below the demand", None
+        if below < s.gain_low:
+            ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
+            return min(self.limit, math.floor(demand * ratio)), \
+                "not binding: seats above only queued", below
+        return self.limit, "not binding: hold", below
+
+    def _decide(self, key: int, r: float, concurrency: float
+                ) -> tuple[float, str, float | None, float | None]:
+        s = self.settings
+        limit = self.limit
+        lo, below = self._compare(key, lower=True)
+        hi, above = self._compare(key, lower=False)
+        if lo is not None and lo not in self._curve:  # the comparison above wiped the curve
+            lo, below = None, None
+        inflated = r > 1 + s.tolerance
+        explore_up = limit + max(1, math.ceil(s.step_explore * limit))
+        explore_down = limit - max(1, math.ceil(s.step_explore * limit))
+        if below is not None and below < s.gain_low:
+            # the seats above `lo` only waited inside the app: go back towards it
+            ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
+            return min(limit - 1, math.floor(limit * ratio)), "down: seats above only queued", \
+                below, above
+        sure_above = above is not None and above - s.confidence * self._uncertainty(key, hi) >= s.gain_low
+        sure_below = below is not None and below - s.confidence * self._uncertainty(lo, key) >= s.gain_low
+        if sure_above:
+            # the seats above paid: go back up (by a quarter when they clearly paid)
+            step = s.step_up if above >= s.gain_high else s.step_explore
+            return limit + max(1, round(step * limit)), "up: more seats paid", below, above
+        if above is None and (sure_below or (below is None and not inflated)):
+            if self._rising and below is not None and below >= s.gain_high:
+                # rising, and the last seats paid in full: a capacity increase, climb faster
+                return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
+                    below, above
+            return explore_up, "up: probe", below, above
+        if below is None:
+            if above is None:  # inflated, nothing known: head for the tolerance at once
+                target = math.floor(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
+                return min(explore_down, target), "down: inflated", below, above
+            if above < s.gain_low / 2:  # latency grows with concurrency: far past the knee
+                return min(explore_down, math.floor(limit * (1 - s.step_down))), \
+                    "down: seats above only queued", below, above
+            return explore_down, "down: probe", below, above
+        return limit, "hold: at the knee", below, above
+
+    def _watch_floor(self, kinds: Mapping[Hashable, KindSample], r: float) -> None:
+        """Reset the baselines after ``reset_ticks`` binding ticks at the floor, still
+        inflated: at the least concurrency we can offer, what is seen is the no-load latency
+        now (a slower backend, a slower release), and the curve restarts from it."""
+        s = self.settings
+        if self.limit > s.minimum or r <= 1 + s.tolerance:
+            self._floor_ticks = 0
+            self._floor_means.clear()
+            return
+        self._floor_ticks += 1
+        for kind, sample in kinds.items():
+            acc = self._floor_means.setdefault(kind, [0.0, 0.0])
+            acc[0] += sample.count
+            acc[1] += sample.service_ns
+        if self._floor_ticks >= s.reset_ticks:
+            for kind, (count, service) in self._floor_means.items():
+                self.baselines[kind] = service / count
+            self._floor_ticks = 0
+            self._floor_means.clear()
+            self._curve.clear()

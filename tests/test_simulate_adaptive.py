@@ -1,0 +1,356 @@
+"""The adaptive concurrency limit (``auto``) in virtual time: the production controller
+(apf_gunicorn.flowcontrol.adaptive) against backends whose service time depends on
+concurrency (apf_gunicorn.simulate.capacity), under both fairnesses (kubernetes, maxmin). No wall clock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from apf_gunicorn.flowcontrol.adaptive import (
+    AdaptiveLimit,
+    AdaptiveSettings,
+    KindSample,
+    Tick,
+    parse_auto,
+)
+from apf_gunicorn.flowcontrol.borrowing import BorrowingStates
+from apf_gunicorn.flowcontrol.loader import digest_objects, load_text
+from apf_gunicorn.flowcontrol.relimit import follow_server_limit
+from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec
+from apf_gunicorn.ledger.lock import NullLock
+from apf_gunicorn.simulate import ScenarioError, format_table, parse_scenario, simulate, to_json
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios", "adaptive")
+POLICIES = ["kubernetes", "maxmin"]
+
+
+def raw(name: str) -> dict:
+    with open(os.path.join(HERE, name + ".yaml"), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def run(doc: dict, policy: str) -> dict:
+    return to_json(simulate(parse_scenario(doc, base_dir=HERE), fairness=policy))
+
+
+def static(doc: dict, limit: int) -> dict:
+    doc = dict(doc, queueSet=dict(doc["queueSet"], concurrencyLimit=limit))
+    doc.pop("controller", None)
+    return doc
+
+
+def limit_mean(doc: dict, window: int) -> float:
+    return doc["evaluations"][window]["concurrencyLimit"]["mean"]
+
+
+def latency(doc: dict, window: int, client: str) -> dict:
+    return doc["evaluations"][window]["latency"][client]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("start", [32, 2])
+def test_converges_from_a_wrong_start_to_near_the_pool(policy: str, start: int) -> None:
+    doc = raw("pool-long")
+    doc["controller"]["start"] = start
+    out = run(doc, policy)
+    assert 6 <= limit_mean(out, 1) <= 11  # 10..20 s: the pool holds 8
+    for client in out["clients"].values():
+        assert sum(client["rejected"].values()) == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_capacity_drop_lowers_the_limit_and_it_recovers(policy: str) -> None:
+    doc = raw("pool-long")
+    auto = run(doc, policy)
+    hand = run(static(doc, 10), policy)  # tuned by hand to the pool of 8
+    before, during, after = limit_mean(auto, 1), limit_mean(auto, 3), limit_mean(auto, 5)
+    assert during <= 6 < before  # 30..40 s: the pool holds 4
+    assert after >= 7  # 50..60 s: 8 again
+    # the light user's latency recovers while the pool is 4; a fixed limit cannot
+    assert latency(auto, 3, "alice")["p99"] <= 0.8 * latency(hand, 3, "alice")["p99"]
+    assert latency(auto, 3, "alice")["p99"] <= 0.11
+    # and the flood keeps the pool busy
+    assert latency(auto, 5, "bob")["throughput"] >= 0.9 * latency(hand, 5, "bob")["throughput"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_mix_shift_is_not_taken_for_overload(policy: str) -> None:
+    out = run(raw("mix-shift"), policy)  # carol's 100 ms queries join bob's 10 ms at 20 s
+    before, after = limit_mean(out, 1), limit_mean(out, 3)
+    assert after >= 0.85 * before
+    assert after >= 7
+    assert latency(out, 3, "carol")["completed"] > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", [7, 2, 5])
+def test_noise_does_not_make_it_oscillate(policy: str, seed: int) -> None:
+    doc = raw("noise")  # each query 50 ms +-40 %
+    doc["backend"]["seed"] = seed
+    out = run(doc, policy)
+    series = [v for t, v in out["concurrencyLimit"]["series"] if 20 <= t <= 60]
+    # around the pool's 8: excursions of a few ticks, at most 5 seats above, 3 below
+    assert 5 <= min(series) and max(series) <= 13
+    moves = sum(1 for a, b in zip(series, series[1:], strict=False) if a != b)
+    assert moves <= len(series) // 2
+    assert 7 <= limit_mean(out, 1) <= 10.5 and 7 <= limit_mean(out, 2) <= 10.5
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", [3, 4])
+def test_cpu_bound_keeps_the_throughput(policy: str, seed: int) -> None:
+    doc = raw("cpu-gil")  # latency grows with concurrency while throughput grows too
+    doc["backend"]["seed"] = seed  # which worker each request lands in
+    auto = run(doc, policy)
+    low, high = run(static(doc, 2), policy), run(static(doc, 8), policy)
+    rate = latency(auto, 2, "bob")["throughput"]
+    best = max(latency(low, 2, "bob")["throughput"], latency(high, 2, "bob")["throughput"])
+    assert rate >= 0.9 * best
+    worse = max(latency(low, 2, "alice")["p99"], latency(high, 2, "alice")["p99"])
+    assert latency(auto, 2, "alice")["p99"] <= 1.3 * worse + 0.005
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_levels_follow_the_server_limit(policy: str) -> None:
+    out = run(raw("levels-pool"), policy)
+    assert limit_mean(out, 3) < limit_mean(out, 1)  # the pool of 4 (20..40 s)
+    for window in out["evaluations"]:
+        levels = window["priorityLevels"]
+        server = window["concurrencyLimit"]["end"]
+        # nominal seats are the shares of the server limit in force at the window's end
+        assert levels["test-pl0"]["nominalLimit"] == levels["test-pl1"]["nominalLimit"]
+        assert levels["test-pl0"]["nominalLimit"] <= server
+    # flood0's one flow outgrows its queue (queueLengthLimit 10) when seats shrink; flood1 not
+    assert sum(out["clients"]["flood1"]["rejected"].values()) == 0
+
+
+def test_fixed_limit_scenarios_report_no_auto_fields() -> None:
+    out = run(static(raw("pool-long"), 10), "kubernetes")
+    assert "concurrencyLimit" not in out
+    assert "concurrencyLimit" not in out["evaluations"][0]
+    assert "latency" in out["evaluations"][0]
+
+
+def test_the_table_shows_latency_and_the_limit_over_time() -> None:
+    text = format_table(simulate(parse_scenario(raw("pool-drop"), base_dir=HERE)))
+    assert "p99 ms" in text
+    assert "concurrency limit (auto): 20 at the start" in text
+    assert "concurrency limit auto:2-64 over time (to the last window's end): 0s 20" in text
+
+
+# -- levels follow the limit, on a ledger ---------------------------------------------------------
+
+OBJECTS = """
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {name: a}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 30
+    lendablePercent: 0
+    limitResponse: {type: Queue, queuing: {queues: 4, handSize: 2, queueLengthLimit: 50}}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {name: b}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 10
+    lendablePercent: 0
+    limitResponse: {type: Queue, queuing: {queues: 4, handSize: 2, queueLengthLimit: 50}}
+"""
+
+
+def test_follow_server_limit_keeps_queues_executing_and_exempt() -> None:
+    objects, errors = load_text(OBJECTS, "objects")
+    assert not errors
+    cfg = digest_objects(objects, sources=["objects"])
+    pls = list(cfg.priority_levels.values())
+    cap = Capacity()
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
+    specs = [LevelSpec(pl.name, pl.desired_queues, pl.queuing.hand_size if pl.queuing else 0,
+                       pl.queuing.queue_length_limit if pl.queuing else 0, 0)
+             for pl in pls]
+    index, _ = led.configure(specs, ["fs"], 0)
+    levels = [(pl.name, index[pl.name], pl.is_exempt) for pl in pls]
+    states = BorrowingStates()
+    limits, _ = follow_server_limit(led, pls, levels, states, 40, 1)
+    assert limits["a"].nominal > limits["b"].nominal
+    a = index["a"]
+    running = [led.admit(a, 7, 1, 0, 0, 0, 2) for _ in range(limits["a"].nominal)]
+    assert all(r.outcome == EXECUTE for r in running)
+    queued = [led.admit(a, 7, 1, 0, 0, 0, 3) for _ in range(5)]
+    assert all(r.outcome == QUEUED for r in queued)
+    # a lower server limit: nothing executing is stopped, nothing waiting is dropped
+    limits2, granted = follow_server_limit(led, pls, levels, states, 10, 4)
+    assert limits2["a"].nominal < limits["a"].nominal and granted == []
+    snap = {lv.name: lv for lv in led.snapshot(5).levels}
+    assert snap["a"].requests_executing == len(running)
+    assert snap["a"].requests_waiting == 5
+    assert snap["a"].concurrency_limit == states["a"].current_limit <= limits2["a"].upper
+    # the exempt level is never limited
+    exempt = index["exempt"]
+    assert all(led.admit(exempt, 9, 1, 0, 0, 0, 6).outcome == EXECUTE for _ in range(50))
+    # a higher one dispatches the waiting requests
+    _, granted = follow_server_limit(led, pls, levels, states, 200, 7)
+    assert len(granted) == 5
+
+
+# -- the pure controller --------------------------------------------------------------------------
+
+def tick(n: int, service_ms: float, concurrency: float, waiting: bool = True,
+         kind: str = "k", count: int = 100) -> Tick:
+    return Tick(n * 10**9, {kind: KindSample(count, int(count * service_ms * 1e6))},
+                concurrency, waiting)
+
+
+def test_the_baseline_comes_down_and_does_not_creep_up() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=16)
+    ctl.update(tick(1, 50, 16))
+    for n in range(2, 200):  # sustained load, ever slower: the baseline stays
+        ctl.update(tick(n, 50 + n, ctl.limit))
+    assert ctl.baselines["k"] == 50e6
+    ctl.update(tick(200, 40, ctl.limit))
+    assert ctl.baselines["k"] < 50e6
+
+
+def test_the_floor_holds_under_real_overload() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=3, maximum=64), start=32)
+    ctl.update(tick(1, 10, 32))
+    seen = []
+    for n in range(2, 120):  # latency far above the baseline whatever the concurrency
+        seen.append(ctl.update(tick(n, 10 * ctl.limit, ctl.limit)))
+    assert min(seen) == 3
+    assert seen[-20:].count(3) >= 10
+
+
+def test_a_uniform_slowdown_keeps_the_limit_at_the_knee() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=8)
+    seen = []
+    for n in range(1, 121):  # a pool of 8; from tick 40 every query takes twice as long
+        base = 50 if n < 40 else 100
+        service = base * max(1.0, ctl.limit / 8)
+        count = int(ctl.limit * 1000 / service)
+        seen.append(ctl.update(tick(n, service, ctl.limit, count=count)))
+    assert 6 <= min(seen[40:]) and max(seen[40:]) <= 10
+    assert ctl.baselines["k"] == 50e6
+
+
+def test_an_idle_server_does_not_drift() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
+    for n in range(1, 100):
+        assert ctl.update(tick(n, 50, 3, waiting=False, count=5)) == 20
+
+
+@pytest.mark.parametrize("text,want", [("auto", (1, 1024)), ("auto:2-64", (2, 64)),
+                                       ("12", None)])
+def test_parse_auto(text: str, want) -> None:
+    assert parse_auto(text) == want
+
+
+@pytest.mark.parametrize("text", ["auto:", "auto:5-2", "auto:0-4", "auto:a-b", "auto:3"])
+def test_parse_auto_refuses_bad_bounds(text: str) -> None:
+    with pytest.raises(ValueError, match="auto"):
+        parse_auto(text)
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d["queueSet"].update(concurrencyLimit="auto:9-3"), "queueSet.concurrencyLimit"),
+    (lambda d: d["queueSet"].update(concurrencyLimit="often"), "queueSet.concurrencyLimit"),
+    (lambda d: d["backend"].update(cores=2), "backend"),
+    (lambda d: d["backend"].update(pool=0), "backend.pool"),
+    (lambda d: d["backend"].update(workers=2), "backend.workers"),
+    (lambda d: d["backend"].update(jitter=1.5), "backend.jitter"),
+    (lambda d: d["backend"]["changes"].append({"at": "1s", "pool": 2}), "backend.changes[2].at"),
+    (lambda d: d["backend"]["changes"].append({"at": "30s", "cores": 2}),
+     "backend.changes[2].cores"),
+    (lambda d: d["controller"].update(start=100), "controller.start"),
+    (lambda d: d["controller"].update(often=1), "controller.often"),
+    (lambda d: d["clients"][0].update(overhead="1x"), "clients[0].overhead"),
+])
+def test_scenario_errors_name_the_field(change, field: str) -> None:
+    doc = raw("pool-drop")
+    change(doc)
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(doc, base_dir=HERE)
+    assert field in [e.field for e in getattr(info.value, "errors", [info.value])]
+
+
+def test_controller_needs_an_auto_limit_and_overhead_a_backend() -> None:
+    doc = static(raw("pool-drop"), 10)
+    doc["controller"] = {"start": 4}
+    del doc["backend"]
+    doc["clients"][0]["overhead"] = "1ms"
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(doc, base_dir=HERE)
+    fields = [e.field for e in info.value.errors]
+    assert "controller" in fields and "clients[0].overhead" in fields
+
+
+# -- the backends ---------------------------------------------------------------------------------
+
+def test_connection_pool_is_first_come_first_served_and_resizes() -> None:
+    from apf_gunicorn.simulate.capacity import ConnectionPool
+    from apf_gunicorn.simulate.engine import EventLoop
+
+    loop = EventLoop()
+    pool = ConnectionPool(loop, 2)
+    done = {}
+    for name in "abcd":
+        pool.begin(10, lambda n=name: done.setdefault(n, loop.now))
+    loop.run_until(5)
+    pool.set_capacity(1)  # the two holders keep their connections
+    loop.run()
+    assert done == {"a": 10, "b": 10, "c": 20, "d": 30}
+    pool.set_capacity(3)
+    for name in "efg":
+        pool.begin(10, lambda n=name: done.setdefault(n, loop.now))
+    loop.run()
+    assert [done[n] for n in "efg"] == [40, 40, 40]
+
+
+def test_shared_cores_process_sharing_and_the_gil() -> None:
+    from apf_gunicorn.simulate.capacity import SharedCores
+    from apf_gunicorn.simulate.engine import EventLoop
+
+    loop = EventLoop()
+    cores = SharedCores(loop, 2)
+    done = []
+    for _ in range(4):  # 4 requests of 10 ns on 2 cores: each at half speed
+        cores.begin(10, lambda: done.append(loop.now))
+    loop.run()
+    assert done == [20, 20, 20, 20]
+    loop = EventLoop()
+    gil = SharedCores(loop, 8, workers=1)  # one process: one request at a time, 8 cores or not
+    done = []
+    for _ in range(4):
+        gil.begin(10, lambda: done.append(loop.now))
+    loop.run()
+    assert done == [40, 40, 40, 40]
+    loop = EventLoop()
+    cores = SharedCores(loop, 1)
+    done = []
+    cores.begin(10, lambda: done.append(("a", loop.now)))
+    loop.run_until(5)
+    cores.set_capacity(2)  # alone, it never runs faster than one core
+    cores.begin(10, lambda: done.append(("b", loop.now)))
+    loop.run()
+    assert done == [("a", 10), ("b", 15)]
+
+
+def test_with_a_backend_clients_are_closed_loops_that_stop_at_the_last_window() -> None:
+    doc = {"queueSet": {"concurrencyLimit": 4, "queues": 4, "handSize": 2,
+                        "queueLengthLimit": 10},
+           "backend": {"pool": 1},
+           "clients": [{"name": "a", "hash": 1, "calls": 1000, "exec": "10ms", "think": "5ms"}],
+           "evaluate": ["100ms"]}
+    out = run(doc, "kubernetes")
+    # calls at 0, 15, ..., 90 ms: each ends 10 ms later, the next follows 5 ms after that
+    assert out["clients"]["a"]["dispatched"] == 7
+    assert latency(out, 0, "a") == {"completed": 7, "throughput": 70.0, "p50": 0.01,
+                                    "p99": 0.01, "max": 0.01}
