@@ -165,10 +165,15 @@ def run(port: int) -> dict:
 
 
 def summary(events: dict) -> dict:
-    """Alice's median and p99 latency alone and during the flood; the flood's answers."""
+    """Alice's median and p99 latency alone and during the flood; the flood's answers. A
+    window in which alice sent nothing (a short run on a loaded machine: one slow answer can
+    span it) has NaN for its latencies."""
     def pct(xs, q):
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    def median(xs):
+        return statistics.median(xs) if xs else float("nan")
 
     during = [lat for t, lat, s in events["light"] if FLOOD_START + 0.5 <= t < FLOOD_END]
     alone = [lat for t, lat, s in events["light"] if t < FLOOD_START]
@@ -176,8 +181,8 @@ def summary(events: dict) -> dict:
     for _, _, s in events["flood"]:
         statuses[str(s)] = statuses.get(str(s), 0) + 1
     return {
-        "light_alone_p50_ms": round(statistics.median(alone) * 1000, 1),
-        "light_flood_p50_ms": round(statistics.median(during) * 1000, 1),
+        "light_alone_p50_ms": round(median(alone) * 1000, 1),
+        "light_flood_p50_ms": round(median(during) * 1000, 1),
         "light_flood_p99_ms": round(pct(during, 0.99) * 1000, 1),
         "light_requests": len(events["light"]),
         "light_not_200": sum(1 for _, _, s in events["light"] if s != 200),

@@ -47,3 +47,16 @@ def test_short_real_run_with_and_without_apf(effect, tmp_path):
     effect.plot(results, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size < 200_000
+
+
+def test_summary_of_a_window_alice_sent_nothing_in(effect):
+    """On a loaded machine one slow answer can span the short run's flood window: the summary
+    says NaN for it instead of failing (the CI flake of a short real run)."""
+    import math
+
+    events = {"light": [(0.1, 0.05, 200), (1.2, 0.9, 200), (2.2, 0.05, 200)],
+              "flood": [(1.1, 0.05, 200), (1.3, 0.0, 429)]}
+    s = effect.summary(events)
+    assert s["light_alone_p50_ms"] == 50.0
+    assert math.isnan(s["light_flood_p50_ms"]) and math.isnan(s["light_flood_p99_ms"])
+    assert s["flood_statuses"] == {"200": 1, "429": 1} and s["light_requests"] == 3
