@@ -20,7 +20,7 @@ The arguments are those of :func:`apf_gunicorn.flask.cost` (checked at import: a
 fails at start). The decorator only sets an attribute and returns the view itself, so it may
 sit above or below Django's decorators (``login_required``, ``require_GET``: they use
 ``functools.wraps``). Flask's decorator on a Django view is not read; it is reported at start
-and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.viewcost.unusable_costs`).
+and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.appcosts.unusable_costs`).
 
 Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
 WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, tag, view_cost
+from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, is_flask_like, tag, view_cost
 
 log = logging.getLogger("apf_gunicorn.django")
 
@@ -209,8 +209,6 @@ def unreachable_costs(app: Any) -> list[str]:
     """A message when Django views declare a cost but ``app`` does not lead to Django's
     handler (a WSGI wrapper that keeps it elsewhere): the costs could not be read. A Flask
     app in the same process is not suspected (its own ``@cost`` is what it reads)."""
-    from apf_gunicorn.flask import is_flask_like
-
     if django_handler(app) is not None or is_flask_like(app):
         return []
     conf = sys.modules.get("django.conf")

@@ -23,7 +23,7 @@ when the module is imported (a bad cost fails at start, not per request). Nothin
 Flask: the middleware recognises a Flask app by its ``url_map`` and ``view_functions``.
 Django apps have their own decorator, :func:`apf_gunicorn.django.cost`; each module's decorator
 on the other framework's view is reported at start
-(:func:`apf_gunicorn.viewcost.unusable_costs`).
+(:func:`apf_gunicorn.appcosts.unusable_costs`).
 
 :class:`ViewCosts` is what the middleware uses: ``ViewCosts.for_app(app)`` (None when the app
 is not Flask-like or tags no view), then ``lookup(method, path) -> WorkEstimate | None``.
@@ -39,7 +39,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing.exceptions import RoutingException
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import FLASK_ATTRIBUTE, declares_cost, tag
+from apf_gunicorn.viewcost import FLASK_ATTRIBUTE, declares_cost, is_flask_like, tag
 from apf_gunicorn.viewcost import view_cost as _view_cost
 
 log = logging.getLogger("apf_gunicorn.flask")
@@ -67,10 +67,6 @@ def view_cost(view: Any, method: str) -> WorkEstimate | None:
     """The cost a view declares for ``method``: a class-based view's method first, then the
     view function, then the view class."""
     return _view_cost(view, method, COST_ATTRIBUTE)
-
-
-def is_flask_like(app: Any) -> bool:
-    return hasattr(app, "url_map") and isinstance(getattr(app, "view_functions", None), dict)
 
 
 class ViewCosts:

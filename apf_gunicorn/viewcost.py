@@ -1,14 +1,10 @@
-"""What the framework modules share: tagging a view with its cost, reading it back, and finding
-the view costs of whatever WSGI app gunicorn loaded.
+"""What the framework modules share: tagging a view with its cost and reading it back.
 
 :mod:`apf_gunicorn.flask` and :mod:`apf_gunicorn.django` each export a ``cost(...)``
 decorator with the same arguments; both check them here (:func:`tag`) and set their own
 attribute on the view, so a decorator imported from the wrong module is recognised and
-reported instead of silently ignored (:func:`unusable_costs`).
-
-    costs = view_costs_for_app(app)        # Flask or Django view costs, or None
-    est = costs.lookup("GET", "/reports/2024/") if costs else None
-    for message in unusable_costs(app): log.warning("apf: %s", message)
+reported instead of silently ignored (:func:`apf_gunicorn.appcosts.unusable_costs`). Finding
+the costs of whatever app gunicorn loaded is :mod:`apf_gunicorn.appcosts`, above both.
 """
 
 from __future__ import annotations
@@ -90,48 +86,7 @@ def declares_cost(view: Any, attribute: str) -> bool:
     return any(_tagged(v, attribute) is not None for v in [view_class, *handlers])
 
 
-def view_costs_for_app(app: Any) -> Any:
-    """The view costs of a Flask or Django app whose views declare some, else None.
-
-    Returns:
-        An object with ``lookup(method, path) -> WorkEstimate | None``
-        (:class:`apf_gunicorn.flask.ViewCosts` or :class:`apf_gunicorn.django.DjangoViewCosts`).
-    """
-    from apf_gunicorn import django, flask
-
-    return flask.ViewCosts.for_app(app) or django.DjangoViewCosts.for_app(app)
-
-
-def view_names_for_app(app: Any) -> Any:
-    """Like :func:`view_costs_for_app`, but also for apps whose views declare no cost: for
-    ``apf-gunicorn explain``, which names the view of a request (``name(method, path)``)."""
-    from apf_gunicorn import django, flask
-
-    return (flask.ViewCosts.for_app(app, require_costs=False)
-            or django.DjangoViewCosts.for_app(app, require_costs=False))
-
-
-def declared_view_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every view cost the app declares up front, as ``(where, estimate)`` (where: ``"@cost
-    on GET /reports/<int:year>"`` for Flask, ``"@cost on view mysite.views.report
-    (reports/<int:year>/)"`` for Django)."""
-    from apf_gunicorn import django, flask
-
-    return flask.declared_costs(app) + django.declared_costs(app)
-
-
-def unusable_costs(app: Any) -> list[str]:
-    """A message for each declared cost that cannot take effect on this app: Flask's
-    ``@cost`` on a Django view, Django's on a Flask view, Django costs behind a WSGI wrapper
-    that hides the Django handler."""
-    from apf_gunicorn import django, flask
-
-    out = django.unreachable_costs(app)
-    for framework, views, wrong, right in (
-            ("Flask", flask.named_views(app), "django", "flask"),
-            ("Django", django.named_views(app), "flask", "django")):
-        attribute = DJANGO_ATTRIBUTE if wrong == "django" else FLASK_ATTRIBUTE
-        out += [f"@cost from apf_gunicorn.{wrong} on the {framework} view {name} has no "
-                f"effect: use apf_gunicorn.{right}.cost"
-                for name, view in views if declares_cost(view, attribute)]
-    return out
+def is_flask_like(app: Any) -> bool:
+    """Whether ``app`` looks like a Flask app (a URL map and a view table), without importing
+    Flask."""
+    return hasattr(app, "url_map") and isinstance(getattr(app, "view_functions", None), dict)

@@ -20,9 +20,9 @@ pytest.importorskip("django")  # the test extra installs it; apf_gunicorn does n
 from flask import Flask  # noqa: E402
 
 from apf_gunicorn import django as apf_django
+from apf_gunicorn.appcosts import unusable_costs, view_costs_for_app
 from apf_gunicorn.cli import main
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import unusable_costs, view_costs_for_app
 from tests.conftest import ROOT, free_port
 
 EXAMPLE_CONFIG = str(ROOT / "examples" / "mysite" / "apf.yaml")

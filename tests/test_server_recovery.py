@@ -166,11 +166,11 @@ def _cfg(**replaced):
 def test_replaced_hooks_are_logged_with_what_is_lost(caplog):
     log = logging.getLogger("test.recovery.hooks")
     with caplog.at_level(logging.INFO, log.name):
-        hookcheck.log_replaced_hooks(_cfg(), log)
+        hookcheck.log_replaced_hooks(_cfg(), log, hooks)
     assert caplog.records == []
     with caplog.at_level(logging.INFO, log.name):
         hookcheck.log_replaced_hooks(_cfg(child_exit=_recipe_child_exit,
-                                          worker_exit=_chained_child_exit), log)
+                                          worker_exit=_chained_child_exit), log, hooks)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert any("child_exit hook" in w and "_recipe_child_exit" in w and "about 2 s" in w
@@ -179,7 +179,7 @@ def test_replaced_hooks_are_logged_with_what_is_lost(caplog):
     assert any("worker_exit hook" in w for w in warnings), warnings
     caplog.clear()
     with caplog.at_level(logging.INFO, log.name):
-        hookcheck.log_replaced_hooks(_cfg(child_exit=_chained_child_exit), log)
+        hookcheck.log_replaced_hooks(_cfg(child_exit=_chained_child_exit), log, hooks)
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "seems to call it" in caplog.records[0].getMessage()
 

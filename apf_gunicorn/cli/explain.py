@@ -246,7 +246,7 @@ def _estimate(app, settings, resolver, environ, attrs, c, server_limit: int,
               limits: dict) -> dict[str, Any]:
     """The seats the server would admit the request with, where they come from, and the view
     of ``app`` that serves it."""
-    from apf_gunicorn.viewcost import view_costs_for_app, view_names_for_app
+    from apf_gunicorn.appcosts import view_costs_for_app, view_names_for_app
 
     est: WorkEstimate | None = None
     source = ""
@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
         seats = _estimate(app, settings, resolver, environ, attrs, c,
                           settings.concurrency_limit, limits)
         if app is not None:
-            from apf_gunicorn.viewcost import unusable_costs
+            from apf_gunicorn.appcosts import unusable_costs
 
             notes += unusable_costs(app)
     except (UsageError, ResolverError) as e:

@@ -170,7 +170,7 @@ def declared_estimate(method: str, path: str, view_costs: Any, route_costs: Any
         method: the upper-cased HTTP method.
         path: the URL path.
         view_costs: the app's view costs (``lookup(method, path)``, from
-            :func:`apf_gunicorn.viewcost.view_costs_for_app`) or None.
+            :func:`apf_gunicorn.appcosts.view_costs_for_app`) or None.
         route_costs: a :class:`.routes.RouteTable` with cost entries (``cost(method, path)``)
             or None.
 

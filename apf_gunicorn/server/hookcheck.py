@@ -10,7 +10,7 @@ reading of its code is a hint, not a proof. ``on_starting`` itself cannot be che
 is replaced, none of this runs, and the first worker stops the server ("the master did not set
 up the ledger").
 
-    log_replaced_hooks(server.cfg, server.log)
+    log_replaced_hooks(server.cfg, server.log, hooks)   # hooks: the module of our hook functions
 """
 
 from __future__ import annotations
@@ -34,12 +34,6 @@ LOST = {
     "on_reload": "a HUP does not load the APF configuration again",
     "on_exit": "the shared memory segment stays in /dev/shm until the next start removes it",
 }
-
-
-def _ours(name: str) -> Any:
-    from apf_gunicorn.server import hooks
-
-    return getattr(hooks, name)
 
 
 def seems_to_call(fn: Any, target: Any) -> bool:
@@ -66,28 +60,34 @@ def seems_to_call(fn: Any, target: Any) -> bool:
     return False
 
 
-def replaced_hooks(cfg: Any) -> list[tuple[str, Any, bool]]:
+def replaced_hooks(cfg: Any, ours: types.ModuleType) -> list[tuple[str, Any, bool]]:
     """Our hooks that ``cfg`` does not run as installed.
 
     Args:
         cfg: gunicorn's ``Config`` (``cfg.child_exit`` ... are the functions gunicorn calls).
+        ours: the module that defines our hook functions (:mod:`apf_gunicorn.server.hooks`,
+            handed in by it, so this module need not import the one that calls it).
     Returns:
         ``[(name, the config's function, whether it seems to call ours)]``.
     """
     out = []
     for name in LOST:
         fn = getattr(cfg, name, None)
-        ours = _ours(name)
-        if fn is ours:
+        our_fn = getattr(ours, name)
+        if fn is our_fn:
             continue
-        out.append((name, fn, seems_to_call(fn, ours)))
+        out.append((name, fn, seems_to_call(fn, our_fn)))
     return out
 
 
-def log_replaced_hooks(cfg: Any, glog: Any) -> None:
+def log_replaced_hooks(cfg: Any, glog: Any, ours: types.ModuleType) -> None:
     """Log each replaced hook (see the module's docstring): a warning naming what is lost and
-    how to chain ours, or an info line when the config's function seems to call ours."""
-    for name, fn, chained in replaced_hooks(cfg):
+    how to chain ours, or an info line when the config's function seems to call ours.
+
+    Args:
+        cfg: gunicorn's ``Config``; glog: gunicorn's logger; ours: as :func:`replaced_hooks`.
+    """
+    for name, fn, chained in replaced_hooks(cfg, ours):
         where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
         if chained:
             glog.info("apf: the config's %s hook (%s) replaces apf_gunicorn's and seems to call "

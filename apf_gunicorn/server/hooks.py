@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 from gunicorn.util import load_class
@@ -100,7 +101,7 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
 
 def on_starting(server) -> None:
     startup.route_logs(server.log)
-    log_replaced_hooks(server.cfg, server.log)
+    log_replaced_hooks(server.cfg, server.log, sys.modules[__name__])
     problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])

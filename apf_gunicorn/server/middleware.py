@@ -187,7 +187,7 @@ class APFMiddleware:
         self._estimate = ctx.estimator
         # The default estimator always says one seat, no tail: skip the call and the clamp.
         self._one_seat = ctx.estimator is default_estimator
-        from apf_gunicorn.viewcost import view_costs_for_app
+        from apf_gunicorn.appcosts import view_costs_for_app
 
         self._view_costs = view_costs_for_app(app)
         routes = ctx.routes

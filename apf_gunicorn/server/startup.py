@@ -254,7 +254,7 @@ def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
         ``[(where, estimate)]``, ``where`` such as ``"@cost on GET /reports/<int:year>"`` or
         ``"APF_ROUTES routes[0] (/reports/<path:rest>)"``.
     """
-    from apf_gunicorn.viewcost import declared_view_costs
+    from apf_gunicorn.appcosts import declared_view_costs
 
     out = declared_view_costs(app)
     for i, route in enumerate(getattr(routes, "routes", None) or ()):
@@ -314,7 +314,7 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
 def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, int],
                     generation: Any) -> None:
     """Log :func:`route_notes` and the view costs that cannot take effect
-    (:func:`apf_gunicorn.viewcost.unusable_costs`) as warnings (``post_worker_init``, first
+    (:func:`apf_gunicorn.appcosts.unusable_costs`) as warnings (``post_worker_init``, first
     worker).
 
     Args:
@@ -325,7 +325,7 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
         generation: the loaded configuration (``server.state.Generation``): which levels are
             exempt.
     """
-    from apf_gunicorn.viewcost import unusable_costs
+    from apf_gunicorn.appcosts import unusable_costs
 
     try:
         levels = generation.configuration.priority_levels
