@@ -11,13 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from apf_gunicorn.flowcontrol.identity import MAX_GROUPS, MAX_NAME_LENGTH, identity_groups
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.requestinfo import (
-    MAX_GROUPS,
-    MAX_NAME_LENGTH,
     HookError,
     RequestInfoResolver,
-    identity_groups,
     load_request_info_hook,
 )
 from apf_gunicorn.flowcontrol.routes import RouteError, load_routes, parse_routes

@@ -42,7 +42,32 @@ import hashlib
 import ipaddress
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+ANONYMOUS_USER = "system:anonymous"
+AUTHENTICATED_GROUP = "system:authenticated"
+UNAUTHENTICATED_GROUP = "system:unauthenticated"
+
+#: Longest user or group name kept (longer ones are truncated). Kubernetes service-account user
+#: names are at most ~340 characters; 1024 leaves room for any real identity provider.
+MAX_NAME_LENGTH = 1024
+#: Most groups kept from the group header (further ones are dropped).
+MAX_GROUPS = 64
+
+
+def identity_groups(user: str, groups: Iterable[str]) -> tuple[str, ...]:
+    """Groups of an identified user as Kubernetes' authenticated-group adder leaves them.
+
+    ``system:authenticated`` is added unless the groups already say authenticated or
+    unauthenticated; the anonymous user instead gets ``system:unauthenticated``.
+    """
+    groups = tuple(groups)
+    if AUTHENTICATED_GROUP in groups or UNAUTHENTICATED_GROUP in groups:
+        return groups
+    if user == ANONYMOUS_USER:
+        return (*groups, UNAUTHENTICATED_GROUP)
+    return (*groups, AUTHENTICATED_GROUP)
+
 
 PROXY = "proxy"
 REMOTE_USER = "remote_user"

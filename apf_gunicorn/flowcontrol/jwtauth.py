@@ -48,8 +48,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
-from .identity import bearer_token, printable_name
-from .requestinfo import MAX_GROUPS, MAX_NAME_LENGTH, identity_groups
+from .identity import (
+    MAX_GROUPS,
+    MAX_NAME_LENGTH,
+    bearer_token,
+    identity_groups,
+    printable_name,
+)
 
 #: Longest key file read (a JWKS of a few dozen keys is far smaller).
 MAX_KEY_FILE = 1 << 20

@@ -56,6 +56,13 @@ from urllib.parse import parse_qsl
 
 from . import identity as sources
 from .hookspec import import_callable
+from .identity import (
+    ANONYMOUS_USER,
+    MAX_GROUPS,
+    MAX_NAME_LENGTH,
+    UNAUTHENTICATED_GROUP,
+    identity_groups,
+)
 from .matching import resource_rules_schema
 from .objects import RequestAttributes
 
@@ -64,15 +71,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ANONYMOUS_USER = "system:anonymous"
-AUTHENTICATED_GROUP = "system:authenticated"
-UNAUTHENTICATED_GROUP = "system:unauthenticated"
-
-#: Longest user or group name kept (longer ones are truncated). Kubernetes service-account user
-#: names are at most ~340 characters; 1024 leaves room for any real identity provider.
-MAX_NAME_LENGTH = 1024
-#: Most groups kept from the group header (further ones are dropped).
-MAX_GROUPS = 64
 #: Longest header value read at all (identity headers); the rest is ignored before splitting.
 MAX_HEADER_LENGTH = 16384
 #: Longest path kept; longer paths are truncated (gunicorn's request line limit is 4094).
@@ -119,20 +117,6 @@ def wsgi_str(value: Any, limit: int) -> str:
     except UnicodeEncodeError:  # not a WSGI native string (a test or a hook); use as is
         text = value
     return text[:limit]
-
-
-def identity_groups(user: str, groups: Iterable[str]) -> tuple[str, ...]:
-    """Groups of an identified user as Kubernetes' authenticated-group adder leaves them.
-
-    ``system:authenticated`` is added unless the groups already say authenticated or
-    unauthenticated; the anonymous user instead gets ``system:unauthenticated``.
-    """
-    groups = tuple(groups)
-    if AUTHENTICATED_GROUP in groups or UNAUTHENTICATED_GROUP in groups:
-        return groups
-    if user == ANONYMOUS_USER:
-        return (*groups, UNAUTHENTICATED_GROUP)
-    return (*groups, AUTHENTICATED_GROUP)
 
 
 def _header_key(name: str) -> str:
