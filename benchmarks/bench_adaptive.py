@@ -15,11 +15,12 @@ with the built-in configuration (alice and bob are both in its "users" level):
   GIL a worker runs one at a time). alice as above; bob floods with 16 connections. Limits: 2,
   8 (also the default: 2 x 8 / 2) and ``auto``.
 
-Per window it reports alice's p99 latency and bob's 200s per second, the answers that were
+The full run also runs ``auto`` with a controller tick of 0.5 s (``APF_ADAPTIVE_TICK``)
+instead of 1 s. Per window it reports alice's p99 latency and bob's 200s per second, the answers that were
 not 200 (5xx are counted apart), and for ``auto`` its limit sampled every second from the
 admin endpoint's ``apf_server_concurrency_limit_seats``. ``--quick`` runs a short form (the
 pool drop 3 s long). The picture (``docs/images/adaptive-server.png``) is drawn only when
-matplotlib is installed (the ``plot`` extra). A full run takes about 3 minutes.
+matplotlib is installed (the ``plot`` extra). A full run takes about 4 minutes.
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ def scenarios(quick: bool) -> dict:
                 "windows": [("pool 8", 2.0, 8.0), ("pool 4", 8.0, 15.0),
                             ("pool 8 again", 15.0, 24.0), ("recovery 3 s", 15.0, 18.0)]}
         cpu = {"duration": 20.0, "windows": [("0-10 s", 1.0, 10.0), ("10-20 s", 10.0, 20.0)]}
+    # (label, APF_CONCURRENCY_LIMIT, APF_ADAPTIVE_TICK)
+    fast = [] if quick else [("auto, tick 0.5 s", "auto", "0.5")]
     pool.update(workers=2, threads=20, path=QUERY, flood=32,
-                limits=[("hand-tuned 10", "10"), ("default 20", None), ("auto", "auto")])
+                limits=[("hand-tuned 10", "10", None), ("default 20", None, None),
+                        ("auto", "auto", None), *fast])
     cpu.update(workers=2, threads=8, path=CPU, flood=16, drop=None,
-               limits=[("static 2", "2"), ("static 8 (default)", None), ("auto", "auto")])
+               limits=[("static 2", "2", None), ("static 8 (default)", None, None),
+                       ("auto", "auto", None), *fast])
     return {"pool": pool, "cpu": cpu}
 
 
@@ -94,12 +99,15 @@ def _metric(admin: int, name: str) -> float | None:
     return None
 
 
-def run_one(shape: dict, limit: str | None, tmp: Path, label: str) -> dict:
+def run_one(shape: dict, limit: str | None, tmp: Path, label: str,
+            tick: str | None = None) -> dict:
     """One server, alice and bob against it; the pool drop if any; the limit sampled."""
     admin = free_port()
     env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}"}
     if limit is not None:
         env["APF_CONCURRENCY_LIMIT"] = limit
+    if tick is not None:
+        env["APF_ADAPTIVE_TICK"] = tick
     with gunicorn(tmp, env, workers=shape["workers"], threads=shape["threads"],
                   label=label) as (port, sem):
         ctx = multiprocessing.get_context("fork")
@@ -186,10 +194,10 @@ def plot(results: dict, shapes: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 2, figsize=(11, 8.5), dpi=90, sharex="col")
-    colors = ["#7f8c8d", "#c0392b", "#2471a3"]
+    colors = ["#7f8c8d", "#c0392b", "#2471a3", "#27ae60"]
     for col, key in enumerate(("pool", "cpu")):
         shape = shapes[key]
-        for i, (label, _) in enumerate(shape["limits"]):
+        for i, (label, _, _) in enumerate(shape["limits"]):
             r = results[key][label]
             c = colors[i]
             pts = [(t, lat * 1000) for t, lat, s in r["light"]]
@@ -238,8 +246,8 @@ def main() -> int:
         for key, shape in shapes.items():
             results[key] = {}
             numbers[key] = {}
-            for label, limit in shape["limits"]:
-                r = run_one(shape, limit, Path(tmp), f"{key}-{label.split()[0]}")
+            for i, (label, limit, tick) in enumerate(shape["limits"]):
+                r = run_one(shape, limit, Path(tmp), f"{key}-{i}", tick)
                 results[key][label] = r
                 numbers[key][label] = s = summary(r, shape["windows"])
                 print(f"{key} / {label}: " + json.dumps(

@@ -205,14 +205,16 @@ class MasterServices(threading.Thread):
             self.glog.exception("apf: borrowing round failed")
 
     def adapt_once(self) -> None:
-        """One tick of the adaptive limit; a move by more than a quarter is logged."""
+        """One tick of the adaptive limit; a move by more than a quarter is logged (every
+        tick's observation and decision at debug level)."""
         try:
             change = self.auto.tick(self.state, SERVICE_LOCK)
         except Exception:
             self.glog.exception("apf: adaptive concurrency limit tick failed")
             return
+        last = self.auto.controller.last
+        self.glog.debug("apf: concurrency limit auto: %s -> %s", self.auto.last_tick, last)
         if change is not None and large_move(*change):
-            last = self.auto.controller.last
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
                            "of the baseline at %.1f seats)", change[0], change[1], last.reason,
                            last.inflation or 1.0, last.concurrency)
