@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from plot_effect import _client_loop, gunicorn  # noqa: E402
+from plot_effect import _client_loop, _flood, gunicorn  # noqa: E402
 
 from tests.apps.procs import free_port  # noqa: E402
 
@@ -74,19 +74,6 @@ def scenarios(quick: bool) -> dict:
     return {"pool": pool, "cpu": cpu}
 
 
-def _flood(port: int, t0: float, end: float, connections: int, path: str, out) -> None:
-    events: list = []
-    threads = [threading.Thread(target=_client_loop,
-                                args=(port, "bob", t0, 0.0, end, 0.0, events, path))
-               for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.send(events)
-    out.close()
-
-
 def _metric(admin: int, name: str) -> float | None:
     with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
         conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=2)
@@ -114,8 +101,8 @@ def run_one(shape: dict, limit: str | None, tmp: Path, label: str,
         recv, send = ctx.Pipe(duplex=False)
         t0 = time.monotonic() + 0.5
         duration = shape["duration"]
-        flood = ctx.Process(target=_flood, args=(port, t0, duration, shape["flood"],
-                                                 shape["path"], send))
+        flood = ctx.Process(target=_flood, args=(port, t0, send, 0.0, duration, shape["flood"],
+                                                 shape["path"]))
         flood.start()
         samples: list = []
         stop = threading.Event()

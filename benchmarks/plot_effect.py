@@ -147,13 +147,15 @@ def _client_loop(port: int, user: str, t0: float, start: float, end: float, thin
         conn.close()
 
 
-def _flood(port: int, t0: float, out) -> None:
-    """The flood's process: FLOOD_CONNECTIONS threads; sends their events back through
-    ``out`` (time.monotonic is system-wide, so ``t0`` means the same here)."""
+def _flood(port: int, t0: float, out, start: float = FLOOD_START, end: float = FLOOD_END,
+           connections: int = FLOOD_CONNECTIONS, path: str = PATH) -> None:
+    """The flood's process: ``connections`` threads of bob's from ``start`` to ``end``; sends
+    their events back through ``out`` (time.monotonic is system-wide, so ``t0`` means the same
+    here)."""
     events: list = []
     threads = [threading.Thread(target=_client_loop,
-                                args=(port, "bob", t0, FLOOD_START, FLOOD_END, 0.0, events))
-               for _ in range(FLOOD_CONNECTIONS)]
+                                args=(port, "bob", t0, start, end, 0.0, events, path))
+               for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
