@@ -5,6 +5,7 @@ virtual time: what it reads from the ledger's statistics, and how a new limit is
 from __future__ import annotations
 
 import heapq
+import re
 from types import SimpleNamespace
 
 from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger
@@ -132,3 +133,39 @@ def test_a_pool_of_4_brings_the_limit_down_and_levels_follow() -> None:
 def test_a_large_move_is_more_than_a_quarter() -> None:
     assert large_move(20, 14) and large_move(8, 11)
     assert not large_move(20, 15) and not large_move(8, 10)
+
+
+def test_the_master_logs_a_move_by_more_than_a_quarter() -> None:
+    from apf_gunicorn.server.master import MasterServices
+
+    class Log:
+        def __init__(self) -> None:
+            self.lines: list[tuple[str, str]] = []
+
+        def info(self, msg, *args) -> None:
+            self.lines.append(("info", msg % args))
+
+        def debug(self, msg, *args) -> None:
+            self.lines.append(("debug", msg % args))
+
+        def exception(self, msg, *args) -> None:
+            self.lines.append(("exception", msg % args))
+
+    m, clock = master(), Clock()
+    log = Log()
+    services = MasterServices(m, log)
+    services.auto.clock = clock
+    assert m.auto_limit is services.auto
+    load = PoolLoad(m, clock)
+    infos = []
+    for _ in range(30):
+        services.adapt_once()
+        load.run_until(clock.now + S)
+        infos = [line for level, line in log.lines if level == "info"]
+        if infos:
+            break
+    # the flood against a pool of 4 from 20 seats: a first large move down
+    assert infos and re.match(r"apf: concurrency limit auto: \d+ -> \d+ seats \(down: ", infos[0]), \
+        log.lines
+    assert [level for level, _ in log.lines].count("debug") >= 2  # every tick at debug
+    assert not [line for level, line in log.lines if level == "exception"]
