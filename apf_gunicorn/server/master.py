@@ -1,8 +1,8 @@
 """Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``),
 with ``APF_CONCURRENCY_LIMIT=auto`` the adaptive limit's controller every second
-(``APF_ADAPTIVE_TICK``, ``server/autolimit.py``), reclaims every second the seats of workers that died unseen by our ``child_exit``
-(``server/reclaim.py``), and hosts the admin endpoint and the HAProxy agent-check endpoint
-(``APF_AGENT_BIND``).
+(``APF_ADAPTIVE_TICK``, ``server/autolimit.py``), reclaims every second the seats of
+workers that died unseen by our ``child_exit`` (``server/reclaim.py``), and hosts the
+admin endpoint and the HAProxy agent-check endpoint (``APF_AGENT_BIND``).
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
 in the master for the life of the server and survives HUP. Every lock it takes is guarded
