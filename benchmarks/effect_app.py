@@ -4,7 +4,9 @@ only a few things at once, as a database with a small connection pool.
 ``GET /query?ms=N`` takes one of ``EFFECT_POOL`` "connections" (a POSIX semaphore shared by
 every worker process, named by ``EFFECT_SEMAPHORE``), holds it N ms, and answers. Requests
 beyond the pool wait for a connection inside the app, holding their worker thread, as they
-would on a real pool. ``GET /ok`` answers at once (readiness). Plain WSGI: no Flask needed.
+would on a real pool. ``GET /cpu?ms=N`` runs N ms of Python (thread CPU time: under the GIL,
+a worker runs one such request at a time). ``GET /ok`` answers at once (readiness). Plain
+WSGI: no Flask needed.
 
     EFFECT_SEMAPHORE=/effect-1 EFFECT_POOL=8 gunicorn -k gthread --pythonpath benchmarks \\
         effect_app:app
@@ -41,6 +43,14 @@ def app(environ, start_response):
         finally:
             sem.release()
         body = f"queried {ms} ms\n".encode()
+    elif path == "/cpu":
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        ms = min(max(int(query.get("ms", ["5"])[0]), 0), 10_000)
+        end = time.thread_time() + ms / 1000
+        spins = 0
+        while time.thread_time() < end:
+            spins += sum(range(100))
+        body = f"computed {ms} ms\n".encode()
     elif path == "/ok":
         body = b"ok\n"
     else:

@@ -53,6 +53,18 @@ PATH = f"/query?ms={QUERY_MS}"
 @contextlib.contextmanager
 def server(apf: bool, tmp: Path):
     """A gunicorn on a free port serving effect_app, with or without APF; stopped after."""
+    env = {"APF_CONCURRENCY_LIMIT": "10", "APF_ADMIN_BIND": "off"} if apf else None
+    with gunicorn(tmp, env, label="apf" if apf else "bare") as (port, _sem):
+        yield port
+
+
+@contextlib.contextmanager
+def gunicorn(tmp: Path, apf_env: dict | None, *, workers: int = WORKERS, threads: int = THREADS,
+             label: str = "apf"):
+    """A gunicorn on a free port serving effect_app with a fresh pool of POOL "connections";
+    with APF (and ``apf_env``'s settings) unless ``apf_env`` is None. Yields ``(port,
+    semaphore)``: acquiring permits of the semaphore shrinks the pool at run time. Stopped
+    after."""
     import posix_ipc
 
     port = free_port()
@@ -60,16 +72,16 @@ def server(apf: bool, tmp: Path):
     sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, initial_value=POOL)
     env = dict(os.environ, EFFECT_SEMAPHORE=sem_name, EFFECT_POOL=str(POOL),
                PYTHONPATH=str(ROOT))
-    if apf:
-        env.update(APF_CONCURRENCY_LIMIT="10", APF_TRUSTED_PROXIES="127.0.0.1",
-                   APF_ADMIN_BIND="off", APF_INSTANCE="effect" + uuid.uuid4().hex[:6])
+    if apf_env is not None:
+        env.update(APF_TRUSTED_PROXIES="127.0.0.1", APF_INSTANCE="effect" + uuid.uuid4().hex[:6])
+        env.update(apf_env)
         conf = ["-c", "python:apf_gunicorn.conf"]
     else:
         conf = ["-k", "gthread", "--no-control-socket"]
-    cmd = [GUNICORN, *conf, "-w", str(WORKERS), "--threads", str(THREADS), "-b",
+    cmd = [GUNICORN, *conf, "-w", str(workers), "--threads", str(threads), "-b",
            f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"), "--graceful-timeout",
            "3", "effect_app:app"]
-    log = open(tmp / f"gunicorn-{'apf' if apf else 'bare'}.log", "wb")
+    log = open(tmp / f"gunicorn-{label}.log", "wb")
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -86,7 +98,7 @@ def server(apf: bool, tmp: Path):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn did not answer: see {log.name}")
             time.sleep(0.1)
-        yield port
+        yield port, sem
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -103,8 +115,8 @@ def server(apf: bool, tmp: Path):
 
 
 def _client_loop(port: int, user: str, t0: float, start: float, end: float, think: float,
-                 events: list) -> None:
-    """One keep-alive connection: query until ``end`` (seconds after ``t0``); appends
+                 events: list, path: str = PATH) -> None:
+    """One keep-alive connection: ``GET path`` until ``end`` (seconds after ``t0``); appends
     (sent at, latency, status) per answer, status 0 for a connection error."""
     while time.monotonic() - t0 < start:
         time.sleep(0.005)
@@ -113,7 +125,7 @@ def _client_loop(port: int, user: str, t0: float, start: float, end: float, thin
         try:
             if conn is None:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("GET", PATH, headers={"X-Remote-User": user})
+            conn.request("GET", path, headers={"X-Remote-User": user})
             resp = conn.getresponse()
             resp.read()
             status = resp.status
@@ -135,13 +147,15 @@ def _client_loop(port: int, user: str, t0: float, start: float, end: float, thin
         conn.close()
 
 
-def _flood(port: int, t0: float, out) -> None:
-    """The flood's process: FLOOD_CONNECTIONS threads; sends their events back through
-    ``out`` (time.monotonic is system-wide, so ``t0`` means the same here)."""
+def _flood(port: int, t0: float, out, start: float = FLOOD_START, end: float = FLOOD_END,
+           connections: int = FLOOD_CONNECTIONS, path: str = PATH) -> None:
+    """The flood's process: ``connections`` threads of bob's from ``start`` to ``end``; sends
+    their events back through ``out`` (time.monotonic is system-wide, so ``t0`` means the same
+    here)."""
     events: list = []
     threads = [threading.Thread(target=_client_loop,
-                                args=(port, "bob", t0, FLOOD_START, FLOOD_END, 0.0, events))
-               for _ in range(FLOOD_CONNECTIONS)]
+                                args=(port, "bob", t0, start, end, 0.0, events, path))
+               for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:

@@ -272,3 +272,19 @@ def test_max_seats_annotation_shown(tmp_path, capsys):
     assert code == 0 and err == ""
     assert ("Max seats by annotation (apf-gunicorn.io/max-seats): tenants 4; other queuing "
             "levels: Kubernetes' 15% of nominal.") in out.splitlines()
+
+
+def test_an_auto_limit_says_where_it_starts_and_its_bounds(capsys):
+    code, out, _ = run_check(capsys, "builtin:webapp", "--concurrency-limit", "auto:4-30",
+                             "--workers", "2", "--threads", "20")
+    assert code == 0
+    assert out.startswith("Server concurrency limit auto (starts at 20 seats, bounds 4-30; "
+                          "experimental: the server moves it), from --concurrency-limit;")
+    code, out, _ = run_check(capsys, "builtin:webapp", "--concurrency-limit", "auto", "--json",
+                             "--workers", "2", "--threads", "3")
+    doc = json.loads(out)
+    assert doc["concurrencyLimit"] == 3  # the default (2 x 3 / 2), within 1..2 x 3
+    assert doc["concurrencyLimitAuto"] == {"start": 3, "min": 1, "max": 6}
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "builtin:webapp", "--concurrency-limit", "auto:9-3"])
+    assert exc.value.code == 2 and "auto:MIN-MAX" in capsys.readouterr().err

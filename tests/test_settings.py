@@ -82,3 +82,32 @@ def test_fairness_setting(value, fairness):
     """APF_FAIRNESS: maxmin unless set (an empty value is unset), any case."""
     s = load_settings({} if value is None else {"APF_FAIRNESS": value})
     assert s.fairness == fairness
+
+
+@pytest.mark.parametrize("value,workers,threads,start,bounds", [
+    ("auto", 2, 20, 20, (1, 40)),  # plain auto: 1 to every thread, starting at the default
+    ("AUTO:2-64", 2, 20, 20, (2, 64)),
+    ("auto:2-8", 2, 20, 8, (2, 8)),  # the default, within the bounds
+    ("auto:30-64", 2, 20, 30, (30, 64)),
+    (" auto: 3 - 5 ", 1, 1, 3, (3, 5)),
+])
+def test_auto_concurrency_limit(value, workers, threads, start, bounds):
+    s = load_settings({"APF_CONCURRENCY_LIMIT": value}, workers=workers, threads=threads)
+    assert (s.concurrency_limit, s.concurrency_auto) == (start, bounds)
+    assert s.concurrency_limit_set and s.adaptive_tick_s == 1.0
+    assert load_settings({}).concurrency_auto is None  # the default stays a number
+    assert load_settings({"APF_CONCURRENCY_LIMIT": "12"}).concurrency_auto is None
+
+
+@pytest.mark.parametrize("var,value", [
+    ("APF_CONCURRENCY_LIMIT", "auto:0-8"), ("APF_CONCURRENCY_LIMIT", "auto:9-8"),
+    ("APF_CONCURRENCY_LIMIT", "auto:8"), ("APF_CONCURRENCY_LIMIT", "auto:a-b"),
+    ("APF_CONCURRENCY_LIMIT", "automatic"), ("APF_CONCURRENCY_LIMIT", "auto:1-2000000"),
+    ("APF_ADAPTIVE_TICK", "0"), ("APF_ADAPTIVE_TICK", "soon"),
+])
+def test_bad_auto_settings(var, value):
+    with pytest.raises(SettingsError) as e:
+        load_settings({var: value}, workers=2, threads=8)
+    assert e.value.var == var and e.value.value == value.strip()
+    assert ("auto:MIN-MAX" if var == "APF_CONCURRENCY_LIMIT" else "0.05 to 60") in str(e.value)
+    load_settings({"APF_ADAPTIVE_TICK": "0.25"})  # a short tick for tests is fine

@@ -27,7 +27,7 @@ def test_misspelled_setting_gets_the_closest_known_name() -> None:
     assert startup.unknown_variable_warnings(env) == [
         "unknown setting APF_CONCURENCY_LIMIT is ignored; did you mean APF_CONCURRENCY_LIMIT?",
         "unknown setting APF_TRUSTED_PROXY is ignored; did you mean APF_TRUSTED_PROXIES?",
-        "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADMIN_BIND, "
+        "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADAPTIVE_TICK, APF_ADMIN_BIND, "
         "APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY, APF_BORROWING_PERIOD, APF_CONCURRENCY_LIMIT, "
         "APF_CONFIG, APF_EXEMPT_THREADS, APF_FAIRNESS, APF_GROUP_HEADER, APF_HEADER_TIMEOUT, "
         "APF_HEAD_BUFFER_LIMIT, APF_HEAD_CONNECTIONS, APF_INSTANCE, "
@@ -70,6 +70,13 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     assert line.endswith("; admin endpoint off (APF_ADMIN_BIND=off)")
     line = startup.ready_line(settings, gen, None, "busy", 2, 64, env={})
     assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
+
+
+def test_ready_line_of_an_auto_limit() -> None:
+    env = {"APF_CONCURRENCY_LIMIT": "auto:4-30"}
+    settings = load_settings(env, workers=2, threads=64)
+    line = startup.ready_line(settings, load_generation(settings), None, "off", 2, 64, env=env)
+    assert "limit auto (now 30) seats, within 4-30, experimental (APF_CONCURRENCY_LIMIT)" in line
 
 
 def test_ready_line_names_the_fairness_and_annotated_levels(tmp_path) -> None:

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = _load_json(args.path) if args.json else load_or_report(args.path, "check")
     if isinstance(cfg, int):
         return cfg
-    limit, source = server_limit(args)
+    chosen = server_limit(args)
+    limit, source = chosen.seats, chosen.source
     limits = compute_limits(cfg.priority_levels.values(), limit)
     dangling = cfg.dangling_errors()
     dangling_texts = {str(err) for err in dangling}
@@ -102,10 +103,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = report(cfg, limits, limit)
         doc["concurrencyLimitSource"] = source
+        if chosen.auto is not None:
+            doc["concurrencyLimitAuto"] = {"start": limit, "min": chosen.auto[0],
+                                           "max": chosen.auto[1]}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(cfg, limits, limit, source))
+        sys.stdout.write(render_text(cfg, limits, limit, source, chosen.describe()))
     return 1 if dangling else 0
 
 
@@ -178,7 +182,9 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit: int,
-                source: str = "") -> str:
+                source: str = "", shown: str | None = None) -> str:
+    """The human report; ``shown`` describes the limit (default ``"<server_limit> seats"``;
+    ``auto (starts at N seats, bounds ...)`` with an adaptive limit)."""
     def opt(value: Any) -> str:
         return "-" if value is None else str(value)
 
@@ -194,7 +200,7 @@ def render_text(cfg: Configuration, limits: dict[str, LevelLimits], server_limit
             opt(q and q.queues), opt(q and q.hand_size), opt(q and q.queue_length_limit),
         ])  # fmt: skip
     used = f", {source}" if source else ""
-    out = [f"Server concurrency limit {server_limit} seats{used}; "
+    out = [f"Server concurrency limit {shown or f'{server_limit} seats'}{used}; "
            f"nominal sum {nominal_sum(limits)}.\n\n"]
     out.append(_table(rows))
     chosen = [f"{name} {pl.fairness}" for name, pl in cfg.priority_levels.items()

@@ -2,7 +2,7 @@
 reporting why it failed.
 
     add_limit_arguments(parser)               # --concurrency-limit, --workers, --threads
-    limit, source = server_limit(args)        # (64, "the server's default for 2 workers ...")
+    limit, source, auto = server_limit(args)  # (64, "the server's default for 2 workers ...", None)
     cfg = load_or_report(path, "check")
     if isinstance(cfg, int):
         return cfg          # 1: invalid (every error printed), 2: unreadable
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NamedTuple
 
 from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.loader import BUILTIN_PREFIX, DEFAULT_BUILTIN, load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
-from apf_gunicorn.server.settings import default_concurrency_limit
+from apf_gunicorn.server.settings import SettingsError, default_concurrency_limit, parse_auto_limit
 
 
 def plural(count: int, noun: str) -> str:
@@ -40,15 +41,47 @@ def positive_int(text: str) -> int:
     return value
 
 
+def limit_argument(text: str) -> int | str:
+    """An argparse type: a positive integer, or ``auto`` / ``auto:MIN-MAX`` (kept as text:
+    plain ``auto``'s bounds depend on ``--workers`` and ``--threads``).
+
+    Raises:
+        argparse.ArgumentTypeError: neither.
+    """
+    if text.strip().lower().startswith("auto"):
+        try:
+            parse_auto_limit(text, 1, 1)
+        except SettingsError as e:
+            raise argparse.ArgumentTypeError(e.allowed) from None
+        return text.strip().lower()
+    return positive_int(text)
+
+
+class ServerLimit(NamedTuple):
+    """The server concurrency limit a command assumes: ``seats`` (with ``auto``, where it
+    starts), where it comes from, and ``auto``'s ``(MIN, MAX)`` bounds or None."""
+
+    seats: int
+    source: str
+    auto: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        """``"20 seats"``, or ``"auto (starts at 20 seats, bounds 2-64; experimental)"``."""
+        if self.auto is None:
+            return f"{self.seats} seats"
+        return (f"auto (starts at {self.seats} seats, bounds {self.auto[0]}-{self.auto[1]}; "
+                "experimental: the server moves it)")
+
+
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--concurrency-limit``, ``--workers`` and ``--threads``: what :func:`server_limit`
     reads."""
     parser.add_argument(
         "--concurrency-limit",
-        type=positive_int,
+        type=limit_argument,
         metavar="N",
-        help="server concurrency limit in seats, as APF_CONCURRENCY_LIMIT (default: the "
-        "server's default for --workers x --threads)",
+        help="server concurrency limit in seats, or auto / auto:MIN-MAX, as "
+        "APF_CONCURRENCY_LIMIT (default: the server's default for --workers x --threads)",
     )
     parser.add_argument(
         "--workers", type=positive_int, default=conf.workers, metavar="W",
@@ -62,29 +95,34 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def server_limit(args: argparse.Namespace, environment_limit: int | None = None
-                 ) -> tuple[int, str]:
+def server_limit(args: argparse.Namespace, environment_limit: int | str | None = None
+                 ) -> ServerLimit:
     """The server concurrency limit a command assumes, and a phrase saying where it comes from.
 
     Args:
         args: parsed arguments of :func:`add_limit_arguments` (``concurrency_limit``,
             ``workers``, ``threads``).
-        environment_limit: ``APF_CONCURRENCY_LIMIT`` when the command reads the environment
-            and it is set, else None.
+        environment_limit: ``APF_CONCURRENCY_LIMIT`` (seats, or its ``auto`` text) when the
+            command reads the environment and it is set, else None.
 
     Returns:
-        (seats, source), e.g. ``(600, "from --concurrency-limit")``: ``--concurrency-limit``,
-        else ``APF_CONCURRENCY_LIMIT``, else the server's default for ``--workers`` x
-        ``--threads``.
+        :class:`ServerLimit`, e.g. ``(600, "from --concurrency-limit", None)``:
+        ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the server's default for
+        ``--workers`` x ``--threads``. With ``auto``, ``seats`` is where the server starts: the
+        default, within the bounds.
     """
-    if args.concurrency_limit is not None:
-        return args.concurrency_limit, "from --concurrency-limit"
-    if environment_limit is not None:
-        return environment_limit, "from APF_CONCURRENCY_LIMIT"
-    limit = default_concurrency_limit(args.workers, args.threads)
-    return limit, (f"the server's default for {args.workers} workers x {args.threads} threads: "
-                   "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
-                   "(check it with --concurrency-limit)")
+    default = default_concurrency_limit(args.workers, args.threads)
+    for value, source in ((args.concurrency_limit, "from --concurrency-limit"),
+                          (environment_limit, "from APF_CONCURRENCY_LIMIT")):
+        if isinstance(value, str):
+            low, high = parse_auto_limit(value, args.workers, args.threads)
+            return ServerLimit(min(max(default, low), high), source, (low, high))
+        if value is not None:
+            return ServerLimit(value, source)
+    return ServerLimit(default, (
+        f"the server's default for {args.workers} workers x {args.threads} threads: "
+        "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
+        "(check it with --concurrency-limit)"))
 
 
 def config_name(path: str | None) -> str:

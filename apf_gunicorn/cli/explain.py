@@ -60,7 +60,13 @@ import os
 import sys
 from typing import Any
 
-from apf_gunicorn.cli.common import add_limit_arguments, config_name, load_or_report, server_limit
+from apf_gunicorn.cli.common import (
+    ServerLimit,
+    add_limit_arguments,
+    config_name,
+    load_or_report,
+    server_limit,
+)
 from apf_gunicorn.flowcontrol import fairness, identity
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
@@ -300,6 +306,13 @@ def explanation(classification: Classification) -> dict[str, Any]:
     }
 
 
+def _limit_text(result: dict[str, Any]) -> str:
+    """``"20 seats"``, or ``auto (starts at 20 seats, bounds ...)`` for an adaptive limit."""
+    auto = result.get("concurrencyLimitAuto")
+    limit = result["concurrencyLimit"]
+    return ServerLimit(limit, "", None if auto is None else (auto["min"], auto["max"])).describe()
+
+
 def render_text(result: dict[str, Any]) -> str:
     a = result["attributes"]
     if a["isResource"]:
@@ -320,8 +333,7 @@ def render_text(result: dict[str, Any]) -> str:
         seats += "; held until the app returns its iterable (long-running)"
     lines = [
         f"configuration: {result['config']} ({result['configSource']})",
-        f"concurrency limit: {result['concurrencyLimit']} seats, "
-        f"{result['concurrencyLimitSource']}",
+        f"concurrency limit: {_limit_text(result)}, {result['concurrencyLimitSource']}",
         f"user: {result['user']}",
         f"groups: {', '.join(result['groups'])}",
         f"request: {what}",
@@ -362,10 +374,14 @@ def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
         config_source = "from APF_CONFIG"
     else:
         config_source = "the default: APF_CONFIG is not set"
-    from_env = (settings.concurrency_limit
-                if env.get("APF_CONCURRENCY_LIMIT", "").strip() else None)
-    limit, limit_source = server_limit(args, from_env)
-    return dataclasses.replace(settings, concurrency_limit=limit), config_source, limit_source
+    from_env: int | str | None = None
+    if env.get("APF_CONCURRENCY_LIMIT", "").strip():
+        from_env = (settings.concurrency_limit if settings.concurrency_auto is None
+                    else env["APF_CONCURRENCY_LIMIT"])
+    chosen = server_limit(args, from_env)
+    return (dataclasses.replace(settings, concurrency_limit=chosen.seats,
+                                concurrency_auto=chosen.auto),
+            config_source, chosen.source)
 
 
 def _fairness(level: Any, settings: Any) -> tuple[str | None, str]:
@@ -465,6 +481,10 @@ def run(args: argparse.Namespace) -> int:
     result = {"config": config_name(settings.config_path), "configSource": config_source,
               "concurrencyLimit": settings.concurrency_limit,
               "concurrencyLimitSource": limit_source,
+              "concurrencyLimitAuto": (None if settings.concurrency_auto is None else
+                                       {"start": settings.concurrency_limit,
+                                        "min": settings.concurrency_auto[0],
+                                        "max": settings.concurrency_auto[1]}),
               **explanation(c), "flow": flow_distinguisher(c.flow_schema, attrs),
               "user": attrs.user, "groups": list(attrs.groups),
               "attributes": _attributes(attrs), "seats": seats,

@@ -1,7 +1,8 @@
 """Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``),
-reclaims every second the seats of workers that died unseen by our ``child_exit``
-(``server/reclaim.py``), and hosts the admin endpoint and the HAProxy agent-check endpoint
-(``APF_AGENT_BIND``).
+with ``APF_CONCURRENCY_LIMIT=auto`` the adaptive limit's controller every second
+(``APF_ADAPTIVE_TICK``, ``server/autolimit.py``), reclaims every second the seats of
+workers that died unseen by our ``child_exit`` (``server/reclaim.py``), and hosts the
+admin endpoint and the HAProxy agent-check endpoint (``APF_AGENT_BIND``).
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
 in the master for the life of the server and survives HUP. Every lock it takes is guarded
@@ -26,6 +27,7 @@ import time
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
 from apf_gunicorn.server.admin import AdminServer
+from apf_gunicorn.server.autolimit import ServerAutoLimit, large_move
 from apf_gunicorn.server.metrics import view_of_master_state
 from apf_gunicorn.server.reclaim import find_gone, reclaim_worker
 
@@ -75,17 +77,32 @@ class MasterServices(threading.Thread):
         self.agent = None  # server.agent.AgentServer while it serves
         self.agent_state = None  # server.agent.AgentState
         self.agent_retry = False
+        settings = getattr(master_state, "settings", None)
+        bounds = getattr(settings, "concurrency_auto", None)
+        # APF_CONCURRENCY_LIMIT=auto: the controller (None for a fixed limit)
+        self.auto = (None if bounds is None else
+                     ServerAutoLimit(bounds, settings.concurrency_limit))
+        if self.auto is not None:
+            master_state.auto_limit = self.auto
 
     @property
     def period_s(self) -> float:
         settings = getattr(self.state, "settings", None)
         return float(getattr(settings, "borrowing_period_s", BORROWING_PERIOD_S))
 
+    @property
+    def adapt_s(self) -> float:
+        settings = getattr(self.state, "settings", None)
+        return float(getattr(settings, "adaptive_tick_s", TICK_S))
+
     def run(self) -> None:
         period = self.period_s
-        tick = min(TICK_S, period)
+        adapt = self.adapt_s if self.auto is not None else period
+        tick = min(TICK_S, period, adapt)
         next_borrow = time.monotonic() + period
-        while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic()))):
+        next_adapt = time.monotonic() + adapt
+        while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic(),
+                                                      next_adapt - time.monotonic()))):
             self.refresh_workers()
             self.reclaim_gone()
             if self.admin_retry:
@@ -95,6 +112,11 @@ class MasterServices(threading.Thread):
                 with SERVICE_LOCK:
                     self.start_agent(quiet=True)
             now = time.monotonic()
+            if self.auto is not None and now >= next_adapt:
+                self.adapt_once()
+                next_adapt += adapt
+                if next_adapt <= now:
+                    next_adapt = now + adapt
             if now >= next_borrow:
                 self.borrow_once()
                 # keep the cadence; after a stall, start over rather than run rounds back to back
@@ -181,6 +203,21 @@ class MasterServices(threading.Thread):
             self.rounds += 1
         except Exception:
             self.glog.exception("apf: borrowing round failed")
+
+    def adapt_once(self) -> None:
+        """One tick of the adaptive limit; a move by more than a quarter is logged (every
+        tick's observation and decision at debug level)."""
+        try:
+            change = self.auto.tick(self.state, SERVICE_LOCK)
+        except Exception:
+            self.glog.exception("apf: adaptive concurrency limit tick failed")
+            return
+        last = self.auto.controller.last
+        self.glog.debug("apf: concurrency limit auto: %s -> %s", self.auto.last_tick, last)
+        if change is not None and large_move(*change):
+            self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
+                           "of the baseline at %.1f seats)", change[0], change[1], last.reason,
+                           last.inflation or 1.0, last.concurrency)
 
     def start_admin(self, quiet: bool = False) -> None:
         """Bind the admin endpoint (main thread, before the first fork; later from this

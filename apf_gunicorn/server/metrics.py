@@ -148,6 +148,7 @@ class MasterView:
     clock: Callable[[], int] = field(default=time.monotonic_ns)
     server_limit: int | None = None
     reload_errors: int = 0  # rejected configuration reloads so far
+    auto: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
 
     @property
     def ready(self) -> bool:
@@ -167,6 +168,7 @@ def view_of_master_state(m: Any) -> MasterView:
         workers=sum(1 for pid in (getattr(m, "workers", None) or {}).values() if pid),
         server_limit=getattr(settings, "concurrency_limit", None),
         reload_errors=int(getattr(m, "reload_errors", 0) or 0),
+        auto=getattr(m, "auto_limit", None),
     )
 
 
@@ -313,6 +315,7 @@ class LedgerCollector:
             frac.add_metric([], float(getattr(states, "fair_frac", 0.0)))
             yield frac
 
+        yield from _server_limit_families(p, view)
         reloads = CounterMetricFamily(f"{p}_config_reload_errors", "Configuration reloads "
                                       "rejected because the new configuration was invalid")
         reloads.add_metric([], float(view.reload_errors))
@@ -330,6 +333,36 @@ class LedgerCollector:
         for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
             dropped.add_metric([reason], float(n))
         yield dropped
+
+
+def _server_limit_families(p: str, view: MasterView) -> list:
+    """The server concurrency limit and, with ``APF_CONCURRENCY_LIMIT=auto``, what its
+    controller sees (server/autolimit.py)."""
+    from prometheus_client.core import GaugeMetricFamily as G
+
+    out = []
+    if view.server_limit is not None:
+        limit = G(f"{p}_server_concurrency_limit_seats", "The server concurrency limit in "
+                  "seats: fixed, or where APF_CONCURRENCY_LIMIT=auto has moved it")
+        limit.add_metric([], float(view.server_limit))
+        out.append(limit)
+    auto = view.auto
+    if auto is None:
+        return out
+    decision = auto.controller.last
+    ratio = G(f"{p}_adaptive_latency_ratio", "APF_CONCURRENCY_LIMIT=auto: the last tick's "
+              "service-time inflation, summed service over summed baselines of the requests "
+              "that finished (1: no contention)")
+    ratio.add_metric([], float(decision.inflation if decision.inflation is not None else 1.0))
+    conc = G(f"{p}_adaptive_concurrency_seats", "APF_CONCURRENCY_LIMIT=auto: the average "
+             "concurrency the controller observed over its last tick")
+    conc.add_metric([], float(decision.concurrency))
+    base = G(f"{p}_adaptive_baseline_seconds", "APF_CONCURRENCY_LIMIT=auto: the service time "
+             "without contention the controller learnt per kind of request",
+             labels=["priority_level", "flow_schema"])
+    for (level, schema), ns in sorted(auto.controller.baselines.items()):
+        base.add_metric([level, schema], ns / 1e9)
+    return [*out, ratio, conc, base]
 
 
 def _fairness_families(p: str, snap: Any) -> list:

@@ -36,6 +36,7 @@ DEFAULT_USER_HEADER = "X-Remote-User"
 DEFAULT_GROUP_HEADER = "X-Remote-Group"
 DEFAULT_METRICS_PREFIX = "apf"
 DEFAULT_BORROWING_PERIOD_S = 10.0  # Kubernetes' concurrency limit adjustment period
+DEFAULT_ADAPTIVE_TICK_S = 1.0  # APF_CONCURRENCY_LIMIT=auto: seconds between controller ticks
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_EXEMPT_THREADS = 2
 # per worker: connections reading their head in the poller, and the bytes their heads buffer
@@ -96,6 +97,11 @@ class Settings:
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
     # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
     concurrency_limit_set: bool = False
+    # APF_CONCURRENCY_LIMIT=auto[:MIN-MAX]: the bounds of the adaptive limit (server/autolimit.py;
+    # concurrency_limit is then where it starts, and the master moves it); None: a fixed limit
+    concurrency_auto: tuple[int, int] | None = None
+    # APF_ADAPTIVE_TICK: seconds between the adaptive controller's ticks (1 s; shorter for tests)
+    adaptive_tick_s: float = DEFAULT_ADAPTIVE_TICK_S
     accept_slack: int = 0  # connections accepted beyond the worker's threads
     # APF_HEAD_CONNECTIONS: reading connections a worker holds (then the oldest idle dropped)
     head_connections: int = DEFAULT_HEAD_CONNECTIONS
@@ -127,6 +133,33 @@ def default_concurrency_limit(workers: int, threads: int) -> int:
     return max(1, (workers * threads) // 2)
 
 
+def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
+    """The bounds of ``APF_CONCURRENCY_LIMIT=auto`` or ``auto:MIN-MAX``. Plain ``auto`` is
+    bounded by 1 and ``workers x threads`` (more seats than threads cannot execute).
+
+    Args:
+        raw: the variable's value (starting with ``auto``).
+        workers: gunicorn's workers; threads: threads per worker.
+    Returns:
+        ``(MIN, MAX)``.
+    Raises:
+        SettingsError: not ``auto`` nor ``auto:MIN-MAX`` with ``1 <= MIN <= MAX <= 1000000``.
+    """
+    from apf_gunicorn.flowcontrol.adaptive import parse_auto
+
+    allowed = ("must be auto or auto:MIN-MAX with 1 <= MIN <= MAX <= 1000000 (e.g. auto:2-64): "
+               "the master adapts the limit within the bounds (experimental)")
+    try:
+        bounds = parse_auto(raw.lower())
+    except ValueError:
+        raise SettingsError("APF_CONCURRENCY_LIMIT", raw, allowed) from None
+    if bounds is None or bounds[1] > 1_000_000:
+        raise SettingsError("APF_CONCURRENCY_LIMIT", raw, allowed)
+    if raw.strip().lower() == "auto":
+        return 1, max(1, workers * threads)
+    return bounds
+
+
 def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                   threads: int = 1) -> Settings:
     """Read and validate every APF_* variable of ``env`` (default ``os.environ``)."""
@@ -144,13 +177,22 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                             "or builtin:<name> (webapp, kubernetes, mandatory)")
 
     raw = raw_limit = get("APF_CONCURRENCY_LIMIT")
+    auto = None
     if raw is None:
         limit = default_concurrency_limit(workers, threads)
+    elif raw.lower().startswith("auto"):
+        auto = parse_auto_limit(raw, workers, threads)
+        limit = min(max(default_concurrency_limit(workers, threads), auto[0]), auto[1])
     else:
         limit = _int(raw)
         if limit is None or limit < 1 or limit > 1_000_000:
             raise SettingsError("APF_CONCURRENCY_LIMIT", raw,
-                                "must be an integer number of seats from 1 to 1000000")
+                                "must be an integer number of seats from 1 to 1000000, or "
+                                "auto / auto:MIN-MAX (experimental: the master adapts it)")
+    tick_s = _number(get, "APF_ADAPTIVE_TICK", DEFAULT_ADAPTIVE_TICK_S,
+                     lambda x: 0.05 <= x <= 60,
+                     "must be a number of seconds from 0.05 to 60 (default 1: how often the "
+                     "adaptive limit's controller runs; other values are for tests)")
 
     wait_s = _number(get, "APF_QUEUE_WAIT_LIMIT", DEFAULT_QUEUE_WAIT_LIMIT_S,
                      lambda x: 0 < x <= 3600,
@@ -309,6 +351,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
         concurrency_limit_set=raw_limit is not None,
+        concurrency_auto=auto,
+        adaptive_tick_s=tick_s,
         accept_slack=slack,
         head_connections=head_conns,
         head_buffer_limit=head_bytes,

@@ -209,7 +209,10 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         host, port = admin_address
         shown = f"[{host}]" if ":" in host else host
         admin = f"admin http://{shown}:{port}/"
-    return (f"ready: configuration {config}, limit {limit} seats ({limit_src}), "
+    auto = getattr(settings, "concurrency_auto", None)
+    shown = f"{limit} seats" if auto is None else (
+        f"auto (now {limit}) seats, within {auto[0]}-{auto[1]}, experimental")
+    return (f"ready: configuration {config}, limit {shown} ({limit_src}), "
             f"fairness {default} ({fairness_src}), "
             f"{len(levels)} priority levels (nominal seats): {', '.join(parts)}; {admin}")
 

@@ -51,6 +51,7 @@ class MasterState:
     reload_errors: int = 0
     borrowing_states: Any = None
     master_pid: int = 0
+    auto_limit: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
 
 
 @dataclass

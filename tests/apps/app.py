@@ -102,6 +102,28 @@ def tracked():
     return f"tracked pid={os.getpid()}\n"
 
 
+_POOL = None
+
+
+@app.route("/work/pool")
+def pool():
+    """Hold one of a backend's "connections" ``ms`` ms: a POSIX semaphore shared by every
+    worker, named by ``APP_POOL_SEMAPHORE`` (the test creates it with the pool's size).
+    Requests beyond the pool wait for a connection inside the app, as on a database pool."""
+    global _POOL
+    import posix_ipc
+
+    if _POOL is None:
+        _POOL = posix_ipc.Semaphore(os.environ["APP_POOL_SEMAPHORE"])
+    ms = float(request.args.get("ms", "50"))
+    _POOL.acquire()
+    try:
+        time.sleep(ms / 1000)
+    finally:
+        _POOL.release()
+    return f"pool done pid={os.getpid()}\n"
+
+
 @app.route("/other")
 def other():
     return _busy("other")

@@ -1,0 +1,155 @@
+"""``APF_CONCURRENCY_LIMIT=auto``: the master runs the adaptive controller against the live ledger.
+
+Once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread calls
+:meth:`ServerAutoLimit.tick`. It feeds :class:`apf_gunicorn.flowcontrol.adaptive.AdaptiveLimit`
+what the simulator feeds it (``simulate/autolimit.py``), read from the ledger's per-request
+statistics (``ledger.request_stats()``, one short read under the ledger lock):
+
+* per kind of request, a ``(priority level, FlowSchema)`` pair of a non-exempt level: the
+  deltas of its ``request_execution_seconds{type="regular"}`` histogram's count and sum, i.e.
+  how many finished and their summed service time (dispatch to finish, queue wait excluded);
+* the average concurrency over the tick, by Little's law: the service time that finished in
+  the tick over the tick's length (a request counts as one seat: the execution histogram does
+  not weigh by seats);
+* whether anything waited: a non-zero wait observed at dispatch, a queue-full, time-out or
+  concurrency-limit rejection in the tick, or requests waiting now (``ledger.load()``).
+
+A new limit is applied by :func:`apf_gunicorn.flowcontrol.relimit.follow_server_limit` (every
+level's nominal seats recomputed from its shares, borrowing re-run on the demand it last
+measured; queues and executing requests untouched; the exempt level never limited), under the
+master's service lock; the generation's level limits and the settings' ``concurrency_limit``
+are replaced, so the next borrowing round, a HUP and the metrics use the new limit::
+
+    auto = ServerAutoLimit((2, 64), start=20)
+    change = auto.tick(master_state, lock)     # None, or (old limit, new limit)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from apf_gunicorn.flowcontrol.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
+from apf_gunicorn.flowcontrol.borrowing import BorrowingStates
+from apf_gunicorn.flowcontrol.relimit import follow_server_limit
+
+# rejections that mean the limit was binding in the tick
+_BINDING_REJECTIONS = ("queue-full", "time-out", "concurrency-limit")
+LARGE_MOVE = 0.25  # a move by more than this fraction of the old limit is logged at info
+
+
+class ServerAutoLimit:
+    """The adaptive server limit as the master runs it.
+
+    Args:
+        bounds: ``(MIN, MAX)`` from the setting.
+        start: the limit before the first tick.
+        clock: monotonic ns (injected by tests).
+        settings: the controller's constants (its defaults, bounded by ``bounds``).
+    Attributes:
+        controller: the :class:`AdaptiveLimit` (its ``baselines`` and ``last`` decision are
+            what the metrics show).
+        last_tick: the last :class:`Tick` fed, or None before the second call.
+    """
+
+    def __init__(self, bounds: tuple[int, int], start: int,
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 settings: AdaptiveSettings | None = None) -> None:
+        base = settings or AdaptiveSettings()
+        self.controller = AdaptiveLimit(
+            dataclasses.replace(base, minimum=bounds[0], maximum=bounds[1]), start)
+        self.bounds = bounds
+        self.clock = clock
+        self.last_tick: Tick | None = None
+        self._seen: dict[tuple[str, str], tuple[int, float, int, tuple[int, ...]]] | None = None
+        self._seen_ns = 0
+
+    @property
+    def limit(self) -> int:
+        return self.controller.limit
+
+    def observe(self, ledger: Any, exempt: set[str], now: int) -> Tick | None:
+        """What finished requests said since the last call (None on the first call, which
+        only records where the counters stand).
+
+        Args:
+            ledger: the ledger (``request_stats``, ``load``).
+            exempt: the names of exempt levels (left out: the limit does not bind them).
+            now: monotonic ns.
+        Returns:
+            The :class:`Tick` to feed, or None.
+        """
+        stats = ledger.request_stats()
+        current: dict[tuple[str, str], tuple[int, float, int, tuple[int, ...]]] = {}
+        for st in stats:
+            if st.level in exempt:
+                continue
+            ex = st.execution_regular
+            current[(st.level, st.flow_schema)] = (
+                ex.count, ex.sum, sum(st.rejected[r] for r in _BINDING_REJECTIONS),
+                st.wait_executed.counts)
+        previous, since = self._seen, self._seen_ns
+        self._seen, self._seen_ns = current, now
+        if previous is None or now <= since:
+            return None
+        kinds: dict[tuple[str, str], KindSample] = {}
+        busy_s = 0.0
+        waited = False
+        for key, (count, total_s, rejected, waits) in current.items():
+            old = previous.get(key, (0, 0.0, 0, (0,) * len(waits)))
+            n, service_s = count - old[0], total_s - old[1]
+            if n > 0 and service_s >= 0:
+                kinds[key] = KindSample(n, int(service_s * 1e9))
+                busy_s += service_s
+            # bucket 0 is a wait of 0 ns: dispatched at once
+            if rejected > old[2] or sum(waits[1:]) > sum(old[3][1:]):
+                waited = True
+        if not waited:
+            waited = any(lv.requests_waiting > 0 for lv in ledger.load() if not lv.exempt)
+        return Tick(now, kinds, busy_s / ((now - since) / 1e9), waited)
+
+    def tick(self, master: Any, lock: AbstractContextManager | None = None
+             ) -> tuple[int, int] | None:
+        """One controller tick against ``master`` (``server.state.MasterState``).
+
+        Args:
+            master: the master's state: its ``ledger``, ``generation``, ``settings`` and
+                ``borrowing_states`` are read, and replaced or updated on a change.
+            lock: held around every ledger operation (the master's ``SERVICE_LOCK``).
+        Returns:
+            ``(old, new)`` when the server limit changed, else None.
+        """
+        lock = lock if lock is not None else nullcontext()
+        gen = master.generation
+        levels = gen.configuration.priority_levels
+        exempt = {name for name, pl in levels.items() if pl.is_exempt}
+        now = self.clock()
+        with lock:
+            tick = self.observe(master.ledger, exempt, now)
+        if tick is not None:
+            self.last_tick = tick
+            self.controller.update(tick)
+        new = self.controller.limit
+        old = master.settings.concurrency_limit
+        if new == old:
+            return None
+        if master.borrowing_states is None:
+            master.borrowing_states = BorrowingStates()
+        triples = [(name, idx, levels[name].is_exempt)
+                   for name, idx in gen.level_index.items() if name in levels]
+        with lock:
+            level_limits, granted = follow_server_limit(
+                master.ledger, levels.values(), triples, master.borrowing_states, new, now)
+            gen.limits = level_limits
+            master.settings = dataclasses.replace(master.settings, concurrency_limit=new)
+        if granted and getattr(master, "sender", None) is not None:
+            master.sender.send_grants(granted)
+        return old, new
+
+
+def large_move(old: int, new: int) -> bool:
+    """Whether a move from ``old`` to ``new`` seats is worth a log line (more than a quarter)."""
+    return abs(new - old) > LARGE_MOVE * old

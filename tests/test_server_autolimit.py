@@ -1,0 +1,79 @@
+"""APF_CONCURRENCY_LIMIT=auto on a real server: it starts, says so, exports its gauges, and
+under an app limited by a pool of 2 "connections" the limit comes down towards the pool."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import threading
+import uuid
+
+import posix_ipc
+
+from tests.apps.loadgen import Client
+from tests.conftest import free_port
+
+
+def metrics(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def gauge(text: str, name: str) -> float | None:
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
+    admin = free_port()
+    name = f"/apf-test-pool-{uuid.uuid4().hex[:8]}"
+    sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, initial_value=2)
+    env = {"APF_CONCURRENCY_LIMIT": "auto:2-16", "APF_ADAPTIVE_TICK": "0.25",
+           "APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APP_POOL_SEMAPHORE": name}
+    stop = threading.Event()
+    clients = []
+    try:
+        with server_factory(workers=2, threads=8, env=env) as srv:
+            assert srv.wait_for(lambda: "limit auto (now 8) seats, within 2-16" in srv.log()), \
+                srv.log()
+            text = metrics(admin)
+            assert gauge(text, "apf_server_concurrency_limit_seats") == 8.0
+            assert gauge(text, "apf_adaptive_latency_ratio") is not None
+            clients = [Client(srv.port, "/work/pool?ms=50", user=f"u{i}", stop=stop)
+                       for i in range(12)]
+            for c in clients:
+                c.start()
+
+            def lowered():
+                value = gauge(metrics(admin), "apf_server_concurrency_limit_seats")
+                return value is not None and value <= 6 and value
+
+            # the "work" level holds about half the server's seats: a pool of 2 is its knee
+            # near a server limit of 4
+            assert srv.wait_for(lowered, timeout=120, step=0.5), srv.log()
+            served = [s for c in clients for s in list(c.statuses)]
+            assert served and not [s for s in served if s >= 500]
+            # a HUP reloads the configuration; the controller goes on from where it is (the
+            # old workers answer their parked requests 503 as they stop: docs/server.md)
+            os.kill(srv.pid, signal.SIGHUP)
+            assert srv.wait_for(lambda: "configuration generation 2 applied" in srv.log(),
+                                timeout=60), srv.log()
+            assert srv.wait_for(lowered, timeout=120, step=0.5), srv.log()
+            text = metrics(admin)
+            assert re.search(r'^apf_adaptive_baseline_seconds\{flow_schema="work",'
+                             r'priority_level="work"\} ', text, re.M), text
+            stop.set()
+            for c in clients:
+                c.join(timeout=60)
+            statuses = [s for c in clients for s in c.statuses]
+            assert not [s for s in statuses if s >= 500 and s != 503]
+    finally:
+        stop.set()
+        sem.unlink()
+        sem.close()
