@@ -190,6 +190,13 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn did not answer in {boot_timeout}s:\n{server.log()}")
             time.sleep(0.1)
+        # The first answer can come before the master forked the other workers (gunicorn sleeps
+        # up to 100 ms between spawns, longer on a loaded machine): a test that acts on "the
+        # workers" (kills them, counts them) must see them all.
+        if not server.wait_for(lambda: len(server.workers()) >= workers,
+                               max(1.0, deadline - time.monotonic())):
+            raise RuntimeError(f"gunicorn forked {len(server.workers())} of {workers} workers "
+                               f"in {boot_timeout}s:\n{server.log()}")
         yield server
     finally:
         stop(proc)
