@@ -265,11 +265,11 @@ def test_a_uniform_slowdown_keeps_the_limit_at_the_knee() -> None:
         service = base * max(1.0, ctl.limit / 8)
         count = int(ctl.limit * 1000 / service)
         seen.append(ctl.update(tick(n, service, ctl.limit, count=count)))
-    # for one tick a slowdown looks like lost capacity (latency doubles at the same
-    # concurrency): the limit is cut, and restored as soon as fewer seats bring no relief
-    assert seen[40] < 8 and seen[42] >= 8
-    # then around the knee: held within the tolerance above it (10), probing a seat or two
-    assert 6 <= min(seen[42:]) and max(seen[42:]) <= 12
+    # a slowdown looks like lost capacity (latency doubles at the same concurrency): the
+    # limit is cut, by at most half, and the curve brings it back within ten ticks
+    assert seen[40] < 8 and min(seen[40:]) >= 4 and max(seen[40:50]) >= 8
+    # then around the knee, as before the slowdown (the margin: 10 for a pool of 8)
+    assert 6 <= min(seen[50:]) and max(seen[50:]) <= 12
     assert ctl.baselines["k"] == 50e6
 
 

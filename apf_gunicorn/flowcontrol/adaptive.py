@@ -207,7 +207,7 @@ class AdaptiveLimit:
     _anchored: bool = field(init=False, default=False)  # baselines seen below the knee
     _jump: float = field(init=False, default=1.0)  # this tick's inflation over the point's
     _fall: float = field(init=False, default=1.0)  # the point's inflation over this tick's
-    _jumped: tuple[int, float] | None = field(init=False, default=None)  # limit, r before
+    _r_now: float = field(init=False, default=1.0)  # this tick's inflation, unsmoothed
     _cut_from: int = field(init=False, default=0)  # the limit before the last cut
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
@@ -252,6 +252,10 @@ class AdaptiveLimit:
             return self.limit
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
+        if self._anchored and new < self.limit and r > 1:
+            # with no-load baselines, never below the margin: where latency would be within
+            # the tolerance if it fell in proportion to the seats (as past a pool's knee)
+            new = max(new, min(self.limit - 1, round(self.limit * (1 + self.settings.tolerance) / r)))
         # a growth step needs no settle tick: it only asks whether latency stays calm
         self._settling = self._clamp(new) != self.limit and not (
             self._growing and reason in ("up: slow start", "up: latency fell back"))
@@ -289,6 +293,7 @@ class AdaptiveLimit:
         s = self.settings
         point = self._curve.get(key)
         self._jump = self._fall = 1.0
+        self._r_now = r_now
         fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
         if point is not None and self._tick - point.tick <= s.memory_below_ticks:
             r_old = self._inflation(point.kinds)
@@ -445,24 +450,19 @@ class AdaptiveLimit:
         inflated = r > 1 + s.tolerance
         calm = r <= 1 + s.tolerance / 2
         grow = limit + max(1, round(s.slow_start * limit))
-        jumped, self._jumped = self._jumped, None
-        if jumped is not None and r >= jumped[1] * (1 + 2 * s.regime_change):
-            # fewer seats left latency far above where it was before the jump: the backend got
-            # slower, it did not lose capacity (a cut that relieved a smaller pool brings the
-            # inflation back near its old value)
-            return max(limit, jumped[0]), "up: a slowdown, not lost capacity", below, above
         if self._jump > 1 + s.regime_change:
             # latency jumped (at this concurrency, or faster than concurrency from a lower
             # one): the backend lost capacity in proportion; cut at once, at most by half
             self._growing = False
             self._curve.clear()  # the tick that saw the jump straddled it: learn afresh
-            self._jumped = (limit, r / self._jump)
             self._cut_from = limit
             target = round(limit / self._jump)
             return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
                 "down: latency jumped", below, above
-        if calm and (self._jump < 1 / (1 + s.regime_change)
-                     or (self._anchored and self._fall >= 1 + s.fall_back)):
+        # this tick alone, not the smoothed point: a tick straddling the change already shows it
+        if self._r_now <= 1 + s.tolerance / 2 and (
+                self._jump < 1 / (1 + s.regime_change)
+                or (self._anchored and self._fall >= 1 + s.fall_back)):
             # latency fell back to its baseline: capacity came back; back to where it was
             # before the last cut (at most twice the limit), then grow until it inflates
             self._growing = True
