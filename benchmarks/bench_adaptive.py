@@ -61,7 +61,8 @@ def scenarios(quick: bool) -> dict:
     else:
         pool = {"duration": 24.0, "drop": (8.0, 15.0),
                 "windows": [("pool 8", 2.0, 8.0), ("pool 4", 8.0, 15.0),
-                            ("pool 8 again", 15.0, 24.0), ("recovery 3 s", 15.0, 18.0)]}
+                            ("pool 4 from 10 s", 10.0, 15.0), ("pool 8 again", 15.0, 24.0),
+                            ("recovery 3 s", 15.0, 18.0)]}
         cpu = {"duration": 20.0, "windows": [("0-10 s", 1.0, 10.0), ("10-20 s", 10.0, 20.0)]}
     # (label, APF_CONCURRENCY_LIMIT, APF_ADAPTIVE_TICK)
     fast = [] if quick else [("auto, tick 0.5 s", "auto", "0.5")]

@@ -427,14 +427,14 @@ def test_attribute_form_points_to_the_request_form_for_api_paths(capsys):
 def test_an_auto_limit_from_the_environment(capsys, monkeypatch):
     argv = ("--user", "alice", "--verb", "get", "--path", "/healthz", "--workers", "2",
             "--threads", "20")
-    monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "auto:2-12")
+    monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "auto:2-4")
     out = explain_json(capsys, *argv)
-    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 12  # 20, bounded
-    assert out["concurrencyLimitAuto"] == {"start": 12, "min": 2, "max": 12}
+    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 4  # 20 / 4, bounded
+    assert out["concurrencyLimitAuto"] == {"start": 4, "min": 2, "max": 4}
     assert out["concurrencyLimitSource"] == "from APF_CONCURRENCY_LIMIT"
     assert main(["explain", *argv]) == 0
     second = capsys.readouterr().out.splitlines()[1]
-    assert second == ("concurrency limit: auto (starts at 12 seats, bounds 2-12; experimental: "
+    assert second == ("concurrency limit: auto (starts at 4 seats, bounds 2-4; experimental: "
                       "the server moves it), from APF_CONCURRENCY_LIMIT")
     out = explain_json(capsys, *argv, "--concurrency-limit", "9")  # the flag wins
     assert (out["concurrencyLimit"], out["concurrencyLimitAuto"]) == (9, None)

@@ -1,5 +1,6 @@
-"""APF_CONCURRENCY_LIMIT=auto on a real server: it starts, says so, exports its gauges, and
-under an app limited by a pool of 2 "connections" the limit comes down towards the pool."""
+"""APF_CONCURRENCY_LIMIT=auto on a real server: it starts low and says so, exports its gauges,
+grows past the knee of an app limited by a pool of 4 "connections", and comes down when the
+pool drops to 2."""
 
 from __future__ import annotations
 
@@ -33,29 +34,39 @@ def gauge(text: str, name: str) -> float | None:
 def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
     admin = free_port()
     name = f"/apf-test-pool-{uuid.uuid4().hex[:8]}"
-    sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, initial_value=2)
+    sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, initial_value=4)
+    held = 0
     env = {"APF_CONCURRENCY_LIMIT": "auto:2-16", "APF_ADAPTIVE_TICK": "0.25",
            "APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APP_POOL_SEMAPHORE": name}
     stop = threading.Event()
     clients = []
     try:
         with server_factory(workers=2, threads=8, env=env) as srv:
-            assert srv.wait_for(lambda: "limit auto (now 8) seats, within 2-16" in srv.log()), \
+            # a quarter of the default 2 x 8 / 2
+            assert srv.wait_for(lambda: "limit auto (now 2) seats, within 2-16" in srv.log()), \
                 srv.log()
             text = metrics(admin)
-            assert gauge(text, "apf_server_concurrency_limit_seats") == 8.0
+            assert gauge(text, "apf_server_concurrency_limit_seats") == 2.0
             assert gauge(text, "apf_adaptive_latency_ratio") is not None
             clients = [Client(srv.port, "/work/pool?ms=50", user=f"u{i}", stop=stop)
                        for i in range(12)]
             for c in clients:
                 c.start()
 
-            def lowered():
+            def limit() -> float:
                 value = gauge(metrics(admin), "apf_server_concurrency_limit_seats")
-                return value is not None and value <= 6 and value
+                return -1.0 if value is None else value
 
-            # the "work" level holds about half the server's seats: a pool of 2 is its knee
-            # near a server limit of 4
+            # the "work" level holds about half the server's seats: a pool of 4 is its knee
+            # near a server limit of 8, a pool of 2 near 4. Slow start: from 2, past 6.
+            assert srv.wait_for(lambda: limit() >= 7, timeout=120, step=0.5), srv.log()
+            for _ in range(2):  # the pool drops to 2: the test holds two connections
+                sem.acquire(60)
+                held += 1
+
+            def lowered() -> bool:
+                return 0 <= limit() <= 6
+
             assert srv.wait_for(lowered, timeout=120, step=0.5), srv.log()
             served = [s for c in clients for s in list(c.statuses)]
             assert served and not [s for s in served if s >= 500]
@@ -75,5 +86,7 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
             assert not [s for s in statuses if s >= 500 and s != 503]
     finally:
         stop.set()
+        for _ in range(held):
+            sem.release()
         sem.unlink()
         sem.close()

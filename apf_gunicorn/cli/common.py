@@ -18,7 +18,12 @@ from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.loader import BUILTIN_PREFIX, DEFAULT_BUILTIN, load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
-from apf_gunicorn.server.settings import SettingsError, default_concurrency_limit, parse_auto_limit
+from apf_gunicorn.server.settings import (
+    SettingsError,
+    auto_start,
+    default_concurrency_limit,
+    parse_auto_limit,
+)
 
 
 def plural(count: int, noun: str) -> str:
@@ -108,15 +113,16 @@ def server_limit(args: argparse.Namespace, environment_limit: int | str | None =
     Returns:
         :class:`ServerLimit`, e.g. ``(600, "from --concurrency-limit", None)``:
         ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the server's default for
-        ``--workers`` x ``--threads``. With ``auto``, ``seats`` is where the server starts: the
-        default, within the bounds.
+        ``--workers`` x ``--threads``. With ``auto``, ``seats`` is where the server starts: a
+        quarter of the default, within the bounds.
     """
     default = default_concurrency_limit(args.workers, args.threads)
     for value, source in ((args.concurrency_limit, "from --concurrency-limit"),
                           (environment_limit, "from APF_CONCURRENCY_LIMIT")):
         if isinstance(value, str):
             low, high = parse_auto_limit(value, args.workers, args.threads)
-            return ServerLimit(min(max(default, low), high), source, (low, high))
+            return ServerLimit(auto_start(args.workers, args.threads, (low, high)), source,
+                               (low, high))
         if value is not None:
             return ServerLimit(value, source)
     return ServerLimit(default, (

@@ -39,6 +39,20 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   ticks by the next probe), a lower one for ``memory_below_ticks``. An elasticity impossible
   for one backend, or a concurrency's inflation jumping by more than ``regime_change``, means
   the backend changed: the rest of the curve is forgotten.
+* **Fast moves, before the curve** (they need baselines that are no-load latencies: the
+  limit should start below the knee). *Slow start*: from the start, while latency stays at
+  its baseline (within half the tolerance) and the last seats paid in full, the limit grows by
+  ``slow_start`` a tick, with no settle tick; the first step that inflates latency ends it
+  (back to where the inflation is within the tolerance). *A jump*: latency at one
+  concurrency (or from a lower one, faster than concurrency) rising by more than
+  ``regime_change`` means lost capacity: the limit is cut in proportion at once (at most by
+  ``jump_down``), and restored on the next tick when fewer seats brought no relief (a uniform
+  slowdown, not lost capacity). *Falling back*: latency falling to calm by ``fall_back`` or
+  more means capacity came back: the limit returns to where it was before the last cut (at
+  most twice) and slow start resumes. *The margin*: once the baselines are known to be
+  no-load (an elasticity >= ``gain_high`` seen while calm), the limit holds up to the
+  tolerance past the knee, or one seat past calm, instead of going down to the knee itself,
+  so a capacity increase shows as latency falling back rather than waiting for a probe.
 * **When the limit does not bind** (nothing waited, executing seats below
   ``binding_fraction`` of the limit): far below (demand under half the limit) it holds, so an
   idle server's limit does not drift; near it, the app's own bottleneck may still be
@@ -136,6 +150,9 @@ class AdaptiveSettings:
     reset_ticks: int = 30  # binding ticks at the floor, inflated, before baselines reset
     noise_prior: float = 0.03  # a tick's inflation noise (log) assumed for a point seen once
     confidence: float = 0.25  # moving up needs the elasticity this many noise spreads above gain_low
+    slow_start: float = 0.25  # the growth per tick while latency stays at its baseline
+    fall_back: float = 0.1  # inflation falling by this much, to calm, means capacity came back
+    jump_down: float = 0.5  # the largest move down when latency at one concurrency jumps
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -186,6 +203,12 @@ class AdaptiveLimit:
     _floor_ticks: int = field(init=False, default=0)
     _settling: bool = field(init=False, default=False)
     _rising: bool = field(init=False, default=False)  # the last move was up
+    _growing: bool = field(init=False, default=True)  # slow start: multiplicative growth
+    _anchored: bool = field(init=False, default=False)  # baselines seen below the knee
+    _jump: float = field(init=False, default=1.0)  # this tick's inflation over the point's
+    _fall: float = field(init=False, default=1.0)  # the point's inflation over this tick's
+    _r_now: float = field(init=False, default=1.0)  # this tick's inflation, unsmoothed
+    _cut_from: int = field(init=False, default=0)  # the limit before the last cut
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -229,7 +252,13 @@ class AdaptiveLimit:
             return self.limit
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
-        self._settling = self._clamp(new) != self.limit
+        if self._anchored and new < self.limit and r > 1:
+            # with no-load baselines, never below the margin: where latency would be within
+            # the tolerance if it fell in proportion to the seats (as past a pool's knee)
+            new = max(new, min(self.limit - 1, round(self.limit * (1 + self.settings.tolerance) / r)))
+        # a growth step needs no settle tick: it only asks whether latency stays calm
+        self._settling = self._clamp(new) != self.limit and not (
+            self._growing and reason in ("up: slow start", "up: latency fell back"))
         self._rising = self._clamp(new) > self.limit
         self.limit = self._clamp(new)
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
@@ -263,10 +292,15 @@ class AdaptiveLimit:
         what other concurrencies said no longer holds."""
         s = self.settings
         point = self._curve.get(key)
+        self._jump = self._fall = 1.0
+        self._r_now = r_now
         fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
         if point is not None and self._tick - point.tick <= s.memory_below_ticks:
             r_old = self._inflation(point.kinds)
+            if r_old > 1 + s.tolerance / 2:
+                self._fall = r_old / r_now
             if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
+                self._jump = r_now / r_old
                 self._curve = {key: _Point(fresh, self._tick, concurrency)}
                 return
             a = s.smoothing
@@ -307,6 +341,12 @@ class AdaptiveLimit:
             return None, None
         e = self._elasticity(other, key) if lower else self._elasticity(key, other)
         if not -1.0 <= e <= 1.5:
+            here, there = self._curve[key], self._curve[other]
+            rise = self._inflation(here.kinds) / self._inflation(there.kinds)
+            if lower:  # latency here grew faster than concurrency: scale by the concurrency
+                rise *= there.concurrency / max(here.concurrency, 1e-9)
+            if rise > 1 + self.settings.regime_change:
+                self._jump = rise
             self._curve = {key: self._curve[key]}
             return None, None
         return other, e
@@ -359,9 +399,18 @@ class AdaptiveLimit:
         if lo is not None and lo not in self._curve:  # the comparison above wiped the curve
             lo, below = None, None
         inflated = r > 1 + s.tolerance
+        calm = r <= 1 + s.tolerance / 2
+        # the margin: with no-load baselines, hold a little past the knee (within the tolerance,
+        # or one seat from calm), where a capacity increase shows as latency falling back
+        margin = self._anchored and (not inflated or r * (limit - 1) / limit <= 1 + s.tolerance / 2)
+        react = self._react(r, lo, below, above)
+        if react is not None:
+            return react
         explore_up = limit + max(1, math.ceil(s.step_explore * limit))
         explore_down = limit - max(1, math.ceil(s.step_explore * limit))
-        if below is not None and below < s.gain_low:
+        if below is not None and below >= s.gain_high and calm:
+            self._anchored = True  # the lower point is below the knee: its latency is no-load
+        if below is not None and below < s.gain_low and not margin:
             # the seats above `lo` only waited inside the app: go back towards it
             ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
             return min(limit - 1, math.floor(limit * ratio)), "down: seats above only queued", \
@@ -378,15 +427,62 @@ class AdaptiveLimit:
                 return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
                     below, above
             return explore_up, "up: probe", below, above
+        if below is None and margin:
+            return limit, "hold: the margin past the knee", below, above
         if below is None:
             if above is None:  # inflated, nothing known: head for the tolerance at once
-                target = math.floor(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
+                target = round(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
                 return min(explore_down, target), "down: inflated", below, above
             if above < s.gain_low / 2:  # latency grows with concurrency: far past the knee
                 return min(explore_down, math.floor(limit * (1 - s.step_down))), \
                     "down: seats above only queued", below, above
             return explore_down, "down: probe", below, above
         return limit, "hold: at the knee", below, above
+
+    def _react(self, r: float, lo: int | None, below: float | None, above: float | None
+               ) -> tuple[float, str, float | None, float | None] | None:
+        """The fast moves, before the curve's law: a cut when latency jumps (lost capacity),
+        undone when fewer seats bring no relief (a slowdown); back up when latency falls to
+        its baseline (capacity came back); slow start while latency stays at it. None: the
+        curve's law decides."""
+        s = self.settings
+        limit = self.limit
+        inflated = r > 1 + s.tolerance
+        calm = r <= 1 + s.tolerance / 2
+        grow = limit + max(1, round(s.slow_start * limit))
+        if self._jump > 1 + s.regime_change:
+            # latency jumped (at this concurrency, or faster than concurrency from a lower
+            # one): the backend lost capacity in proportion; cut at once, at most by half
+            self._growing = False
+            self._curve.clear()  # the tick that saw the jump straddled it: learn afresh
+            self._cut_from = limit
+            target = round(limit / self._jump)
+            return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
+                "down: latency jumped", below, above
+        # this tick alone, not the smoothed point: a tick straddling the change already shows it
+        if self._r_now <= 1 + s.tolerance / 2 and (
+                self._jump < 1 / (1 + s.regime_change)
+                or (self._anchored and self._fall >= 1 + s.fall_back)):
+            # latency fell back to its baseline: capacity came back; back to where it was
+            # before the last cut (at most twice the limit), then grow until it inflates
+            self._growing = True
+            back = max(grow, min(2 * limit, self._cut_from))
+            return back, "up: latency fell back", below, above
+        if self._growing:
+            if calm and above is None and below is not None and below >= s.gain_high:
+                # the seats just added paid in full at the baseline's latency: the baselines
+                # are no-load latencies, and there is room to grow
+                self._anchored = True
+                return grow, "up: slow start", below, above
+            if calm and above is None and below is None:
+                return limit + max(1, math.ceil(s.step_explore * limit)), \
+                    "up: slow start, probe", below, above
+            self._growing = False
+            if inflated and lo is not None:
+                # the last step overshot the knee: back to where latency is within tolerance
+                return max(lo, math.floor(limit * (1 + s.tolerance) / r)), \
+                    "down: slow start overshot", below, above
+        return None
 
     def _watch_floor(self, kinds: Mapping[Hashable, KindSample], r: float) -> None:
         """Reset the baselines after ``reset_ticks`` binding ticks at the floor, still

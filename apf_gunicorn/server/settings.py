@@ -133,6 +133,21 @@ def default_concurrency_limit(workers: int, threads: int) -> int:
     return max(1, (workers * threads) // 2)
 
 
+def auto_start(workers: int, threads: int, bounds: tuple[int, int]) -> int:
+    """Where ``auto`` starts: a quarter of the default, within the bounds. The controller
+    learns each kind's no-load latency from its first ticks, so it must start below the knee
+    of the app's bottleneck (a pool, the CPU); it grows from there (slow start,
+    docs/adaptive.md).
+
+    Args:
+        workers: gunicorn's workers; threads: threads per worker.
+        bounds: ``(MIN, MAX)`` of ``auto:MIN-MAX``.
+    Returns:
+        The starting limit in seats.
+    """
+    return min(max(default_concurrency_limit(workers, threads) // 4, bounds[0], 1), bounds[1])
+
+
 def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
     """The bounds of ``APF_CONCURRENCY_LIMIT=auto`` or ``auto:MIN-MAX``. Plain ``auto`` is
     bounded by 1 and ``workers x threads`` (more seats than threads cannot execute).
@@ -182,7 +197,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         limit = default_concurrency_limit(workers, threads)
     elif raw.lower().startswith("auto"):
         auto = parse_auto_limit(raw, workers, threads)
-        limit = min(max(default_concurrency_limit(workers, threads), auto[0]), auto[1])
+        limit = auto_start(workers, threads, auto)
     else:
         limit = _int(raw)
         if limit is None or limit < 1 or limit > 1_000_000:
