@@ -185,6 +185,18 @@ class RequestCounters:
             raise ValueError(f"unknown reason {reason!r} for a dropped connection")
         self._locked(None, self._count_word_locked, word)
 
+    def count_rejection_delayed(self) -> None:
+        """Count one 429 a worker's poller held before writing it (its flow came back before
+        its Retry-After again and again: ``server/pollreject.py``), server-wide, under the
+        lock."""
+        self._locked(None, self._count_word_locked, L.C_REJECTIONS_DELAYED)
+
+    @property
+    def rejections_delayed(self) -> int:
+        """429s the workers' pollers held before writing them, server-wide (one word, no
+        lock)."""
+        return self._w[self._lay.counters_base + L.C_REJECTIONS_DELAYED]
+
     def _count_word_locked(self, word: int) -> None:
         self._w[self._lay.counters_base + word] += 1
 
