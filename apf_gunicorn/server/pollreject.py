@@ -56,7 +56,11 @@ STRIKES = 2
 BOOK_SIZE = 4096
 
 
-def head_environ(buf: bytes, client: Any) -> tuple[dict, tuple[int, int], bool, str] | None:
+_REFUSED = frozenset(("HTTP_TRANSFER_ENCODING", "HTTP_EXPECT", "HTTP_UPGRADE"))
+
+
+def head_environ(buf: bytes, client: Any, wanted: frozenset | None = None
+                 ) -> tuple[dict, tuple[int, int], bool, str] | None:
     """The environ keys of a complete request head that the built-in resolver can read, as
     gunicorn would set them, when the head qualifies for an answer from the poller (see the
     module docstring).
@@ -64,16 +68,17 @@ def head_environ(buf: bytes, client: Any) -> tuple[dict, tuple[int, int], bool, 
     Args:
         buf: the head's bytes, ending with the blank line and nothing after it.
         client: the peer address as gunicorn has it (a TCP ``(host, port)``).
+        wanted: the ``HTTP_*`` keys to set (the resolver's ``environ_keys``); None: all.
     Returns:
         ``(environ, version, client_keep_alive, method)``, or None: give it to a thread.
     """
-    if type(client) is not tuple or not buf.endswith(b"\r\n\r\n"):
-        return None
-    end = buf.find(b"\r\n\r\n")
-    if end != len(buf) - 4:
-        return None  # bytes after the head: a body or a pipelined request
-    start = 2 if buf.startswith(b"\r\n") else 0
-    lines = bytes(buf[start:end]).decode("latin-1").split("\r\n")
+    n = len(buf)
+    if type(client) is not tuple or buf.find(b"\r\n\r\n") != n - 4:
+        return None  # bytes after the head (a body, a pipelined request), or no head
+    head = bytes(buf[2 if buf[:2] == b"\r\n" else 0:n - 4])
+    if not head.isascii():
+        return None  # gunicorn decodes latin-1: such rare heads go to a thread
+    lines = head.decode("ascii").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3:
         return None
@@ -86,27 +91,30 @@ def head_environ(buf: bytes, client: Any) -> tuple[dict, tuple[int, int], bool, 
         return None
     if not (3 <= len(method) <= 20 and method.isalpha() and method.isupper()):
         return None
-    if not target.startswith("/") or "#" in target or "\t" in target:
+    if target[:1] != "/" or "#" in target or "\t" in target:
         return None
     path, _, query = target.partition("?")
-    environ = {"REQUEST_METHOD": method, "QUERY_STRING": query,
-               "PATH_INFO": util.unquote_to_wsgi_str(path), "REMOTE_ADDR": client[0]}
+    if "%" in path:
+        path = util.unquote_to_wsgi_str(path)
+    environ = {"REQUEST_METHOD": method, "QUERY_STRING": query, "PATH_INFO": path,
+               "REMOTE_ADDR": client[0]}
     connection = None
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep or not name or "_" in name or not name.isascii() or name != name.strip():
+        if not sep or not name or "_" in name or " " in name or "\t" in name:
             return None  # a folded line, a header gunicorn maps or drops, an odd name
-        name = name.upper()
-        value = value.strip(" \t")
-        if name == "CONTENT-LENGTH":
-            if value != "0":
+        key = "HTTP_" + name.upper().replace("-", "_")
+        if key == "HTTP_CONTENT_LENGTH":
+            if value.strip(" \t") != "0":
                 return None
             continue
-        if name in ("TRANSFER-ENCODING", "EXPECT", "UPGRADE", "SCRIPT_NAME"):
+        if key in _REFUSED:
             return None
-        if name == "CONNECTION" and connection is None:
-            connection = value.lower()
-        key = "HTTP_" + name.replace("-", "_")
+        if key == "HTTP_CONNECTION" and connection is None:
+            connection = value.strip(" \t").lower()
+        if wanted is not None and key not in wanted:
+            continue
+        value = value.strip(" \t")
         if key in environ:
             environ[key] = environ[key] + "," + value
         else:
@@ -171,7 +179,7 @@ class RejectionBytes:
         if second != self._second:
             self._second = second
             self._cache.clear()
-        key = (id(route), retry, version, method == "HEAD", keep)
+        key = (route, retry, version, method == "HEAD", keep)
         data = self._cache.get(key)
         if data is None:
             sink = _Capture()
@@ -233,6 +241,8 @@ class PollerRejector:
                             and str(getattr(cfg, "proxy_protocol", "off") or "off") == "off")
         self.bytes = RejectionBytes(cfg)
         self.strikes = Strikes()
+        resolver = middleware.ctx.resolver
+        self._wanted = frozenset(getattr(resolver, "environ_keys", ()))
         self._stats = middleware.stats
         self._seen = 0
         self._until = 0.0
@@ -261,14 +271,15 @@ class PollerRejector:
         Raises:
             Exception: classification or the ledger failed (the caller hands it to a thread).
         """
-        parsed = head_environ(buf, client)
+        parsed = head_environ(buf, client, self._wanted)
         if parsed is None:
             return None
         environ, version, keep, method = parsed
-        got = self.mw.reject_early(environ, time.monotonic_ns())
+        now = time.monotonic_ns()
+        got = self.mw.reject_early(environ, now)
         if got is None:
             return None
         route, retry, flow_hash = got
         keep = keep and keepalive_room
-        hold = self.strikes.hold_for((flow_hash, client[0]), time.monotonic(), retry)
+        hold = self.strikes.hold_for((flow_hash, client[0]), now / 1e9, retry)
         return self.bytes.get(route, retry, version, method, keep), keep, hold

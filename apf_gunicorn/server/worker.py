@@ -125,6 +125,7 @@ class ApfThreadWorker(ThreadWorker):
         # socket and a heap entry)
         self.apf_held_max = (settings.held_rejections if settings is not None
                              else DEFAULT_HELD_REJECTIONS)
+        self._apf_keepalive_on = bool(self.cfg.keepalive)
         self.apf_on_delayed = None  # callable(): count a held 429 (ledger)
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
@@ -277,17 +278,20 @@ class ApfThreadWorker(ThreadWorker):
 
     def on_client_socket_readable(self, conn, client):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
-        self.poller.unregister(client)
-        self.keepalived_conns.remove(conn)
         data = _recv(conn.sock)
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
             rejector = self.apf_rejector
+            # (a 429 answered here leaves the connection registered and kept alive)
             if (rejector is not None and (rejector.hot() or self._apf_reserve_full())
-                    and self.apf_reject_here(conn, data)):
+                    and self.apf_reject_here(conn, data, True)):
                 return
+            self.poller.unregister(client)
+            self.keepalived_conns.remove(conn)
             conn.parser.unreader.unread(data)
             self.enqueue_req(conn)
             return
+        self.poller.unregister(client)
+        self.keepalived_conns.remove(conn)
         self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout, data)
 
     def _apf_read_head(self, conn, deadline: float, first: bytes | None = None) -> None:
@@ -305,12 +309,8 @@ class ApfThreadWorker(ThreadWorker):
     def _apf_on_readable(self, conn, client) -> None:
         if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
             return
-        if self.apf_head_readable(conn):
-            self.apf_reading.pop(conn, None)
-            try:
-                self.poller.unregister(client)
-            except (KeyError, ValueError, OSError):
-                pass
+        # (a head that is done leaves the reading state in apf_start_request or _apf_close)
+        self.apf_head_readable(conn)
 
     def apf_head_readable(self, conn, data: bytes | None = None) -> bool:
         """Read what the connection has (or take ``data``, already read); True when it has
@@ -377,6 +377,11 @@ class ApfThreadWorker(ThreadWorker):
         buf = conn.apf_buf
         self.apf_head_bytes -= len(buf)
         conn.apf_buf = conn.apf_scan = None
+        if self.apf_reading.pop(conn, 0) is None:  # it was read over several polls
+            try:
+                self.poller.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
         data = bytes(buf)
         rejector = self.apf_rejector
         if (rejector is not None and (rejector.hot() or self._apf_reserve_full())
@@ -392,12 +397,13 @@ class ApfThreadWorker(ThreadWorker):
         """Every thread for non-exempt requests is taken (the thread reserve applies)."""
         return len(self.apf_inflight) >= self.apf_room_limit
 
-    def apf_reject_here(self, conn, data: bytes) -> bool:
+    def apf_reject_here(self, conn, data: bytes, kept: bool = False) -> bool:
         """Answer the complete head ``data`` 429 from the poller when the middleware would
         certainly reject it (``PollerRejector.answer``); True when answered (or held to be
-        answered), False: it goes to a thread as usual."""
-        room = (self.alive and self.cfg.keepalive
-                and len(self.keepalived_conns) < self.max_keepalived)
+        answered), False: it goes to a thread as usual. ``kept``: the connection is still
+        registered and among the kept-alive ones (a kept-alive connection's next head)."""
+        room = (self.alive and self._apf_keepalive_on
+                and len(self.keepalived_conns) - kept < self.max_keepalived)
         try:
             verdict = self.apf_rejector.answer(data, conn.client, room)
         except Exception:
@@ -409,18 +415,22 @@ class ApfThreadWorker(ThreadWorker):
         out, keep, hold = verdict
         held = self.apf_held
         if hold > 0 and len(held) < self.apf_held_max and self.alive:
+            if kept:
+                self.poller.unregister(conn.sock)
+                self.keepalived_conns.remove(conn)
             self._apf_held_seq += 1
             heapq.heappush(held, (time.monotonic() + hold, self._apf_held_seq, conn, out, keep))
             count = self.apf_on_delayed
             if count is not None:
                 count()
             return True
-        self._apf_answer(conn, out, keep)
+        self._apf_answer(conn, out, keep, kept)
         return True
 
-    def _apf_answer(self, conn, out: bytes, keep: bool) -> None:
+    def _apf_answer(self, conn, out: bytes, keep: bool, kept: bool = False) -> None:
         """Write a 429 (a few hundred bytes: one send) and keep the connection alive as gthread
-        does after a response, or close it."""
+        does after a response, or close it. ``kept``: it is registered and kept alive already
+        (then it stays registered: it moves to the end of the kept-alive ones)."""
         try:
             sent = conn.sock.send(out)
         except OSError:
@@ -429,10 +439,18 @@ class ApfThreadWorker(ThreadWorker):
             keep = False
         if keep and self.alive:
             conn.set_timeout()
-            self.keepalived_conns.append(conn)
+            kept_alive = self.keepalived_conns
+            if kept:
+                kept_alive.remove(conn)
+                kept_alive.append(conn)
+                return
+            kept_alive.append(conn)
             self.poller.register(conn.sock, selectors.EVENT_READ,
                                  partial(self.on_client_socket_readable, conn))
             return
+        if kept:
+            self.poller.unregister(conn.sock)
+            self.keepalived_conns.remove(conn)
         self.nr_conns -= 1
         # (nothing unread: the head was the whole input, so a plain close sends no reset;
         # gthread's graceful close would linger here, on the poller)
