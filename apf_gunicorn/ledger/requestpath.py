@@ -94,6 +94,7 @@ from apf_gunicorn.ledger.stats import (
     R_NO_SLOT,
     R_QUEUE_FULL,
     R_TIME_OUT,
+    REASONS,
     WORK_BOUNDS,
 )
 
@@ -277,29 +278,34 @@ class RequestPath:
 
     def _reject_if_full_locked(self, level, flow_hash, initial, final, al, owner, now,
                                fs_index, detail, watch) -> str:
+        # admit's decision, in its order (tests/test_ledger_reject_if_full.py compares the two
+        # word for word): R synced; no free slot; exempt; queue-full (every seat busy and the
+        # queue shuffle sharding picks at its length limit); a Reject-type level without room
         w = self._w
         lb = self._lb(level)
-        if w[H_FREE_HEAD] != NIL:  # (no free slot: admit rejects ``no-slot``)
-            desired = w[lb + L_DESIRED]
-            if desired < 0:
-                return ""  # exempt: never rejected
-            if now > w[lb + L_LAST_NS]:
-                self._sync_locked(lb, now)
-            if desired > 0:
-                # queue-full needs every seat busy and the chosen queue at its length limit
-                if w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
-                    return ""
-                _, qa = self._choose_queue_locked(lb, flow_hash, w[lb + L_ENQUEUES])
-                if w[qa + Q_WAITING] < w[lb + L_QLL]:
-                    return ""
-            elif self._can_accommodate_locked(lb, initial if initial >= final else final):
+        if now > w[lb + L_LAST_NS]:
+            self._sync_locked(lb, now)
+        desired = w[lb + L_DESIRED]
+        ms = initial if initial >= final else final
+        if w[H_FREE_HEAD] == NIL:
+            r = R_NO_SLOT
+        elif desired < 0:
+            return ""
+        elif desired > 0:
+            if w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
                 return ""
-        # admit's general path rejects it: the same queue choice from the same state
-        res = self._admit_slow_locked(level, flow_hash, initial, final, al, owner, now,
-                                      fs_index, detail, [], watch)
-        if res.outcome != REJECTED:  # cannot happen: the checks above mirror admit's
-            raise RuntimeError(f"reject_if_full: admit did not reject ({res.outcome})")
-        return res.reason
+            enq = w[lb + L_ENQUEUES]
+            _, qa = self._choose_queue_locked(lb, flow_hash, enq)
+            if w[qa + Q_WAITING] < w[lb + L_QLL]:
+                return ""
+            w[lb + L_ENQUEUES] = enq + 1  # admit's queue choice counts a rejected arrival too
+            r = R_QUEUE_FULL
+        elif self._can_accommodate_locked(lb, ms):
+            return ""
+        else:
+            r = R_CONCURRENCY_LIMIT
+        self._reject_arrival_locked(lb, self._stats_entry_locked(lb, level, fs_index), ms, r)
+        return REASONS[r]
 
     def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
         """A waiting request, already out of its queue's FIFO, starts executing (what both

@@ -366,7 +366,7 @@ class APFMiddleware:
         under the ledger's lock). Counted exactly as the middleware counts a rejection.
 
         Args:
-            environ: what the resolver reads of the request (``pollreject.head_environ``).
+            environ: what the resolver reads of the request (``pollreject.HeadReader``).
             now: monotonic ns.
         Returns:
             ``(route, retry_after_s, flow_hash)`` when rejected (answer

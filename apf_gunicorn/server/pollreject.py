@@ -3,7 +3,7 @@
 The accept-gated worker (``server/worker.py``) reads request heads in its poller. While this
 worker has lately rejected something (or its thread reserve is reached), it asks
 :class:`PollerRejector` about each complete head before handing it to a thread: the head is
-turned into the few environ keys the built-in resolver reads (:func:`head_environ`), classified
+turned into the few environ keys the built-in resolver reads (:class:`HeadReader`), classified
 by the middleware's own code (``APFMiddleware.reject_early``: its shape cache, the thread
 reserve, the ledger's exact ``reject_if_full``) and, when the middleware would certainly reject
 it, answered 429 here with the same bytes gunicorn would write for the middleware's 429
@@ -59,73 +59,84 @@ BOOK_SIZE = 4096
 _REFUSED = frozenset(("HTTP_TRANSFER_ENCODING", "HTTP_EXPECT", "HTTP_UPGRADE"))
 
 
-def head_environ(buf: bytes, client: Any, wanted: frozenset | None = None
-                 ) -> tuple[dict, tuple[int, int], bool, str] | None:
-    """The environ keys of a complete request head that the built-in resolver can read, as
+class HeadReader:
+    """Reads a complete request head into the environ keys the built-in resolver reads, as
     gunicorn would set them, when the head qualifies for an answer from the poller (see the
-    module docstring).
+    module docstring); one per worker, for the resolver's ``environ_keys``."""
 
-    Args:
-        buf: the head's bytes, ending with the blank line and nothing after it.
-        client: the peer address as gunicorn has it (a TCP ``(host, port)``).
-        wanted: the ``HTTP_*`` keys to set (the resolver's ``environ_keys``); None: all.
-    Returns:
-        ``(environ, version, client_keep_alive, method)``, or None: give it to a thread.
-    """
-    n = len(buf)
-    if type(client) is not tuple or buf.find(b"\r\n\r\n") != n - 4:
-        return None  # bytes after the head (a body, a pipelined request), or no head
-    head = bytes(buf[2 if buf[:2] == b"\r\n" else 0:n - 4])
-    if not head.isascii():
-        return None  # gunicorn decodes latin-1: such rare heads go to a thread
-    lines = head.decode("ascii").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        return None
-    method, target, version = parts
-    if version == "HTTP/1.1":
-        ver = (1, 1)
-    elif version == "HTTP/1.0":
-        ver = (1, 0)
-    else:
-        return None
-    if not (3 <= len(method) <= 20 and method.isalpha() and method.isupper()):
-        return None
-    if target[:1] != "/" or "#" in target or "\t" in target:
-        return None
-    path, _, query = target.partition("?")
-    if "%" in path:
-        path = util.unquote_to_wsgi_str(path)
-    environ = {"REQUEST_METHOD": method, "QUERY_STRING": query, "PATH_INFO": path,
-               "REMOTE_ADDR": client[0]}
-    connection = None
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or "_" in name or " " in name or "\t" in name:
-            return None  # a folded line, a header gunicorn maps or drops, an odd name
-        key = "HTTP_" + name.upper().replace("-", "_")
-        if key == "HTTP_CONTENT_LENGTH":
-            if value.strip(" \t") != "0":
-                return None
-            continue
-        if key in _REFUSED:
+    def __init__(self, environ_keys: tuple[str, ...] | frozenset) -> None:
+        """Args:
+            environ_keys: the keys the resolver reads (``RequestInfoResolver.environ_keys``);
+                of the ``HTTP_*`` ones, only these are read from the head.
+        """
+        self._wanted = frozenset(environ_keys)
+
+    def __call__(self, buf: bytes, client: Any
+                 ) -> tuple[dict, tuple[int, int], bool, str] | None:
+        """The head's environ and what the answer needs.
+
+        Args:
+            buf: the head's bytes (a whole head qualifies only with nothing after it).
+            client: the peer address as gunicorn has it (a TCP ``(host, port)``).
+        Returns:
+            ``(environ, version, client_keep_alive, method)``, or None: give it to a thread.
+        """
+        n = len(buf)
+        if type(client) is not tuple or buf.find(b"\r\n\r\n") != n - 4:
+            return None  # bytes after the head (a body, a pipelined request), or no head
+        head = buf[2 if buf[:2] == b"\r\n" else 0:n - 4]
+        if not head.isascii():
+            return None  # gunicorn decodes latin-1: such rare heads go to a thread
+        lines = head.decode("ascii").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3:
             return None
-        if key == "HTTP_CONNECTION" and connection is None:
-            connection = value.strip(" \t").lower()
-        if wanted is not None and key not in wanted:
-            continue
-        value = value.strip(" \t")
-        if key in environ:
-            environ[key] = environ[key] + "," + value
+        method, target, version = parts
+        if version == "HTTP/1.1":
+            ver = (1, 1)
+        elif version == "HTTP/1.0":
+            ver = (1, 0)
         else:
-            environ[key] = value
-    if connection == "close":
-        keep = False
-    elif connection == "keep-alive":
-        keep = True
-    else:
-        keep = ver > (1, 0)
-    return environ, ver, keep, method
+            return None
+        if not (3 <= len(method) <= 20 and method.isalpha() and method.isupper()):
+            return None
+        if target[:1] != "/" or "#" in target or not target.isprintable():
+            return None
+        path, _, query = target.partition("?")
+        if "%" in path:
+            path = util.unquote_to_wsgi_str(path)
+        environ = {"REQUEST_METHOD": method, "QUERY_STRING": query, "PATH_INFO": path,
+                   "REMOTE_ADDR": client[0]}
+        wanted = self._wanted
+        connection = None
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or "_" in name or " " in name or "\t" in name:
+                return None  # a folded line, a header gunicorn maps or drops, an odd name
+            if not line.isprintable() and not line.replace("\t", " ").isprintable():
+                return None  # a control character: gunicorn answers 400
+            key = "HTTP_" + name.upper().replace("-", "_")
+            if key == "HTTP_CONTENT_LENGTH":
+                if value.strip(" \t") != "0":
+                    return None
+                continue
+            if key in _REFUSED:
+                return None
+            if key == "HTTP_CONNECTION" and connection is None:
+                connection = value.strip(" \t").lower()
+            if key in wanted:
+                value = value.strip(" \t")
+                if key in environ:  # repeated fields joined as gunicorn joins them
+                    environ[key] = environ[key] + "," + value
+                else:
+                    environ[key] = value
+        if connection == "close":
+            keep = False
+        elif connection == "keep-alive":
+            keep = True
+        else:  # gunicorn: HTTP/1.1 keeps the connection, 1.0 closes it
+            keep = ver == (1, 1)
+        return environ, ver, keep, method
 
 
 class _Head:
@@ -241,8 +252,7 @@ class PollerRejector:
                             and str(getattr(cfg, "proxy_protocol", "off") or "off") == "off")
         self.bytes = RejectionBytes(cfg)
         self.strikes = Strikes()
-        resolver = middleware.ctx.resolver
-        self._wanted = frozenset(getattr(resolver, "environ_keys", ()))
+        self.read_head = HeadReader(getattr(middleware.ctx.resolver, "environ_keys", ()))
         self._stats = middleware.stats
         self._seen = 0
         self._until = 0.0
@@ -271,7 +281,7 @@ class PollerRejector:
         Raises:
             Exception: classification or the ledger failed (the caller hands it to a thread).
         """
-        parsed = head_environ(buf, client, self._wanted)
+        parsed = self.read_head(buf, client)
         if parsed is None:
             return None
         environ, version, keep, method = parsed

@@ -125,7 +125,8 @@ class ApfThreadWorker(ThreadWorker):
         # socket and a heap entry)
         self.apf_held_max = (settings.held_rejections if settings is not None
                              else DEFAULT_HELD_REJECTIONS)
-        self._apf_keepalive_on = bool(self.cfg.keepalive)
+        self._apf_keepalive_s = self.cfg.keepalive  # (read once: the config's getattr is slow)
+        self._apf_keepalive_on = bool(self._apf_keepalive_s)
         self.apf_on_delayed = None  # callable(): count a held 429 (ledger)
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
@@ -438,7 +439,7 @@ class ApfThreadWorker(ThreadWorker):
         if sent != len(out):  # a client that does not read, or is gone
             keep = False
         if keep and self.alive:
-            conn.set_timeout()
+            conn.timeout = time.monotonic() + self._apf_keepalive_s  # (TConn.set_timeout)
             kept_alive = self.keepalived_conns
             if kept:
                 kept_alive.remove(conn)
