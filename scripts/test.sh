@@ -10,20 +10,18 @@
 # tests/test_bench_storm.py (each skipped, saying why, without it); set APF_NO_APT=1 to skip that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v haproxy >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -z "${APF_NO_APT:-}" ] \
-    && command -v apt-get >/dev/null 2>&1; then
-  echo "installing haproxy for tests/test_haproxy.py (apt-get; APF_NO_APT=1 skips this)" >&2
-  { timeout 300 apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq haproxy; } \
-    >/dev/null 2>&1 || echo "could not install haproxy; tests/test_haproxy.py will skip" >&2
-fi
-if ! command -v wrk >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -z "${APF_NO_APT:-}" ] \
-    && command -v apt-get >/dev/null 2>&1; then
-  echo "installing wrk for tests/test_bench_storm.py (apt-get; APF_NO_APT=1 skips this)" >&2
-  { timeout 300 apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq wrk; } \
-    >/dev/null 2>&1 || echo "could not install wrk; tests/test_bench_storm.py will skip" >&2
-fi
+# apt_install TOOL TEST: install TOOL (as root, with apt-get) for the tests in TEST
+apt_install() {
+  if ! command -v "$1" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -z "${APF_NO_APT:-}" ] \
+      && command -v apt-get >/dev/null 2>&1; then
+    echo "installing $1 for $2 (apt-get; APF_NO_APT=1 skips this)" >&2
+    { timeout 300 apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "$1"; } \
+      >/dev/null 2>&1 || echo "could not install $1; $2 will skip" >&2
+  fi
+}
+apt_install haproxy tests/test_haproxy.py
+apt_install wrk tests/test_bench_storm.py
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
