@@ -57,6 +57,10 @@ BOOK_SIZE = 4096
 
 
 _REFUSED = frozenset(("HTTP_TRANSFER_ENCODING", "HTTP_EXPECT", "HTTP_UPGRADE"))
+#: Heads remembered per worker with what they read (cleared when full), and the largest kept
+HEAD_CACHE_SIZE = 1024
+HEAD_CACHE_BYTES = 2048
+_UNREAD = object()
 
 
 class HeadReader:
@@ -70,10 +74,13 @@ class HeadReader:
                 of the ``HTTP_*`` ones, only these are read from the head.
         """
         self._wanted = frozenset(environ_keys)
+        # (head, client address) -> what it reads: a storm repeats the same few heads
+        self._cache: dict[tuple[bytes, str], Any] = {}
 
     def __call__(self, buf: bytes, client: Any
                  ) -> tuple[dict, tuple[int, int], bool, str] | None:
-        """The head's environ and what the answer needs.
+        """The head's environ and what the answer needs (the environ is shared between calls
+        for the same head and address: read it, never change it).
 
         Args:
             buf: the head's bytes (a whole head qualifies only with nothing after it).
@@ -81,8 +88,23 @@ class HeadReader:
         Returns:
             ``(environ, version, client_keep_alive, method)``, or None: give it to a thread.
         """
+        if type(client) is not tuple:
+            return None
+        key = (buf, client[0])
+        cache = self._cache
+        got = cache.get(key, _UNREAD)
+        if got is _UNREAD:
+            got = self._read(buf, client)
+            if len(buf) <= HEAD_CACHE_BYTES:
+                if len(cache) >= HEAD_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = got
+        return got
+
+    def _read(self, buf: bytes, client: tuple
+              ) -> tuple[dict, tuple[int, int], bool, str] | None:
         n = len(buf)
-        if type(client) is not tuple or buf.find(b"\r\n\r\n") != n - 4:
+        if buf.find(b"\r\n\r\n") != n - 4:
             return None  # bytes after the head (a body, a pipelined request), or no head
         head = buf[2 if buf[:2] == b"\r\n" else 0:n - 4]
         if not head.isascii():
