@@ -29,6 +29,13 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_EXEMPT_THREADS`` threads, and this class removes the entry when the request's thread
   is done with it (``handle``, ``handle_http2_request``).
 
+While the worker is rejecting (it did in the last second, or its reserve is reached), a
+complete head is first offered to ``server/pollreject.py``: a request the middleware would
+certainly reject is answered ``429`` here, without a thread, and the connection stays in the
+poller; a flow that keeps retrying before its Retry-After has its ``429`` held (a socket and a
+heap entry, at most ``APF_HELD_REJECTIONS``, not counted by the accept gate) until that is due,
+at most 1 s (``apf_reject_here``, ``_apf_release_held``).
+
 It also stamps each connection when it is queued for a thread, so the middleware's wait limit
 counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``).
 
