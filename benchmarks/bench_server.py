@@ -175,13 +175,16 @@ def _seconds(text: str) -> float:
 
 
 def wrk(port: int, duration: float, connections: int, path: str = "/hello",
-        timeout: float = 2.0) -> dict:
+        timeout: float = 2.0, headers: tuple[str, ...] = ()) -> dict:
     """One ``wrk`` run: requests/s, p50 and p99 latency (s), and its counts: ``requests``
     answered in ``seconds``, ``non2xx`` of them (wrk: not 2xx or 3xx), ``errors`` (socket
-    errors: connect, read, write, time-outs after ``timeout`` seconds)."""
+    errors: connect, read, write, time-outs after ``timeout`` seconds). ``headers``: extra
+    request headers (``"Name: value"``; ``"Connection: close"`` makes wrk reconnect for every
+    request)."""
     out = subprocess.run(
         ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
-         f"--timeout={timeout:g}s", f"http://127.0.0.1:{port}{path}"], capture_output=True,
+         f"--timeout={timeout:g}s", *(a for h in headers for a in ("-H", h)),
+         f"http://127.0.0.1:{port}{path}"], capture_output=True,
         text=True, timeout=duration + timeout + 30, preexec_fn=_pinned(LOAD_CPUS)).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))

@@ -104,11 +104,6 @@ class RequestCounters:
         if ns:
             self._f[eb + E_WAIT_X + ND] += ns / 1e9
 
-    def _note_arrival_locked(self, eb: int, ms: int) -> None:
-        w = self._w
-        w[eb + E_WORK + bisect_left(WORK_BOUNDS, ms)] += 1
-        w[eb + E_WORK_SUM] += ms
-
     def _note_rejection_locked(self, eb: int, reason: int, exempt: bool) -> None:
         w = self._w
         self._log_locked(eb + E_REJECTED + reason, eb + E_WAIT_R)
@@ -159,10 +154,30 @@ class RequestCounters:
 
     def _turn_away_locked(self, level: int, fs_index: int, seats: int, r: int) -> None:
         lb = self._lb(level)
-        eb = self._stats_entry_locked(lb, level, fs_index)
-        self._note_arrival_locked(eb, seats)
-        self._count_rejection_locked(lb)
-        self._note_rejection_locked(eb, r, self._w[lb + L_DESIRED] < 0)
+        self._reject_arrival_locked(lb, self._stats_entry_locked(lb, level, fs_index), seats, r)
+
+    def _reject_arrival_locked(self, lb: int, eb: int, seats: int, r: int) -> None:
+        """Count an arrival rejected without a slot (a worker's turn-away, the poller's
+        ``reject_if_full``) as one event, as ``admit`` counts its rejections: its work, the
+        level's rejected total (what Retry-After follows), reason ``r`` and, on a non-exempt
+        level, a 0 s wait. One undo-log entry for the whole event (this runs per 429)."""
+        w = self._w
+        bw = eb + E_WORK + bisect_left(WORK_BOUNDS, seats)
+        total = lb + L_REJECTED
+        shadow = lb + L.L_REJECTED_SHADOW
+        reason = eb + E_REJECTED + r
+        if w[lb + L_DESIRED] < 0:
+            self._log_locked(bw, eb + E_WORK_SUM, total, shadow, reason)
+        else:
+            self._log_locked(bw, eb + E_WORK_SUM, total, shadow, reason, eb + E_WAIT_R)
+            w[eb + E_WAIT_R] += 1  # a 0 s wait: bucket 0, the sum does not move
+        w[bw] += 1
+        w[eb + E_WORK_SUM] += seats
+        n = w[total] + 1
+        w[total] = n
+        w[shadow] = n
+        w[reason] += 1
+        self._commit_locked()
 
     def count_head_timeout(self) -> None:
         """Count one connection answered 408 because its request head was late (server-wide,
@@ -184,6 +199,18 @@ class RequestCounters:
         if word is None:
             raise ValueError(f"unknown reason {reason!r} for a dropped connection")
         self._locked(None, self._count_word_locked, word)
+
+    def count_rejection_delayed(self) -> None:
+        """Count one 429 a worker's poller held before writing it (its flow came back before
+        its Retry-After again and again: ``server/pollreject.py``), server-wide, under the
+        lock."""
+        self._locked(None, self._count_word_locked, L.C_REJECTIONS_DELAYED)
+
+    @property
+    def rejections_delayed(self) -> int:
+        """429s the workers' pollers held before writing them, server-wide (one word, no
+        lock)."""
+        return self._w[self._lay.counters_base + L.C_REJECTIONS_DELAYED]
 
     def _count_word_locked(self, word: int) -> None:
         self._w[self._lay.counters_base + word] += 1

@@ -45,10 +45,13 @@ UNDO_PAIRS = 32
 # C_HEAD_TIMEOUTS = connections the workers answered 408 for a request head that did not arrive
 # within APF_HEADER_TIMEOUT (server/worker.py); C_DROPPED_HEAD_CONNECTIONS, C_DROPPED_HEAD_BUFFER =
 # connections a worker's poller closed past APF_HEAD_CONNECTIONS (the oldest idle) and past
-# APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431). The rest are spare.
+# APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431); C_REJECTIONS_DELAYED = 429s a worker's
+# poller held before writing them (a flow retrying before its Retry-After: server/pollreject.py).
+# The rest are spare.
 C_HEAD_TIMEOUTS = 0
 C_DROPPED_HEAD_CONNECTIONS = 1
 C_DROPPED_HEAD_BUFFER = 2
+C_REJECTIONS_DELAYED = 3
 COUNTER_WORDS = 8
 
 # -- level record -----------------------------------------------------------------------------

@@ -129,6 +129,7 @@ class Snapshot(NamedTuple):
     head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
     # connections the workers' pollers dropped, by reason (Ledger.count_connection_dropped)
     connections_dropped: dict | None = None
+    rejections_delayed: int = 0  # 429s held by the workers' pollers (server-wide)
 
 
 class LevelLoad(NamedTuple):

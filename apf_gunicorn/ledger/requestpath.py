@@ -95,6 +95,7 @@ from apf_gunicorn.ledger.stats import (
     R_QUEUE_FULL,
     R_THREAD_SHARE,
     R_TIME_OUT,
+    REASONS,
     WORK_BOUNDS,
 )
 
@@ -213,21 +214,9 @@ class RequestPath:
         """
         w, u = self._w, self._u
         flow_hash, initial, final, al, owner, now, fs_index, detail = req
-        hs = w[lb + L_HAND]
-        hand = deal(flow_hash & U64, w[lb + L_DESIRED], hs)
         enq = w[lb + L_ENQUEUES]
         w[lb + L_ENQUEUES] = enq + 1
-        off = enq % hs
-        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
-        best_q = hand[off]
-        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
-        for i in range(1, hs):
-            q = hand[(off + i) % hs]
-            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
-            if ws < best:
-                best, best_q = ws, q
-        q = best_q
-        qa = qbase + q * QUEUE_WORDS
+        q, qa = self._choose_queue_locked(lb, flow_hash, enq)
         if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
             self._count_rejection_locked(lb)
             self._note_rejection_locked(eb, R_QUEUE_FULL, False)
@@ -246,6 +235,78 @@ class RequestPath:
         w[lb + L_WAITING] += 1
         w[lb + L_SEATS_WAITING] += ms
         return s, sa, gen, q, qa
+
+    def _choose_queue_locked(self, lb: int, flow_hash: int, enq: int) -> tuple[int, int]:
+        """Kubernetes' queue choice for an arrival: the least waiting work in the flow's hand,
+        visiting from the rotating offset ``enq`` (the level's enqueue count before it).
+
+        Returns:
+            ``(queue, queue address)``.
+        """
+        w, u = self._w, self._u
+        hs = w[lb + L_HAND]
+        hand = deal(flow_hash & U64, w[lb + L_DESIRED], hs)
+        off = enq % hs
+        qbase = self._qb + w[lb + L_QBASE] * QUEUE_WORDS
+        best_q = hand[off]
+        best = u[qbase + best_q * QUEUE_WORDS + Q_WORK_SUM]
+        for i in range(1, hs):
+            q = hand[(off + i) % hs]
+            ws = u[qbase + q * QUEUE_WORDS + Q_WORK_SUM]
+            if ws < best:
+                best, best_q = ws, q
+        return best_q, qbase + best_q * QUEUE_WORDS
+
+    def reject_if_full(self, level: int, flow_hash: int, initial_seats: int, final_seats: int,
+                       additional_latency_ns: int, owner: int, now: int, fs_index: int = 0,
+                       detail: bytes = b"", watch: bool = False) -> str:
+        """:meth:`admit` for a caller that acts only on a rejection (a worker's poller, which
+        answers 429 without a thread): when ``admit`` would reject the request now, reject it
+        exactly as ``admit`` does (the same counts, under the same lock); otherwise write
+        nothing, and the caller admits it later as usual. A rejection creates no slot, so
+        nothing is held for the caller.
+
+        Args: as :meth:`admit`.
+        Returns:
+            The rejection reason (``queue-full``, ``concurrency-limit``, ``no-slot``), or ``""``
+            when ``admit`` would run or queue the request (nothing was counted).
+        Raises:
+            ValueError: ``level`` is out of range or not configured.
+        """
+        return self._locked(now, self._reject_if_full_locked, level, flow_hash, initial_seats,
+                            final_seats, additional_latency_ns, owner, now, fs_index, detail,
+                            watch)
+
+    def _reject_if_full_locked(self, level, flow_hash, initial, final, al, owner, now,
+                               fs_index, detail, watch) -> str:
+        # admit's decision, in its order (tests/test_ledger_reject_if_full.py compares the two
+        # word for word): R synced; no free slot; exempt; queue-full (every seat busy and the
+        # queue shuffle sharding picks at its length limit); a Reject-type level without room
+        w = self._w
+        lb = self._lb(level)
+        if now > w[lb + L_LAST_NS]:
+            self._sync_locked(lb, now)
+        desired = w[lb + L_DESIRED]
+        ms = initial if initial >= final else final
+        if w[H_FREE_HEAD] == NIL:
+            r = R_NO_SLOT
+        elif desired < 0:
+            return ""
+        elif desired > 0:
+            if w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
+                return ""
+            enq = w[lb + L_ENQUEUES]
+            _, qa = self._choose_queue_locked(lb, flow_hash, enq)
+            if w[qa + Q_WAITING] < w[lb + L_QLL]:
+                return ""
+            w[lb + L_ENQUEUES] = enq + 1  # admit's queue choice counts a rejected arrival too
+            r = R_QUEUE_FULL
+        elif self._can_accommodate_locked(lb, ms):
+            return ""
+        else:
+            r = R_CONCURRENCY_LIMIT
+        self._reject_arrival_locked(lb, self._stats_entry_locked(lb, level, fs_index), ms, r)
+        return REASONS[r]
 
     def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
         """A waiting request, already out of its queue's FIFO, starts executing (what both

@@ -333,6 +333,11 @@ class LedgerCollector:
         for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
             dropped.add_metric([reason], float(n))
         yield dropped
+        delayed = CounterMetricFamily(f"{p}_rejections_delayed", "429s a worker held (at most "
+                                      "1 s, up to the Retry-After) before writing them, because "
+                                      "the flow kept coming back before its Retry-After")
+        delayed.add_metric([], float(getattr(snap, "rejections_delayed", 0)))
+        yield delayed
 
 
 def _server_limit_families(p: str, view: MasterView) -> list:

@@ -164,6 +164,26 @@ class _Route:
         self.checked = _gunicorn_accepts(headers)
 
 
+REJECTED_STATUS = "429 Too Many Requests"
+
+
+def rejection_headers(route: _Route, retry: int) -> list[tuple[str, str]]:
+    """The headers of a 429 (body :data:`TOO_MANY`) for a request of ``route``'s FlowSchema:
+    what the middleware and the worker's poller both answer (the ORCA headers aside).
+
+    Args:
+        route: the request's FlowSchema route (its PF headers).
+        retry: the Retry-After, seconds.
+    Returns:
+        The headers, in order.
+    """
+    return [("Content-Type", "text/plain; charset=utf-8"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Retry-After", str(retry)),
+            ("Content-Length", str(len(TOO_MANY))),
+            *route.headers]
+
+
 class APFMiddleware:
     def __init__(self, app: Callable, ctx: WorkerContext):
         self.app = app
@@ -205,6 +225,7 @@ class APFMiddleware:
         # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
         self._share = ThreadShare() if ctx.inflight is not None else None
         self._rejected_total = ctx.ledger.rejected_total
+        self._reject_if_full = getattr(ctx.ledger, "reject_if_full", None)
         self._orca = ctx.load_report
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
@@ -213,19 +234,7 @@ class APFMiddleware:
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
-            cache = self._cache
-            if cache is not None:
-                # Everything the built-in resolver reads: the classification is a pure
-                # function of it, and most requests repeat a few shapes.
-                key = self._shape_key(environ.get)
-                shape = cache.get(key)
-                if shape is None:
-                    shape = self._classify_request(environ)
-                    if len(cache) >= _CACHE_SIZE:
-                        cache.clear()
-                    cache[key] = shape
-            else:
-                shape = self._classify_request(environ)
+            shape = self.shape_of(environ)
             # Shape's fields, unpacked at once (cheaper than eleven attribute reads)
             level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c = shape
             if self._hook is not None:
@@ -306,6 +315,85 @@ class APFMiddleware:
         body._slot = slot
         body._gen = gen
         return body
+
+    def shape_of(self, environ: dict) -> Shape:
+        """What the request's shape decides (:class:`Shape`): from the per-shape cache when the
+        built-in resolver classifies (its inputs are known), else classified now.
+
+        Args:
+            environ: the request's WSGI environ (the keys the resolver reads suffice: see
+                ``server/pollreject.py``).
+        Returns:
+            The shape.
+        """
+        cache = self._cache
+        if cache is None:
+            return self._classify_request(environ)
+        # Everything the built-in resolver reads: the classification is a pure function of it,
+        # and most requests repeat a few shapes.
+        key = self._shape_key(environ.get)
+        shape = cache.get(key)
+        if shape is None:
+            shape = self._classify_request(environ)
+            if len(cache) >= _CACHE_SIZE:
+                cache.clear()
+            cache[key] = shape
+        return shape
+
+    # -- rejecting from the worker's poller (server/pollreject.py) -------------------------
+
+    @property
+    def poller_classifies(self) -> bool:
+        """Whether a request can be classified and rejected from its head alone: the built-in
+        resolver (a custom ``APF_REQUEST_INFO`` hook may read anything in the environ), no
+        ``APF_WORK_ESTIMATOR`` hook (it is called with the full environ), no ORCA load report
+        (its header is per response), and a ledger that can reject without admitting."""
+        return (self._cache is not None and self._hook is None and self._orca is None
+                and self._reject_if_full is not None)
+
+    def thread_share_rejects(self, route: _Route, flow_hash: int) -> bool:
+        """Whether the worker's thread reserve turns this request away now (reason
+        ``thread-reserve``): no thread for a non-exempt request is free. The one place the
+        poller asks; what the middleware decides on a thread (``__call__``) agrees.
+
+        Args:
+            route: the request's FlowSchema route; flow_hash: its flow.
+        Returns:
+            True when the request would be answered 429 for want of a thread.
+        """
+        inflight = route.inflight
+        return inflight is not None and len(inflight) >= self._nonexempt_threads
+
+    def reject_early(self, environ: dict, now: int) -> tuple[_Route, int, int] | None:
+        """Reject the request now if the middleware would certainly reject it on a thread: the
+        thread reserve applies (:meth:`thread_share_rejects`), or the ledger's ``admit`` would
+        reject it (queue full, a Reject-type level full, no slot: ``reject_if_full``, exact
+        under the ledger's lock). Counted exactly as the middleware counts a rejection.
+
+        Args:
+            environ: what the resolver reads of the request (``pollreject.HeadReader``).
+            now: monotonic ns.
+        Returns:
+            ``(route, retry_after_s, flow_hash)`` when rejected (answer
+            :func:`rejection_headers`), None when the request must go to a thread as usual
+            (nothing was counted).
+        Raises:
+            Exception: whatever classification or the ledger raise (the caller then hands
+            the request to a thread, which decides as usual).
+        """
+        level, flow_hash, initial, final, al, fs_index, detail, early, route, _, _ = (
+            self.shape_of(environ))
+        if route.exempt:
+            return None
+        if self.thread_share_rejects(route, flow_hash):
+            self.stats["turned_away"] += 1
+            self.ctx.ledger.turn_away(level, fs_index, initial if initial >= final else final,
+                                      "thread-reserve", now)
+        elif not self._reject_if_full(level, flow_hash, initial, final, al, self._owner, now,
+                                      fs_index, detail, early):
+            return None
+        self.stats["rejected"] += 1
+        return route, self._retry_after(route), flow_hash
 
     def _classify_request(self, environ) -> Shape:
         """Everything a request shape decides (:class:`Shape`)."""
@@ -469,23 +557,20 @@ class APFMiddleware:
     def _reject(self, start_response, route):
         """429 with the level's server-wide Retry-After."""
         self.stats["rejected"] += 1
-        retry = 1
-        tracker = self.ctx.retry_after
-        if tracker is not None:
-            try:
-                retry = tracker.observe_total(route.level_name,
-                                              self._rejected_total(route.level))
-            except Exception:
-                log.exception("apf: retry-after tracker failed")
-        start_response("429 Too Many Requests", [
-            ("Content-Type", "text/plain; charset=utf-8"),
-            ("X-Content-Type-Options", "nosniff"),
-            ("Retry-After", str(retry)),
-            ("Content-Length", str(len(TOO_MANY))),
-            *route.headers,
-            *self._load_headers(True),
-        ])
+        start_response(REJECTED_STATUS, [
+            *rejection_headers(route, self._retry_after(route)), *self._load_headers(True)])
         return [TOO_MANY]
+
+    def _retry_after(self, route: _Route) -> int:
+        """The level's server-wide Retry-After, in seconds, for a rejection just counted."""
+        tracker = self.ctx.retry_after
+        if tracker is None:
+            return 1
+        try:
+            return tracker.observe_total(route.level_name, self._rejected_total(route.level))
+        except Exception:
+            log.exception("apf: retry-after tracker failed")
+            return 1
 
     def _load_headers(self, rejected: bool) -> list:
         """The ORCA header (and ``x-envoy-ratelimited`` on a 429) when APF_LOAD_REPORT=orca."""

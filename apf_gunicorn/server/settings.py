@@ -42,6 +42,8 @@ DEFAULT_EXEMPT_THREADS = 2
 # per worker: connections reading their head in the poller, and the bytes their heads buffer
 DEFAULT_HEAD_CONNECTIONS = 512
 DEFAULT_HEAD_BUFFER_LIMIT = 16 * 1024 * 1024
+# per worker: 429s held before they are written (a flow retrying before its Retry-After)
+DEFAULT_HELD_REJECTIONS = 256
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2,
                "mb": 1000 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
                "gib": 1024 ** 3}
@@ -107,6 +109,8 @@ class Settings:
     head_connections: int = DEFAULT_HEAD_CONNECTIONS
     # APF_HEAD_BUFFER_LIMIT: bytes of incomplete heads a worker buffers (then the largest 431)
     head_buffer_limit: int = DEFAULT_HEAD_BUFFER_LIMIT
+    # APF_HELD_REJECTIONS: 429s a worker holds before writing them (0: never held)
+    held_rejections: int = DEFAULT_HELD_REJECTIONS
     # added to the master's oom_score_adj in each worker (capped at 1000); None: left alone
     worker_oom_score_adj_step: int | None = DEFAULT_WORKER_OOM_SCORE_ADJ_STEP
     # APF_USER_FROM: identity sources in order (flowcontrol/identity.py)
@@ -305,6 +309,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
                               1_000_000, "must be an integer from 1 to 1000000: connections "
                               "per worker that may be sending their request head (then the "
                               "oldest idle is closed)")
+    held = _int_setting(get, "APF_HELD_REJECTIONS", DEFAULT_HELD_REJECTIONS, 0, 1_000_000,
+                        "must be an integer from 0 to 1000000: connections per worker whose "
+                        "429 is held because their flow keeps retrying before its Retry-After "
+                        "(0: never hold)")
 
     raw = get("APF_HEAD_BUFFER_LIMIT")
     head_bytes = DEFAULT_HEAD_BUFFER_LIMIT if raw is None else _size(raw)
@@ -371,6 +379,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         accept_slack=slack,
         head_connections=head_conns,
         head_buffer_limit=head_bytes,
+        held_rejections=held,
         worker_oom_score_adj_step=oom_step,
         user_from=user_from,
         fairness=fairness_name,

@@ -29,6 +29,13 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_EXEMPT_THREADS`` threads, and this class removes the entry when the request's thread
   is done with it (``handle``, ``handle_http2_request``).
 
+While the worker is rejecting (it did in the last second, or its reserve is reached), a
+complete head is first offered to ``server/pollreject.py``: a request the middleware would
+certainly reject is answered ``429`` here, without a thread, and the connection stays in the
+poller; a flow that keeps retrying before its Retry-After has its ``429`` held (a socket and a
+heap entry, at most ``APF_HELD_REJECTIONS``, not counted by the accept gate) until that is due,
+at most 1 s (``apf_reject_here``, ``_apf_release_held``).
+
 It also stamps each connection when it is queued for a thread, so the middleware's wait limit
 counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``).
 
@@ -41,6 +48,8 @@ Use ``worker_class = "apf_gunicorn.server.worker.ApfThreadWorker"`` (conf.py doe
 from __future__ import annotations
 
 import errno
+import heapq
+import logging
 import selectors
 import time
 from functools import partial
@@ -58,6 +67,7 @@ from apf_gunicorn.server.settings import (
     DEFAULT_HEAD_BUFFER_LIMIT,
     DEFAULT_HEAD_CONNECTIONS,
     DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_HELD_REJECTIONS,
 )
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
@@ -71,6 +81,7 @@ HEAD_BUFFER_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection:
 # reasons of apf_connections_dropped_total (the ledger counts them server-wide)
 DROP_HEAD_CONNECTIONS = "head-connections"  # past APF_HEAD_CONNECTIONS: the oldest idle one
 DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head, 431
+log = logging.getLogger("apf_gunicorn.worker")
 
 
 class ApfThreadWorker(ThreadWorker):
@@ -111,6 +122,19 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_on_drop = None  # callable(reason): count a dropped connection (ledger)
         self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
         self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
+        # server/pollreject.PollerRejector (set by post_worker_init): answers 429 without a
+        # thread; None: every request goes to a thread
+        self.apf_rejector = None
+        # 429s held before they are written: a heap of (due, seq, conn, bytes, keep-alive)
+        self.apf_held: list = []
+        self._apf_held_seq = 0
+        # APF_HELD_REJECTIONS: past it, 429s are written at once (each held one costs a
+        # socket and a heap entry)
+        self.apf_held_max = (settings.held_rejections if settings is not None
+                             else DEFAULT_HELD_REJECTIONS)
+        self._apf_keepalive_s = self.cfg.keepalive  # (read once: the config's getattr is slow)
+        self._apf_keepalive_on = bool(self._apf_keepalive_s)
+        self.apf_on_delayed = None  # callable(): count a held 429 (ledger)
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
@@ -119,7 +143,7 @@ class ApfThreadWorker(ThreadWorker):
     def apf_busy(self) -> int:
         """Connections handed to the executor and not yet back (running or queued there)."""
         return (self.nr_conns - len(self.keepalived_conns) - len(self.pending_conns)
-                - len(self.apf_reading))
+                - len(self.apf_reading) - len(self.apf_held))
 
     # -- the accept gate ----------------------------------------------------------------------
 
@@ -131,7 +155,8 @@ class ApfThreadWorker(ThreadWorker):
         429 at once). Publishes this worker's room flag when it changes."""
         # connections that want a thread: in threads or kept alive (one still sending its
         # head costs a socket, not a thread: it never closes the gate)
-        load = self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
+        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
+                - len(self.apf_held))
         room = load < self.apf_room_limit and self.alive
         if room is not self._apf_room:
             self._apf_room = room
@@ -162,9 +187,13 @@ class ApfThreadWorker(ThreadWorker):
         # accepting, costs one sum), gthread's poll and dispatch (as its own method does, one
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
-        load = self._apf_load = self.nr_conns - len(self.pending_conns) - len(reading)
+        held = self.apf_held
+        load = self._apf_load = (self.nr_conns - len(self.pending_conns) - len(reading)
+                                 - len(held))
         if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
+        if held:
+            timeout = max(0.0, min(timeout, held[0][0] - time.monotonic()))
         try:
             for key, _ in self.poller.select(timeout):
                 key.data(key.fileobj)
@@ -173,6 +202,8 @@ class ApfThreadWorker(ThreadWorker):
                 raise
         if reading:
             self._apf_expire_heads()
+        if held:
+            self._apf_release_held()
 
     def _apf_gate(self, timeout: float) -> float:
         """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
@@ -255,13 +286,20 @@ class ApfThreadWorker(ThreadWorker):
 
     def on_client_socket_readable(self, conn, client):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
-        self.poller.unregister(client)
-        self.keepalived_conns.remove(conn)
         data = _recv(conn.sock)
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
+            rejector = self.apf_rejector
+            # (a 429 answered here leaves the connection registered and kept alive)
+            if (rejector is not None and (rejector.hot() or self._apf_reserve_full())
+                    and self.apf_reject_here(conn, data, True)):
+                return
+            self.poller.unregister(client)
+            self.keepalived_conns.remove(conn)
             conn.parser.unreader.unread(data)
             self.enqueue_req(conn)
             return
+        self.poller.unregister(client)
+        self.keepalived_conns.remove(conn)
         self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout, data)
 
     def _apf_read_head(self, conn, deadline: float, first: bytes | None = None) -> None:
@@ -279,12 +317,8 @@ class ApfThreadWorker(ThreadWorker):
     def _apf_on_readable(self, conn, client) -> None:
         if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
             return
-        if self.apf_head_readable(conn):
-            self.apf_reading.pop(conn, None)
-            try:
-                self.poller.unregister(client)
-            except (KeyError, ValueError, OSError):
-                pass
+        # (a head that is done leaves the reading state in apf_start_request or _apf_close)
+        self.apf_head_readable(conn)
 
     def apf_head_readable(self, conn, data: bytes | None = None) -> bool:
         """Read what the connection has (or take ``data``, already read); True when it has
@@ -350,10 +384,94 @@ class ApfThreadWorker(ThreadWorker):
         thread (gunicorn's ``handle`` finds ``data_ready`` and does not wait again)."""
         buf = conn.apf_buf
         self.apf_head_bytes -= len(buf)
-        conn.parser.unreader.unread(bytes(buf))
         conn.apf_buf = conn.apf_scan = None
+        if self.apf_reading.pop(conn, 0) is None:  # it was read over several polls
+            try:
+                self.poller.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+        data = bytes(buf)
+        rejector = self.apf_rejector
+        if (rejector is not None and (rejector.hot() or self._apf_reserve_full())
+                and self.apf_reject_here(conn, data)):
+            return
+        conn.parser.unreader.unread(data)
         conn.data_ready = True
         self.enqueue_req(conn)  # (gthread's handle makes the socket blocking again)
+
+    # -- answering 429 in the poller (server/pollreject.py) ---------------------------------
+
+    def _apf_reserve_full(self) -> bool:
+        """Every thread for non-exempt requests is taken (the thread reserve applies)."""
+        return len(self.apf_inflight) >= self.apf_room_limit
+
+    def apf_reject_here(self, conn, data: bytes, kept: bool = False) -> bool:
+        """Answer the complete head ``data`` 429 from the poller when the middleware would
+        certainly reject it (``PollerRejector.answer``); True when answered (or held to be
+        answered), False: it goes to a thread as usual. ``kept``: the connection is still
+        registered and among the kept-alive ones (a kept-alive connection's next head)."""
+        room = (self.alive and self._apf_keepalive_on
+                and len(self.keepalived_conns) - kept < self.max_keepalived)
+        try:
+            verdict = self.apf_rejector.answer(data, conn.client, room)
+        except Exception:
+            log.exception("apf: classifying a request head in the poller failed; a thread "
+                          "takes it")
+            return False
+        if verdict is None:
+            return False
+        out, keep, hold = verdict
+        held = self.apf_held
+        if hold > 0 and len(held) < self.apf_held_max and self.alive:
+            if kept:
+                self.poller.unregister(conn.sock)
+                self.keepalived_conns.remove(conn)
+            self._apf_held_seq += 1
+            heapq.heappush(held, (time.monotonic() + hold, self._apf_held_seq, conn, out, keep))
+            count = self.apf_on_delayed
+            if count is not None:
+                count()
+            return True
+        self._apf_answer(conn, out, keep, kept)
+        return True
+
+    def _apf_answer(self, conn, out: bytes, keep: bool, kept: bool = False) -> None:
+        """Write a 429 (a few hundred bytes: one send) and keep the connection alive as gthread
+        does after a response, or close it. ``kept``: it is registered and kept alive already
+        (then it stays registered: it moves to the end of the kept-alive ones)."""
+        try:
+            sent = conn.sock.send(out)
+        except OSError:
+            sent = -1
+        if sent != len(out):  # a client that does not read, or is gone
+            keep = False
+        if keep and self.alive:
+            conn.timeout = time.monotonic() + self._apf_keepalive_s  # (TConn.set_timeout)
+            kept_alive = self.keepalived_conns
+            if kept:
+                kept_alive.remove(conn)
+                kept_alive.append(conn)
+                return
+            kept_alive.append(conn)
+            self.poller.register(conn.sock, selectors.EVENT_READ,
+                                 partial(self.on_client_socket_readable, conn))
+            return
+        if kept:
+            self.poller.unregister(conn.sock)
+            self.keepalived_conns.remove(conn)
+        self.nr_conns -= 1
+        # (nothing unread: the head was the whole input, so a plain close sends no reset;
+        # gthread's graceful close would linger here, on the poller)
+        conn.close()
+
+    def _apf_release_held(self) -> None:
+        """Write the held 429s that are due (all of them once the worker stops)."""
+        held = self.apf_held
+        now = time.monotonic()
+        alive = self.alive
+        while held and (held[0][0] <= now or not alive):
+            _, _, conn, out, keep = heapq.heappop(held)
+            self._apf_answer(conn, out, keep)
 
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""

@@ -32,6 +32,7 @@ from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
 from apf_gunicorn.server.loadreport import OrcaReport
 from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
+from apf_gunicorn.server.pollreject import PollerRejector
 from apf_gunicorn.server.worker import ApfThreadWorker
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen)
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
+    if isinstance(worker, ApfThreadWorker):
+        rejector = PollerRejector(middleware, worker.cfg)
+        worker.apf_rejector = rejector if rejector.enabled else None
+        worker.apf_on_delayed = ledger.count_rejection_delayed
     dispatcher.start()
     return state.WorkerState(index=index, pid=os.getpid(), ledger=ledger, parking=parking,
                              dispatcher=dispatcher, inbox=inbox, sender=sender,

@@ -1,0 +1,179 @@
+"""429s answered by the worker's poller without a thread, and held for a flow that ignores its
+Retry-After (``server/pollreject.py``), on real servers over real sockets.
+
+A configuration the poller cannot classify (``APF_REQUEST_INFO``) answers every 429 from the
+middleware on a thread: the reference the poller's answers are compared with. gunicorn's
+access log tells the two apart: it logs what a thread answered, never the poller's 429s.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+
+from tests.conftest import APPS
+
+OTHER = b"GET /other HTTP/1.1\r\nHost: t\r\nX-Remote-User: %s\r\n\r\n"
+HELLO = b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"
+TIGHT = {"APF_CONCURRENCY_LIMIT": "2"}  # "other" (Reject) gets one seat
+HOOKED = {**TIGHT, "APF_REQUEST_INFO": "tests.apps.passthrough:request_info"}
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (its head and Content-Length bytes of body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed within the body"
+        body += chunk
+    assert len(body) == length  # nothing beyond: one request, one response
+    return head + b"\r\n\r\n" + body
+
+
+def without_date(response: bytes) -> bytes:
+    return re.sub(rb"\r\nDate: [^\r]*", b"", response)
+
+
+def hold_other(srv) -> threading.Thread:
+    """Take the "other" level's one seat with a long request; returns once it runs."""
+    t = threading.Thread(target=srv.request, args=("/other?ms=8000",), daemon=True)
+    t.start()
+    assert srv.wait_for(lambda: srv.level("other").seats_in_use == 1)
+    return t
+
+
+def access_429s(path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if '" 429 ' in line)
+
+
+def rejected_stats(srv) -> dict:
+    with srv.attached_ledger() as led:
+        st = next(s for s in led.request_stats() if s.level == "other")
+    return {"rejected": dict(st.rejected), "work": st.work, "wait_rejected": st.wait_rejected,
+            "level_rejected": srv.level("other").rejected}
+
+
+def storm_of_three(server_factory, tmp_path, env: dict) -> tuple[list[bytes], bytes, int, dict]:
+    """Three GET /other on one kept-alive connection while the level's seat is held, then
+    GET /hello on it: the responses, the 429s in the access log, the ledger's counts."""
+    log = tmp_path / f"access-{len(env)}.log"
+    with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"), env=env,
+                        args=("--access-logfile", str(log))) as srv:
+        hold_other(srv)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            answers = []
+            for _ in range(3):
+                s.sendall(OTHER % b"mallory")
+                answers.append(read_response(s))
+            s.sendall(HELLO)
+            hello = read_response(s)
+        stats = rejected_stats(srv)
+        assert srv.wait_for(lambda: access_429s(log) >= 1)
+        return answers, hello, access_429s(log), stats
+
+
+def test_poller_429_is_the_middleware_429_and_the_connection_lives_on(server_factory, tmp_path):
+    answers, hello, logged, stats = storm_of_three(server_factory, tmp_path, TIGHT)
+    ref_answers, ref_hello, ref_logged, ref_stats = storm_of_three(server_factory, tmp_path,
+                                                                   HOOKED)
+    assert ref_logged == 3  # the reference: every 429 from a thread
+    assert logged == 1  # the first on a thread (the worker was calm), then the poller's
+    for got, ref in zip(answers, ref_answers, strict=True):
+        assert got.startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
+        assert b"\r\nConnection: keep-alive\r\n" in got
+        assert without_date(got) == without_date(ref)
+    assert hello.startswith(b"HTTP/1.1 200 ") and ref_hello.startswith(b"HTTP/1.1 200 ")
+    # the same counters and histograms (what /metrics exports)
+    assert stats == ref_stats
+    assert stats["rejected"]["concurrency-limit"] == 3 and stats["level_rejected"] == 3
+
+
+def test_connection_close_and_http10_are_answered_as_gunicorn_does(server_factory, tmp_path):
+    log = tmp_path / "access.log"
+    with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
+                        env=TIGHT, args=("--access-logfile", str(log))) as srv:
+        hold_other(srv)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(2):  # the second comes to a worker that just rejected
+                s.sendall(OTHER % b"m")
+                read_response(s)
+            s.sendall(b"GET /other HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            closing = read_response(s)
+            assert s.recv(10) == b""  # closed after it
+        assert b"\r\nConnection: close\r\n" in closing
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"HEAD /other HTTP/1.0\r\n\r\n")
+            head = s.recv(65536)
+            assert head.startswith(b"HTTP/1.0 429 Too Many Requests\r\n")
+            assert head.endswith(b"\r\n\r\n")  # no body for HEAD
+            assert s.recv(10) == b""
+        assert srv.wait_for(lambda: access_429s(log) >= 1)
+        assert access_429s(log) == 1  # the poller answered all but the first
+
+
+def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
+    log = tmp_path / "access.log"
+    # 4 threads, 2 kept for exempt requests: two /work requests take the others
+    with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
+                        env={"APF_CONCURRENCY_LIMIT": "4"},
+                        args=("--access-logfile", str(log))) as srv:
+        for _ in range(2):
+            threading.Thread(target=srv.request, args=("/work?ms=6000",), daemon=True).start()
+        assert srv.wait_for(lambda: srv.level("work").requests_executing == 2)
+        status, headers, _ = srv.request("/other", headers={"X-Remote-User": "late"})
+        assert status == 429 and headers["Retry-After"] == "1"
+        with srv.attached_ledger() as led:
+            st = next(s for s in led.request_stats() if s.level == "other")
+        assert st.rejected["thread-reserve"] == 1
+        assert access_429s(log) == 0  # no thread answered it
+
+
+def delayed(srv) -> int:
+    return srv.ledger_snapshot().rejections_delayed
+
+
+def test_only_a_flow_that_ignores_retry_after_is_held(server_factory):
+    with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
+                        env=TIGHT) as srv:
+        hold_other(srv)
+        # alice waits each Retry-After before she asks again: never held
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(4):
+                s.sendall(OTHER % b"alice")
+                answer = read_response(s)
+                assert answer.startswith(b"HTTP/1.1 429 ")
+                retry = int(re.search(rb"Retry-After: (\d+)", answer).group(1))
+                time.sleep(retry + 0.05)  # what she is told to do (not a synchronisation)
+        assert delayed(srv) == 0
+        # mallory asks again at once, again and again: her next 429s are held
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(5):
+                s.sendall(OTHER % b"mallory")
+                assert read_response(s).startswith(b"HTTP/1.1 429 ")
+        assert delayed(srv) >= 2
+
+
+def test_held_connections_are_bounded(server_factory):
+    rounds = 5
+    # (8 threads: room to keep both connections alive beside the held seat)
+    with server_factory(workers=1, threads=8, config=str(APPS / "tight.yaml"),
+                        env={**TIGHT, "APF_HELD_REJECTIONS": "1"}) as srv:
+        hold_other(srv)
+        a = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        b = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        with a, b:
+            for _ in range(rounds):
+                a.sendall(OTHER % b"mallory")
+                b.sendall(OTHER % b"mallory")
+                assert read_response(a).startswith(b"HTTP/1.1 429 ")
+                assert read_response(b).startswith(b"HTTP/1.1 429 ")
+        # both ignore Retry-After, but only one of each round's two can be held at a time
+        assert 1 <= delayed(srv) <= rounds
