@@ -299,3 +299,17 @@ def test_a_victim_granted_meanwhile_runs_and_the_arrival_is_turned_away():
     inflight.pop()
     assert inflight == [] and len(parking) == 0
     assert _level(led).seats_in_use == 0
+
+
+def test_has_victim_for_agrees_with_choose_victim():
+    """The poller asks ``has_victim_for`` before it answers a thread-reserve 429 itself: it
+    must say what ``evict`` would do, without claiming anything."""
+    share = ThreadShare()
+    heavy, light = (0, 1), (0, 2)
+    assert not share.has_victim_for(light)  # nothing parked: the arrival is turned away
+    entries = [share.park(heavy, slot, 1, object()) for slot in range(2)]
+    assert share.has_victim_for(light)
+    assert not share.has_victim_for(heavy)  # the flow holding the most is turned away itself
+    assert share.counts() == {heavy: 2}  # nothing claimed
+    share.leave(entries[1])
+    assert not share.has_victim_for(light)  # a flow's only parked request is never taken

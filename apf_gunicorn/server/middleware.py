@@ -351,18 +351,22 @@ class APFMiddleware:
         return (self._cache is not None and self._hook is None and self._orca is None
                 and self._reject_if_full is not None)
 
-    def thread_share_rejects(self, route: _Route, flow_hash: int) -> bool:
+    def thread_share_rejects(self, route: _Route, level: int, flow_hash: int) -> bool:
         """Whether the worker's thread reserve turns this request away now (reason
-        ``thread-reserve``): no thread for a non-exempt request is free. The one place the
-        poller asks; what the middleware decides on a thread (``__call__``) agrees.
+        ``thread-reserve``): no thread for a non-exempt request is free, and no other flow
+        holds parked threads this request could take (:func:`threadshare.choose_victim`). The
+        one place the poller asks; what the middleware decides on a thread (``__call__``)
+        agrees, but for a victim dispatched meanwhile (then the thread path turns it away).
 
         Args:
-            route: the request's FlowSchema route; flow_hash: its flow.
+            route: the request's FlowSchema route; level, flow_hash: its flow.
         Returns:
             True when the request would be answered 429 for want of a thread.
         """
         inflight = route.inflight
-        return inflight is not None and len(inflight) >= self._nonexempt_threads
+        if inflight is None or len(inflight) < self._nonexempt_threads:
+            return False
+        return self._share is None or not self._share.has_victim_for((level, flow_hash))
 
     def reject_early(self, environ: dict, now: int) -> tuple[_Route, int, int] | None:
         """Reject the request now if the middleware would certainly reject it on a thread: the
@@ -385,7 +389,7 @@ class APFMiddleware:
             self.shape_of(environ))
         if route.exempt:
             return None
-        if self.thread_share_rejects(route, flow_hash):
+        if self.thread_share_rejects(route, level, flow_hash):
             self.stats["turned_away"] += 1
             self.ctx.ledger.turn_away(level, fs_index, initial if initial >= final else final,
                                       "thread-reserve", now)

@@ -31,6 +31,7 @@ Usage (server/middleware.py)::
     ...
     if share.leave(entry): answer 429                            # its wait ended
     victim = share.evict((level, flow_hash), cancel)             # an arrival found no thread
+    share.has_victim_for((level, flow_hash))                     # would it? (the poller asks)
 """
 
 from __future__ import annotations
@@ -137,6 +138,12 @@ class ThreadShare:
                 if not entries:
                     del self._flows[entry.flow]
             return False
+
+    def has_victim_for(self, arrival: Flow) -> bool:
+        """Whether an arrival that found no thread would take another flow's parked thread
+        now (:func:`choose_victim`): the poller's question before it answers 429 itself."""
+        with self._lock:
+            return choose_victim({f: len(v) for f, v in self._flows.items()}, arrival) is not None
 
     def evict(self, arrival: Flow, cancel: Callable[[int, int], bool]) -> Parked | None:
         """Take a parked thread for an arrival that found none (:func:`choose_victim`).
