@@ -6,22 +6,25 @@
 #               the ledger: TESTS_PYTHON_PATH below. Exit status 1 if either pass failed.
 #   args:    one pytest run with exactly those args, as `pytest "$@"` (e.g. a test file, -k,
 #            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
-# As root with apt-get available, also installs HAProxy for tests/test_haproxy.py and wrk for
-# tests/test_bench_storm.py (each skipped, saying why, without it); set APF_NO_APT=1 to skip that.
+# As root with apt-get available, also installs HAProxy for tests/test_haproxy.py, wrk for
+# tests/test_bench_storm.py and promtool (Debian's prometheus package) for tests/test_metrics.py
+# (each skipped, saying why, without it); set APF_NO_APT=1 to skip that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# apt_install TOOL TEST: install TOOL (as root, with apt-get) for the tests in TEST
+# apt_install COMMAND PACKAGE TEST: install PACKAGE (as root, with apt-get) when COMMAND is
+# missing, for the tests in TEST
 apt_install() {
   if ! command -v "$1" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -z "${APF_NO_APT:-}" ] \
       && command -v apt-get >/dev/null 2>&1; then
-    echo "installing $1 for $2 (apt-get; APF_NO_APT=1 skips this)" >&2
+    echo "installing $2 for $3 (apt-get; APF_NO_APT=1 skips this)" >&2
     { timeout 300 apt-get update -qq \
-        && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "$1"; } \
-      >/dev/null 2>&1 || echo "could not install $1; $2 will skip" >&2
+        && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "$2"; } \
+      >/dev/null 2>&1 || echo "could not install $2; $3 will skip" >&2
   fi
 }
-apt_install haproxy tests/test_haproxy.py
-apt_install wrk tests/test_bench_storm.py
+apt_install haproxy haproxy tests/test_haproxy.py
+apt_install wrk wrk tests/test_bench_storm.py
+apt_install promtool prometheus tests/test_metrics.py
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
