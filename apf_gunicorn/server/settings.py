@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -339,21 +339,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
             raise SettingsError("APF_USER_FROM", raw, f"{e} (comma-separated, tried in order; "
                                 "default proxy,remote_user)") from None
 
-    raw = get("APF_FAIRNESS")
-    fairness_name = DEFAULT_FAIRNESS if raw is None else raw.lower()
-    if fairness_name not in FAIRNESS_NAMES:
-        raise SettingsError("APF_FAIRNESS", raw or "",
+    fairness_name = _choice(get, "APF_FAIRNESS", DEFAULT_FAIRNESS, FAIRNESS_NAMES,
                             "must be 'kubernetes' (Kubernetes' fair queuing) or 'maxmin' (max-min "
                             "fair between flows): the fairness of every priority level "
                             "without an apf-gunicorn.io/fairness annotation")
-
-    raw = get("APF_PATHS")
-    paths = PATHS_AUTO if raw is None else raw.lower()
-    if paths not in PATH_MODES:
-        raise SettingsError("APF_PATHS", raw or "",
-                            "must be 'auto' (parse /api/ and /apis/ paths as Kubernetes API "
-                            "requests only when a FlowSchema has resource rules), 'kubernetes' "
-                            "(always) or 'plain' (never: they are paths like any other)")
+    paths = _choice(get, "APF_PATHS", PATHS_AUTO, PATH_MODES,
+                    "must be 'auto' (parse /api/ and /apis/ paths as Kubernetes API requests "
+                    "only when a FlowSchema has resource rules), 'kubernetes' (always) or "
+                    "'plain' (never: they are paths like any other)")
 
     return Settings(
         config_path=config_path,
@@ -428,18 +421,29 @@ def _load_balancer_settings(get) -> dict:
                     "must be a number of seconds from 0 to 300 (how long a gracefully "
                     "stopping server answers drain and keeps serving)")
 
-    raw = get("APF_LOAD_REPORT")
-    report = "off" if raw is None else raw.lower()
-    if report not in ("off", "orca"):
-        raise SettingsError("APF_LOAD_REPORT", raw or "",
-                            "must be 'orca' (an endpoint-load-metrics header on every response "
-                            "APF handled) or 'off'")
+    report = _choice(get, "APF_LOAD_REPORT", "off", ("off", "orca"),
+                     "must be 'orca' (an endpoint-load-metrics header on every response APF "
+                     "handled) or 'off'")
 
     interval = _number(get, "APF_LOAD_REPORT_INTERVAL", 0.1, lambda x: 0.001 <= x <= 60,
                        "must be a number of seconds from 0.001 to 60 (how long a worker reuses "
                        "its ORCA load report)")
     return {"agent_bind": agent_bind, "agent_drain_delay_s": delay, "load_report": report,
             "load_report_interval_s": interval}
+
+
+def _choice(get: Callable[[str], str | None], var: str, default: str,
+            names: Collection[str], allowed: str) -> str:
+    """One of ``names`` (any case; ``default`` when unset).
+
+    Raises:
+        SettingsError: it is set to anything else (``allowed`` says what may be).
+    """
+    raw = get(var)
+    value = default if raw is None else raw.lower()
+    if value not in names:
+        raise SettingsError(var, raw or "", allowed)
+    return value
 
 
 def _int_setting(get: Callable[[str], str | None], var: str, default: int, lo: int, hi: int,
