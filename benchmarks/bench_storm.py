@@ -23,7 +23,10 @@ alice never rejected; her p99 <= 1.5 x alone + 5 ms (new connections: 2 x + 5 ms
 4. Per-address fairness: a second server with ``APF_USER_FROM=address``; a sequential client
    at one address (``X-Forwarded-For``, trusted from 127.0.0.1) alone, then beside a
    30-connection ``wrk`` flood from another address: its completions against alone (target
-   >= 0.8) and its 429s (target 0).
+   >= 0.8), its 429s (target 0), its p50 against alone, and the ``anonymous`` level's seats
+   during the flood (``1-2`` when a borrowing round moved them).
+
+``--only storm`` runs scenarios 1-3, ``--only address`` scenario 4.
 
 ``--quick`` (2 s per scenario) is what ``tests/test_bench_storm.py`` runs in CI. Needs ``wrk``
 (``apt-get install -y wrk``; ``scripts/test.sh`` installs it when it can). The load generators
