@@ -37,5 +37,8 @@ def test_quick_storm_benchmark_runs_and_alice_is_never_rejected(monkeypatch, cap
         storm = res[name]["storm"]
         assert storm["ok_per_s"] + storm["rejected_per_s"] > 0, (name, storm)
     assert res["address_alone"]["client"]["answers"] > 0
+    seen = res["address_flood"]["seats_seen"]  # the anonymous level's seats during the flood
+    assert seen is not None and 1 <= seen[0] <= seen[1], seen
+    assert "anonymous level's seats" in out
     assert "keep-alive storm" in out and "new-connection storm" in out
     assert "per-address fairness" in out and "429s held" in out

@@ -285,6 +285,29 @@ def test_webapp_set_shape():
     assert anonymous.borrowing_limit_percent == 0 and users.lendable_percent == 0
 
 
+
+@pytest.mark.parametrize("server_limit", [8, 64])
+def test_webapp_anonymous_level_keeps_its_seats_beside_a_probe(server_limit):
+    """A flood of anonymous clients keeps the anonymous level's nominal seats through a
+    borrowing round in which a health probe (exempt) was in flight: Kubernetes takes the
+    exempt level's high watermark out of the lendable seats, so a level that lends would fall
+    to its lower bound (1 of 2 seats at limit 8) and every other anonymous client would wait
+    for half the seats (docs/configuration.md)."""
+    from apf_gunicorn.flowcontrol.borrowing import DemandObservation, LevelInput, adjust
+    from apf_gunicorn.flowcontrol.limits import compute_limits, nominal_sum
+
+    cfg = load_configuration(builtin_path("webapp"))
+    limits = compute_limits(cfg.priority_levels.values(), server_limit)
+    demand = {"exempt": 1.0, "anonymous": float(2 * limits["anonymous"].nominal + 3)}
+    levels = [LevelInput(name, cfg.priority_levels[name].is_exempt, lim.nominal, lim.lower,
+                         lim.upper, DemandObservation(10.0, demand.get(name, 0.0), 0.0,
+                                                      demand.get(name, 0.0)))
+              for name, lim in limits.items()]
+    got = {o.name: o.current_limit for o in adjust(levels, nominal_sum(limits),
+                                                   server_limit).levels}
+    assert got["anonymous"] == limits["anonymous"].nominal, got
+    assert got["users"] == limits["users"].nominal, got
+
 def test_webapp_anonymous_clients_are_shuffle_sharded():
     """With APF_USER_FROM=address each anonymous client is a flow (user addr:..., group
     system:unauthenticated): one flooding address fills only its own hand of queues, so
