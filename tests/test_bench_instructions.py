@@ -57,7 +57,7 @@ def test_plan_a_baseline_with_both_fairnesses_and_the_side_runs(bench):
     assert env["apf@/base maxmin"] == {"APF_FAIRNESS": "maxmin"}
     assert against == {"kubernetes": "apf@/base kubernetes", "maxmin": "apf@/base maxmin"}
     assert notes == []
-    assert env["apf 429"] == {"APF_FAIRNESS": "maxmin"}
+    assert env["apf 429"] == {"APF_FAIRNESS": "maxmin", "APF_HELD_REJECTIONS": "0"}
     assert env["apf+orca"]["APF_FAIRNESS"] == env["apf+orca60"]["APF_FAIRNESS"] == "maxmin"
     assert [r[3] for r in runs].count(True) == 1  # only the 429 server rejects
 
