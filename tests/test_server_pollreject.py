@@ -177,3 +177,27 @@ def test_held_connections_are_bounded(server_factory):
                 assert read_response(b).startswith(b"HTTP/1.1 429 ")
         # both ignore Retry-After, but only one of each round's two can be held at a time
         assert 1 <= delayed(srv) <= rounds
+
+
+def test_a_connection_first_answered_by_the_poller_gets_its_next_request_served(
+        server_factory, tmp_path):
+    """A connection whose first request the poller answered 429 was never initialized by a
+    thread; its next request, which goes to a thread, must be served, not left waiting on a
+    socket whose head the poller already read (the CI flake: a flood client's
+    "Remote end closed connection without response")."""
+    log = tmp_path / "access.log"
+    with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"), env=TIGHT,
+                        args=("--access-logfile", str(log))) as srv:
+        hold_other(srv)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as warm:
+            warm.sendall(OTHER % b"mallory")  # a thread rejects it: the worker is now "hot"
+            assert read_response(warm).startswith(b"HTTP/1.1 429 ")
+        assert srv.wait_for(lambda: access_429s(log) == 1)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(OTHER % b"mallory")
+            first = read_response(s)
+            assert first.startswith(b"HTTP/1.1 429 ")
+            assert b"\r\nConnection: keep-alive\r\n" in first
+            s.sendall(HELLO)  # not rejected: the poller hands it to a thread
+            assert read_response(s).startswith(b"HTTP/1.1 200 ")
+        assert access_429s(log) == 1, "the new connection's 429 came from a thread"

@@ -296,6 +296,10 @@ class ApfThreadWorker(ThreadWorker):
             self.poller.unregister(client)
             self.keepalived_conns.remove(conn)
             conn.parser.unreader.unread(data)
+            # A connection whose requests so far were all answered 429 here was never
+            # initialized by a thread: without data_ready, gthread's handle would wait on the
+            # socket for the head it already holds, defer, and the client would get no answer.
+            conn.data_ready = True
             self.enqueue_req(conn)
             return
         self.poller.unregister(client)

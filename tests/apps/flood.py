@@ -26,6 +26,7 @@ class Flood:
         self.args = [str(port), path, user, str(connections)]
         self.statuses: dict[int, int] = {}
         self.errors = 0
+        self.error_samples: list[str] = []  # the first few errors, to say what went wrong
 
     def __enter__(self) -> Flood:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.apps.flood", *self.args],
@@ -43,6 +44,7 @@ class Flood:
         result = json.loads(out)
         self.statuses = {int(k): v for k, v in result["statuses"].items()}
         self.errors = result["errors"]
+        self.error_samples = result["error_samples"]
 
     @property
     def count(self) -> int:
@@ -62,7 +64,8 @@ def main() -> None:
     for c in clients:
         c.join(30)
     statuses = collections.Counter(s for c in clients for s in c.statuses)
-    print(json.dumps({"statuses": statuses, "errors": sum(len(c.errors) for c in clients)}))
+    errors = [e for c in clients for e in c.errors]
+    print(json.dumps({"statuses": statuses, "errors": len(errors), "error_samples": errors[:5]}))
 
 
 if __name__ == "__main__":
