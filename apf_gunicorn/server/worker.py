@@ -295,12 +295,7 @@ class ApfThreadWorker(ThreadWorker):
                 return
             self.poller.unregister(client)
             self.keepalived_conns.remove(conn)
-            conn.parser.unreader.unread(data)
-            # A connection whose requests so far were all answered 429 here was never
-            # initialized by a thread: without data_ready, gthread's handle would wait on the
-            # socket for the head it already holds, defer, and the client would get no answer.
-            conn.data_ready = True
-            self.enqueue_req(conn)
+            self._apf_to_thread(conn, data)
             return
         self.poller.unregister(client)
         self.keepalived_conns.remove(conn)
@@ -399,9 +394,17 @@ class ApfThreadWorker(ThreadWorker):
         if (rejector is not None and (rejector.hot() or self._apf_reserve_full())
                 and self.apf_reject_here(conn, data)):
             return
+        self._apf_to_thread(conn, data)
+
+    def _apf_to_thread(self, conn, data: bytes) -> None:
+        """Hand a connection whose head the poller read (``data``) to a thread: the bytes go
+        to the parser's buffer, and ``data_ready`` tells gthread's ``handle`` not to wait on
+        the socket for them (a connection whose requests were all answered 429 here was
+        never initialized by a thread; without it, handle would wait, defer, and the client
+        would get no answer). gthread's handle makes the socket blocking again."""
         conn.parser.unreader.unread(data)
         conn.data_ready = True
-        self.enqueue_req(conn)  # (gthread's handle makes the socket blocking again)
+        self.enqueue_req(conn)
 
     # -- answering 429 in the poller (server/pollreject.py) ---------------------------------
 
