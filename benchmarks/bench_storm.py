@@ -24,7 +24,8 @@ alice never rejected; her p99 <= 1.5 x alone + 5 ms (new connections: 2 x + 5 ms
    at one address (``X-Forwarded-For``, trusted from 127.0.0.1) alone, then beside a
    30-connection ``wrk`` flood from another address: its completions against alone (target
    >= 0.8), its 429s (target 0), its p50 against alone, and the ``anonymous`` level's seats
-   during the flood (``1-2`` when a borrowing round moved them).
+   during the flood. With only unverified identities the built-in configuration is
+   ``builtin:public``, whose ``anonymous`` level has 8 of the 8 seats.
 
 ``--only storm`` runs scenarios 1-3, ``--only address`` scenario 4.
 
@@ -260,13 +261,15 @@ def run_address(tmp: Path, seconds: float) -> dict:
     """Scenario 4: per-address fairness with ``APF_USER_FROM=address``."""
     results: dict = {}
     admin = free_port()
+    # APF_CONFIG unset: with only unverified identities the built-in one is builtin:public
     env = {"APF_CONCURRENCY_LIMIT": str(LIMIT), "APF_USER_FROM": "address",
-           "APF_ADMIN_BIND": f"127.0.0.1:{admin}"}
+           "APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONFIG": ""}
     print(f"== per-address fairness (APF_USER_FROM=address): a sequential client at "
           f"{CLIENT} beside a {FLOOD}-connection wrk flood from {FLOODER}: {WORKERS} workers x "
-          f"{THREADS} threads, limit {LIMIT}, built-in configuration, {PATH}, {seconds:g} s each",
+          f"{THREADS} threads, limit {LIMIT}, built-in configuration (builtin:public), {PATH}, "
+          f"{seconds:g} s each",
           flush=True)
-    with serve(tmp, workers=WORKERS, threads=THREADS, env=env, config="builtin:webapp") as srv:
+    with serve(tmp, workers=WORKERS, threads=THREADS, env=env) as srv:
         me = {"X-Forwarded-For": CLIENT}
         results["address_alone"] = window(srv, admin, seconds, me, None)
         srv.idle(30)

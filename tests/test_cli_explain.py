@@ -346,6 +346,8 @@ def test_request_address_flows_with_the_builtin_configuration(capsys, monkeypatc
     a, b = (explain_json(capsys, "--request", "GET /work", "--remote-addr", addr)
             for addr in ("203.0.113.1", "203.0.113.2"))
     assert (a["flowSchema"], a["priorityLevel"], a["notes"]) == ("anonymous", "anonymous", [])
+    assert a["config"] == "builtin:public"  # nobody can be signed in: the clients get the seats
+    assert "APF_USER_FROM=address names no verified identity" in a["configSource"]
     assert a["distinguisher"] == "addr:203.0.113.1" and a["flowHash"] != b["flowHash"]
     assert len(a["hand"]) == len(b["hand"]) == 3 and a["hand"] != b["hand"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from apf_gunicorn.flowcontrol.bootstrap import (
     mandatory_manifests,
 )
 from apf_gunicorn.flowcontrol.configuration import dangling_message
+from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.loader import (
     builtin_path,
     config_files,
@@ -20,6 +22,8 @@ from apf_gunicorn.flowcontrol.loader import (
     load_text,
     parse_object,
 )
+from apf_gunicorn.flowcontrol.matching import Classifier
+from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
 
 DATA = Path(__file__).parent / "data" / "config"
@@ -224,14 +228,14 @@ def test_not_utf8_is_an_error(tmp_path):
 def test_builtin_paths():
     assert builtin_path().name == "webapp"
     assert (builtin_path("kubernetes") / "mandatory.yaml").is_file()
-    with pytest.raises(ValueError, match="available: kubernetes, mandatory, webapp"):
+    with pytest.raises(ValueError, match="available: kubernetes, mandatory, public, webapp"):
         builtin_path("nope")
     assert (
         load_configuration(None).flow_schemas == load_configuration("builtin:webapp").flow_schemas
     )
 
 
-@pytest.mark.parametrize("name", ["webapp", "kubernetes", "mandatory"])
+@pytest.mark.parametrize("name", ["webapp", "public", "kubernetes", "mandatory"])
 def test_shipped_sets_are_clean(name):
     cfg = load_configuration(builtin_path(name))
     assert cfg.dangling == [] and cfg.broken == []
@@ -270,6 +274,31 @@ def test_kubernetes_set_matches_bootstrap_table():
         ("User", "system:kube-scheduler", ""),
         ("ServiceAccount", "*", "kube-system"),
     ]
+
+
+def test_public_set_gives_every_client_the_limit():
+    """builtin:public: probes exempt, every unauthenticated client its own flow on one level
+    that holds (nearly) the whole limit; its shared objects are webapp's, byte for byte."""
+    cfg = load_configuration(builtin_path("public"))
+    assert [fs.name for fs in cfg.flow_schemas] == ["exempt", "probes", "anonymous", "catch-all"]
+    limits = compute_limits(cfg.priority_levels.values(), 8)
+    assert (limits["anonymous"].nominal, limits["catch-all"].nominal) == (8, 1)
+    q = cfg.priority_levels["anonymous"].queuing
+    assert (q.queues, q.hand_size, q.queue_length_limit) == (30, 3, 2)
+    classifier = Classifier(cfg)
+    for user in ("addr:203.0.113.9", "key:0123456789abcdef", "system:anonymous"):
+        c = classifier.classify(RequestAttributes(user, ("system:unauthenticated",), "get", "/x"))
+        assert (c.flow_schema.name, c.priority_level.name) == ("anonymous", "anonymous")
+    probe = classifier.classify(
+        RequestAttributes("addr:1.2.3.4", ("system:unauthenticated",), "get", "/healthz"))
+    assert probe.priority_level.name == "exempt"
+    webapp = load_configuration(builtin_path("webapp"))
+    probes = [next(fs for fs in c.flow_schemas if fs.name == "probes") for c in (cfg, webapp)]
+    assert dataclasses.replace(probes[0], source="") == dataclasses.replace(probes[1], source="")
+    for name in ("mandatory.yaml",):
+        assert ((builtin_path("public") / name).read_text()
+                == (builtin_path("webapp") / name).read_text()
+                == (builtin_path("mandatory") / name).read_text())
 
 
 def test_webapp_set_shape():

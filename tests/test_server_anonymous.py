@@ -15,19 +15,28 @@ from apf_gunicorn.flowcontrol.objects import RequestAttributes
 pytestmark = pytest.mark.server
 
 FLOODER, CLIENT = "203.0.113.66", "203.0.113.2"
-FLOOD = 20  # more than the level's seats plus every queue of the old one-queue level (12)
+FLOOD = 20  # more than the level's seats plus the flooder's queues (webapp 2 + 3, public 8 + 6)
 
 
-def hand_of(address: str) -> set[int]:
-    c = Classifier(load_configuration(builtin_path("webapp"))).classify(
+def hand_of(config: str, address: str) -> set[int]:
+    c = Classifier(load_configuration(builtin_path(config))).classify(
         RequestAttributes(f"addr:{address}", ("system:unauthenticated",), "get", "/work"))
     return set(hand(c))
 
 
-def test_a_flooding_address_leaves_another_address_a_queue(server_factory):
-    assert not hand_of(CLIENT) <= hand_of(FLOODER)  # the 219 cases in 220 this test is about
-    env = {"APF_USER_FROM": "address", "APF_CONCURRENCY_LIMIT": "8"}  # anonymous: 2 seats
-    with server_factory(workers=1, threads=32, config="builtin:webapp", env=env) as srv:
+@pytest.mark.parametrize("config, seats", [
+    ("webapp", 2),  # APF_CONFIG=builtin:webapp: anonymous has 16 % of the limit, 2 of 8
+    (None, 8),  # the default with only unverified identities: builtin:public, all 8
+])
+def test_a_flooding_address_leaves_another_address_a_queue(server_factory, config, seats):
+    # the cases this test is about: 219 in 220 (webapp), 4059 in 4060 (public)
+    assert not hand_of(config or "public", CLIENT) <= hand_of(config or "public", FLOODER)
+    env = {"APF_USER_FROM": "address", "APF_CONCURRENCY_LIMIT": "8",
+           "APF_CONFIG": "" if config is None else f"builtin:{config}"}
+    with server_factory(workers=1, threads=32, env=env) as srv:
+        if config is None:
+            assert srv.wait_for(lambda: "configuration builtin:public (default when "
+                                "APF_USER_FROM=address" in srv.log(), timeout=30)
         statuses: list[int] = []
 
         def flood() -> None:
@@ -45,6 +54,7 @@ def test_a_flooding_address_leaves_another_address_a_queue(server_factory):
 
         assert srv.wait_for(settled, timeout=30), (statuses, srv.level("anonymous"))
         assert statuses.count(429) > 0  # the flooder's queues are full
+        assert srv.level("anonymous").requests_executing == seats  # the level's every seat
         status, _, body = srv.request("/work?ms=1", headers={"X-Forwarded-For": CLIENT},
                                       timeout=60)
         assert (status, body.startswith(b"work done")) == (200, True)

@@ -111,3 +111,26 @@ def test_bad_auto_settings(var, value):
     assert e.value.var == var and e.value.value == value.strip()
     assert ("auto:MIN-MAX" if var == "APF_CONCURRENCY_LIMIT" else "0.05 to 60") in str(e.value)
     load_settings({"APF_ADAPTIVE_TICK": "0.25"})  # a short tick for tests is fine
+
+
+@pytest.mark.parametrize("env, builtin", [
+    ({}, "webapp"),  # proxy,remote_user: verified
+    ({"APF_USER_FROM": "remote_user"}, "webapp"),
+    ({"APF_USER_FROM": "proxy,address"}, "webapp"),  # signed-in users and address flows
+    ({"APF_USER_FROM": "address"}, "public"),
+    ({"APF_USER_FROM": "header:X-Api-Key,address"}, "public"),
+    ({"APF_USER_FROM": "jwt-sub"}, "public"),  # unverified tokens name flows, not users
+    ({"APF_USER_FROM": "address", "APF_REQUEST_INFO": "mod:fn"}, "webapp"),  # a hook may sign in
+])
+def test_the_builtin_configuration_follows_who_can_be_signed_in(env, builtin):
+    s = load_settings(env)
+    assert (s.config_path, s.builtin, s.config_source) == (None, builtin, f"builtin:{builtin}")
+    s = load_settings({**env, "APF_CONFIG": "builtin:kubernetes"})
+    assert (s.builtin, s.config_source) == (builtin, "builtin:kubernetes")  # APF_CONFIG wins
+
+
+def test_a_verified_jwt_source_keeps_the_webapp_configuration(tmp_path):
+    key = tmp_path / "secret"
+    key.write_bytes(b"k" * 32)
+    s = load_settings({"APF_USER_FROM": "jwt-sub,address", "APF_JWT_KEY": str(key)})
+    assert s.config_source == "builtin:webapp"

@@ -72,6 +72,15 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     assert line.endswith("admin endpoint 127.0.0.1:9180 is in use, retrying every second")
 
 
+def test_ready_line_says_why_the_public_configuration_runs() -> None:
+    settings = load_settings({"APF_USER_FROM": "address", "APF_CONCURRENCY_LIMIT": "8"})
+    line = startup.ready_line(settings, load_generation(settings), None, "off", 2, 16, env={})
+    assert line.startswith("ready: configuration builtin:public (default when "
+                           "APF_USER_FROM=address names no verified identity; set APF_CONFIG to "
+                           "change), limit 8 seats")
+    assert ", anonymous 8" in line and "users" not in line
+
+
 def test_ready_line_of_an_auto_limit() -> None:
     env = {"APF_CONCURRENCY_LIMIT": "auto:4-30"}
     settings = load_settings(env, workers=2, threads=64)

@@ -3,8 +3,8 @@
 Validates a configuration and prints every priority level with the seats it gets (and the
 fairness of levels that choose one by annotation) and the FlowSchemas in matching order;
 broken or repaired levels are warnings and dangling FlowSchemas errors (on stderr).
-``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``kubernetes``,
-``mandatory``).
+``PATH`` is a YAML file, a directory of them, or ``builtin:<name>`` (``webapp``, ``public``,
+``kubernetes``, ``mandatory``).
 
 Like a cluster, a configuration need not define the mandatory objects (``exempt`` and
 ``catch-all``, levels and schemas): they exist as the bootstrap ensurer makes them, and a

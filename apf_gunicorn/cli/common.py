@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from apf_gunicorn import conf
 from apf_gunicorn.flowcontrol.configuration import Configuration
-from apf_gunicorn.flowcontrol.loader import BUILTIN_PREFIX, DEFAULT_BUILTIN, load_configuration
+from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.validation import ConfigErrors
 from apf_gunicorn.server.settings import (
     SettingsError,
@@ -129,11 +129,6 @@ def server_limit(args: argparse.Namespace, environment_limit: int | str | None =
         f"the server's default for {args.workers} workers x {args.threads} threads: "
         "workers x threads / 2 unless APF_CONCURRENCY_LIMIT is set "
         "(check it with --concurrency-limit)"))
-
-
-def config_name(path: str | None) -> str:
-    """What a configuration path stands for: the path, or ``builtin:webapp`` for None."""
-    return path if path is not None else BUILTIN_PREFIX + DEFAULT_BUILTIN
 
 
 def load_or_report(path: str | None, command: str) -> Configuration | int:

@@ -22,7 +22,8 @@ The attribute form (``--verb`` with ``--path`` for a non-resource request or ``-
 and its fields) skips the resolver and classifies those attributes as they are.
 
 ``--config`` takes what ``check`` takes (a YAML file, a directory, ``builtin:NAME``) and
-defaults to ``APF_CONFIG``, else the built-in configuration (``builtin:webapp``). ``--app
+defaults to ``APF_CONFIG``, else the built-in configuration the server would run
+(``builtin:webapp``, or ``builtin:public`` when ``APF_USER_FROM`` names no verified identity). ``--app
 module:app`` (a Flask app, or a Django project's ``mysite.wsgi:application``) names the view
 that serves the request and lets its ``@cost`` count; a view cost the app cannot read (Flask's
 decorator on a Django view, or the reverse) becomes a note; ``APF_ROUTES`` costs and the
@@ -33,7 +34,7 @@ default to apf_gunicorn's ``conf.py``, as in ``check``). The output starts with 
 configuration and the limit used, and where each came from. A dangling FlowSchema (one naming
 a level the configuration lacks) that matches the request ahead of the chosen one gets a note.
 
-JSON keys: ``config`` (the path, or ``builtin:webapp``), ``configSource`` (``from --config``,
+JSON keys: ``config`` (the path, or ``builtin:NAME``), ``configSource`` (``from --config``,
 ``from APF_CONFIG`` or the default), ``concurrencyLimit`` and ``concurrencyLimitSource``,
 ``flowSchema``, ``priorityLevel``, ``flowSchemaUID``, ``priorityLevelUID``,
 ``flow`` (who the flow is, by the FlowSchema's distinguisher method, on every level),
@@ -63,7 +64,6 @@ from typing import Any
 from apf_gunicorn.cli.common import (
     ServerLimit,
     add_limit_arguments,
-    config_name,
     load_or_report,
     server_limit,
 )
@@ -72,6 +72,7 @@ from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
 from apf_gunicorn.flowcontrol.identity import ANONYMOUS_USER, identity_groups
 from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
+from apf_gunicorn.flowcontrol.loader import PUBLIC_BUILTIN
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
@@ -374,6 +375,9 @@ def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
         config_source = "from APF_CONFIG"
     else:
         config_source = "the default: APF_CONFIG is not set"
+        if settings.builtin == PUBLIC_BUILTIN:
+            config_source += (f", and APF_USER_FROM={','.join(settings.user_from)} names no "
+                              "verified identity")
     from_env: int | str | None = None
     if env.get("APF_CONCURRENCY_LIMIT", "").strip():
         from_env = (settings.concurrency_limit if settings.concurrency_auto is None
@@ -439,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         settings, config_source, limit_source = _settings(args)
-        cfg = load_or_report(settings.config_path, "explain")
+        cfg = load_or_report(settings.config_source, "explain")
         if isinstance(cfg, int):
             return cfg
         notes: list[str] = []
@@ -478,7 +482,7 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"priority level {level.name!r} has at most one queue: all its flows "
                      "share it (no fairness between them)")
     fairness_name, fairness_source = _fairness(level, settings)
-    result = {"config": config_name(settings.config_path), "configSource": config_source,
+    result = {"config": settings.config_source, "configSource": config_source,
               "concurrencyLimit": settings.concurrency_limit,
               "concurrencyLimitSource": limit_source,
               "concurrencyLimitAuto": (None if settings.concurrency_auto is None else

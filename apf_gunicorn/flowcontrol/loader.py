@@ -67,6 +67,8 @@ LIST_KINDS = {
 OBJECT_KINDS = (KIND_FLOW_SCHEMA, KIND_PRIORITY_LEVEL)
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_BUILTIN = "webapp"
+#: Without APF_CONFIG when no request can carry a verified identity (server.settings).
+PUBLIC_BUILTIN = "public"
 # metadata.uid goes into a response header as is: visible ASCII only (Kubernetes: a UUID)
 _UID_RE = re.compile(r"[!-~]{0,128}")
 V1BETA3_PRESERVE_ZERO = "flowcontrol.k8s.io/v1beta3-preserve-zero-concurrency-shares"
@@ -75,7 +77,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def builtin_path(name: str = DEFAULT_BUILTIN) -> Path:
-    """The directory of a shipped configuration (``webapp``, ``kubernetes``, ``mandatory``)."""
+    """The directory of a shipped configuration (``webapp``, ``public``, ``kubernetes``,
+    ``mandatory``)."""
     root = Path(str(importlib.resources.files("apf_gunicorn.builtin_config")))
     path = root / name
     if not path.is_dir():

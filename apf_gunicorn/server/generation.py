@@ -37,7 +37,7 @@ def load_generation(settings: Settings, number: int = 1) -> Generation:
         ConfigErrors: the configuration is invalid (every error listed).
         OSError: it cannot be read.
     """
-    cfg = load_configuration(settings.config_path)
+    cfg = load_configuration(settings.config_source)
     limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
     return Generation(cfg, limits, Classifier(cfg), {}, {}, number,
                       fairness=settings.fairness)
@@ -157,7 +157,7 @@ def thread_budget(gen: Generation, settings: Settings, workers: int,
     else:
         seats = (f"{limit} seats (the default, workers x threads / 2 = {workers} x {threads} / 2; "
                  f"APF_CONCURRENCY_LIMIT is not set)")
-    source = settings.config_path or "builtin:webapp"
+    source = settings.config_source
     fix = _budget_fix(settings, workers, threads, total, queued)
     if total <= limit:
         return (f"{usable} cannot even run the concurrency limit of {seats}: the seats can "

@@ -119,7 +119,7 @@ def on_starting(server) -> None:
         gen = load_generation(settings)
     except Exception as e:  # the loader's ConfigErrors, or any reading problem
         _fail(server, ["invalid configuration (APF_CONFIG="
-                       f"{settings.config_path or '<built-in>'}):", *config_error_lines(e)])
+                       f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:

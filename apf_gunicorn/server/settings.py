@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING
 
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
-from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, JWT_SUB, parse_user_from
+from apf_gunicorn.flowcontrol.identity import (
+    DEFAULT_USER_FROM,
+    JWT_SUB,
+    VERIFIED_SOURCES,
+    parse_user_from,
+)
+from apf_gunicorn.flowcontrol.loader import DEFAULT_BUILTIN, PUBLIC_BUILTIN
 from apf_gunicorn.flowcontrol.requestinfo import PATH_MODES, PATHS_AUTO, UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
@@ -73,7 +79,7 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    config_path: str | None  # None: the built-in configuration
+    config_path: str | None  # APF_CONFIG; None: the built-in configuration named by ``builtin``
     concurrency_limit: int
     queue_wait_limit_ns: int
     # CIDRs, and "unix" for peers on a Unix socket
@@ -130,6 +136,36 @@ class Settings:
     agent_drain_delay_s: float = DEFAULT_AGENT_DRAIN_DELAY_S  # APF_AGENT_DRAIN_DELAY
     load_report: str = "off"  # APF_LOAD_REPORT: "off" or "orca"
     load_report_interval_s: float = 0.1  # APF_LOAD_REPORT_INTERVAL: ORCA value reused this long
+    # the built-in configuration used when APF_CONFIG is unset (see builtin_configuration)
+    builtin: str = DEFAULT_BUILTIN
+
+    @property
+    def config_source(self) -> str:
+        """What the loader is given: ``APF_CONFIG``, else ``builtin:<builtin>``."""
+        return self.config_path if self.config_path is not None else f"builtin:{self.builtin}"
+
+
+def builtin_configuration(user_from: tuple[str, ...], jwt_verified: bool,
+                          request_info: str | None) -> str:
+    """The built-in configuration a server without ``APF_CONFIG`` runs.
+
+    ``webapp`` (signed-in users 80 % of the limit, anonymous clients 16 %) whenever a request
+    can carry a verified identity: ``proxy``, ``remote_user`` or ``jwt-sub`` with a key among
+    the sources, or an ``APF_REQUEST_INFO`` hook (it may name anybody). Otherwise only
+    unverified identities exist (``address``, ``header:NAME``, ``jwt-sub`` without a key), all
+    in ``system:unauthenticated``: webapp's users level could never be reached and its seats
+    would idle, so ``public`` gives the clients' level those seats.
+
+    Args:
+        user_from: the ``APF_USER_FROM`` sources.
+        jwt_verified: ``APF_JWT_KEY`` is set (``jwt-sub`` tokens are verified).
+        request_info: the ``APF_REQUEST_INFO`` hook, or None.
+
+    Returns:
+        ``"webapp"`` or ``"public"``.
+    """
+    verified = set(user_from) & VERIFIED_SOURCES or (jwt_verified and JWT_SUB in user_from)
+    return DEFAULT_BUILTIN if verified or request_info is not None else PUBLIC_BUILTIN
 
 
 def default_concurrency_limit(workers: int, threads: int) -> int:
@@ -193,7 +229,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
             and not os.path.exists(config_path)):
         raise SettingsError("APF_CONFIG", config_path,
                             "must be an existing YAML file, a directory of *.yaml/*.yml files, "
-                            "or builtin:<name> (webapp, kubernetes, mandatory)")
+                            "or builtin:<name> (webapp, public, kubernetes, mandatory)")
 
     raw = raw_limit = get("APF_CONCURRENCY_LIMIT")
     auto = None
@@ -377,6 +413,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         user_from=user_from,
         fairness=fairness_name,
         paths=paths,
+        builtin=builtin_configuration(user_from, get("APF_JWT_KEY") is not None, request_info),
         **_load_balancer_settings(get),
         **_jwt_settings(get, user_from),
     )
