@@ -283,6 +283,30 @@ def test_a_worker_turning_a_request_away_counts_as_a_rejection() -> None:
         led.turn_away(99, fs["fs-a"], 1, "thread-reserve", 5 * MS)
 
 
+def test_held_rejections_are_counted_per_level_flow_schema_and_reason() -> None:
+    """A 429 a poller held is counted in its own entry, by reason, from any process attached
+    to the ledger (each worker counts its own; a scrape reads the sum)."""
+    led, lv, fs = make()
+    other = Ledger.attach(led._mv)
+    for _ in range(2):
+        led.turn_away(lv["q"], fs["fs-a"], 1, "thread-reserve", 5 * MS)
+    led.count_rejection_delayed(lv["q"], fs["fs-a"], "thread-reserve")
+    other.count_rejection_delayed(lv["q"], fs["fs-a"], "thread-reserve")
+    other.turn_away(lv["q"], fs["fs-b"], 1, "thread-reserve", 5 * MS)
+    other.count_rejection_delayed(lv["q"], fs["fs-b"], "thread-reserve")
+    got = stats(led)
+    assert got[("q", "fs-a")].delayed == {**no_rejections(), "thread-reserve": 2}
+    assert got[("q", "fs-b")].delayed == {**no_rejections(), "thread-reserve": 1}
+    # counting a held one changes nothing else: the rejection was counted when it was made
+    assert got[("q", "fs-a")].rejected == {**no_rejections(), "thread-reserve": 2}
+    assert got[("q", "fs-a")].work.count == 2
+    assert verify(led) == []
+    with pytest.raises(ValueError, match="unknown rejection reason"):
+        led.count_rejection_delayed(lv["q"], fs["fs-a"], "impatience")
+    with pytest.raises(ValueError):
+        led.count_rejection_delayed(99, fs["fs-a"], "thread-reserve")
+
+
 def test_head_timeouts_are_counted_server_wide() -> None:
     led, _, _ = make()
     assert led.head_timeouts == 0 and led.snapshot(0).head_timeouts == 0

@@ -112,14 +112,15 @@ def _hist(bounds, values):
 
 
 def _stats(level, fs, *, work=(), dispatched=0, rejected=None, wait_x=(), wait_r=(),
-           exec_r=(), exec_w=()):
+           exec_r=(), exec_w=(), delayed=None):
     reasons = dict.fromkeys(("queue-full", "concurrency-limit", "time-out", "cancelled",
                              "no-slot"), 0)
     reasons.update(rejected or {})
     return NS(level=level, flow_schema=fs, work=_hist(WORK, work), dispatched=dispatched,
               rejected=reasons, wait_executed=_hist(DUR, wait_x),
               wait_rejected=_hist(DUR, wait_r), execution_regular=_hist(DUR, exec_r),
-              execution_watch=_hist(DUR, exec_w))
+              execution_watch=_hist(DUR, exec_w),
+              delayed={**dict.fromkeys(reasons, 0), **(delayed or {})})
 
 
 class StatsLedger:
@@ -134,7 +135,7 @@ def test_request_stats_become_kubernetes_series() -> None:
     stats = [
         _stats("workload-low", "service-accounts", work=[1, 1, 3, 150], dispatched=3,
                rejected={"queue-full": 1, "time-out": 2}, wait_x=[0.003, 0.5, 40.0],
-               wait_r=[0.0], exec_r=[0.01, 0.3], exec_w=[0.001]),
+               wait_r=[0.0], exec_r=[0.01, 0.3], exec_w=[0.001], delayed={"queue-full": 1}),
         _stats("exempt", "exempt", work=[1, 1], dispatched=2, exec_r=[0.002, 0.004]),
     ]
     view = MasterView(ledger=StatsLedger(stats))
@@ -147,6 +148,10 @@ def test_request_stats_become_kubernetes_series() -> None:
     assert got[_k("myapf_rejected_requests_total", reason="time-out", **wl)] == 2
     # a reason, execute value or type that never happened is not a series (as Kubernetes)
     assert _k("myapf_rejected_requests_total", reason="no-slot", **wl) not in got
+    # the 429s a poller held, with the same labels as the rejections they are among
+    assert got[_k("myapf_rejections_delayed_total", reason="queue-full", **wl)] == 1
+    assert [k for k in got if k.startswith("myapf_rejections_delayed_total")] == \
+        [_k("myapf_rejections_delayed_total", reason="queue-full", **wl)]
     assert not any(k.startswith("myapf_request_wait_duration_seconds") and '"exempt"' in k
                    for k in got)
     assert _k("myapf_request_execution_seconds_count", type="watch", **ex) not in got
@@ -404,6 +409,8 @@ def test_metrics_text_passes_promtool(tmp_path) -> None:
     for level in ("mm", "k8s"):
         for h in range(6):
             led.admit(levels[level], h % 3, 1 + h % 2, 0, 0, 0, 10 + h)
+    led.turn_away(levels["k8s"], 0, 1, "thread-reserve", 20)
+    led.count_rejection_delayed(levels["k8s"], 0, "thread-reserve")  # held by a poller
     states = BorrowingStates()
     states["mm"] = BorrowingState(current_limit=4, smoothed=3.5, avg=3.0, stddev=0.5,
                                   high_watermark=4, target=4.0)
@@ -411,6 +418,7 @@ def test_metrics_text_passes_promtool(tmp_path) -> None:
                       borrowing=states, workers=1, clock=lambda: 100)
     text = generate_latest(build_registry("apf", lambda: view)).decode()
     assert "apf_virtual_time_seat_seconds{" in text and "apf_reserved_seats{" in text
+    assert "apf_rejections_delayed_total{" in text
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

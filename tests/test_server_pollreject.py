@@ -8,12 +8,16 @@ access log tells the two apart: it logs what a thread answered, never the poller
 
 from __future__ import annotations
 
+import http.client
 import re
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
-from tests.conftest import APPS
+from tests.apps.overload import scrape, total
+from tests.conftest import APPS, free_port
 
 OTHER = b"GET /other HTTP/1.1\r\nHost: t\r\nX-Remote-User: %s\r\n\r\n"
 HELLO = b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -137,7 +141,9 @@ def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
 
 
 def delayed(srv) -> int:
-    return srv.ledger_snapshot().rejections_delayed
+    """The 429s the server's pollers held so far, summed over levels, FlowSchemas, reasons."""
+    with srv.attached_ledger() as led:
+        return sum(sum(st.delayed.values()) for st in led.request_stats())
 
 
 def test_only_a_flow_that_ignores_retry_after_is_held(server_factory):
@@ -159,6 +165,43 @@ def test_only_a_flow_that_ignores_retry_after_is_held(server_factory):
                 s.sendall(OTHER % b"mallory")
                 assert read_response(s).startswith(b"HTTP/1.1 429 ")
         assert delayed(srv) >= 2
+
+
+def test_held_rejections_are_exported_with_their_level_flow_schema_and_reason(server_factory,
+                                                                             tmp_path):
+    """The scraped ``apf_rejections_delayed_total`` names whose 429s were held, as
+    ``apf_rejected_requests_total`` does: level "other" through a FlowSchema of another name,
+    with the reason its rejections were counted with."""
+    config = tmp_path / "storms.yaml"
+    config.write_text((APPS / "tight.yaml").read_text().replace(
+        "metadata: {name: other, uid: uid-fs-other}", "metadata: {name: storms, uid: uid-fs-other}"))
+    aport = free_port()
+    with server_factory(workers=1, threads=4, config=str(config),
+                        env={**TIGHT, "APF_ADMIN_BIND": f"127.0.0.1:{aport}"}) as srv:
+        hold_other(srv)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(5):  # mallory asks again at once: her next 429s are held
+                s.sendall(OTHER % b"mallory")
+                assert read_response(s).startswith(b"HTTP/1.1 429 ")
+        name = "apf_rejections_delayed_total"
+        samples = scrape(aport)
+        held = total(samples, name)
+        assert held >= 2
+        mine = {"priority_level": "other", "flow_schema": "storms",
+                "reason": "concurrency-limit"}
+        assert [dict(labels) for n, labels in samples if n == name] == [mine]
+        assert total(samples, name, **mine) == held == delayed(srv)
+        # held 429s are among the rejections counted for the same level and FlowSchema
+        assert total(samples, "apf_rejected_requests_total", **mine) >= held + 1
+        promtool = shutil.which("promtool")
+        if promtool:
+            conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=10)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                                 text=True, timeout=60)
+            assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_held_connections_are_bounded(server_factory):

@@ -5,7 +5,7 @@
 #define APF_LEDGER_LAYOUT_H
 
 enum {
-    VERSION = 7,
+    VERSION = 8,
     WORD = 8,
     NAME_BYTES = 256,
     H_MAGIC = 0,
@@ -39,7 +39,6 @@ enum {
     C_HEAD_TIMEOUTS = 0,
     C_DROPPED_HEAD_CONNECTIONS = 1,
     C_DROPPED_HEAD_BUFFER = 2,
-    C_REJECTIONS_DELAYED = 3,
     COUNTER_WORDS = 8,
     L_USED = 0,
     L_QUIESCING = 1,
@@ -178,6 +177,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "a085f45898e844c2"
+#define LAYOUT_DIGEST "39656e2357697b26"
 
 #endif

@@ -5,7 +5,8 @@ histogram, dispatched, rejections by reason, wait and execution histograms); thi
 ``Ledger`` finds or creates an entry (``_stats_entry_locked``, cached per process) and counts
 into it, logging each word in the undo log first where an event must stay whole. Also the
 public counting calls that are not requests through ``admit``: :meth:`turn_away` (a 429 from a
-worker's thread reserve), :meth:`count_head_timeout`, and the readers
+worker's thread reserve), :meth:`count_rejection_delayed` (a 429 a poller held),
+:meth:`count_head_timeout`, and the readers
 :meth:`request_stats` (under the lock) and :meth:`rejected_total` (one lock-free word)::
 
     for st in led.request_stats(): st.level, st.flow_schema, st.work, st.rejected
@@ -26,6 +27,7 @@ from apf_gunicorn.ledger.layout import (
 )
 from apf_gunicorn.ledger.stats import DURATION_BOUNDS_NS as _DUR
 from apf_gunicorn.ledger.stats import (
+    E_DELAYED,
     E_FS,
     E_LEVEL,
     E_NAME_LEN,
@@ -48,6 +50,18 @@ from apf_gunicorn.ledger.stats import (
 # apf_connections_dropped_total's reasons and their counter words
 _DROP_WORDS = {"head-connections": L.C_DROPPED_HEAD_CONNECTIONS,
                "head-buffer": L.C_DROPPED_HEAD_BUFFER}
+
+
+def _reason_index(reason: str) -> int:
+    """The word index of rejection ``reason`` in a stats entry's counters.
+
+    Raises:
+        ValueError: not one of ``stats.REASONS``.
+    """
+    r = REASON_INDEX.get(reason)
+    if r is None:
+        raise ValueError(f"unknown rejection reason {reason!r}")
+    return r
 
 
 class RequestCounters:
@@ -147,10 +161,7 @@ class RequestCounters:
         Raises:
             ValueError: an unknown level index or reason.
         """
-        r = REASON_INDEX.get(reason)
-        if r is None:
-            raise ValueError(f"unknown rejection reason {reason!r}")
-        self._locked(now, self._turn_away_locked, level, fs_index, seats, r)
+        self._locked(now, self._turn_away_locked, level, fs_index, seats, _reason_index(reason))
 
     def _turn_away_locked(self, level: int, fs_index: int, seats: int, r: int) -> None:
         lb = self._lb(level)
@@ -200,17 +211,24 @@ class RequestCounters:
             raise ValueError(f"unknown reason {reason!r} for a dropped connection")
         self._locked(None, self._count_word_locked, word)
 
-    def count_rejection_delayed(self) -> None:
+    def count_rejection_delayed(self, level: int, fs_index: int, reason: str) -> None:
         """Count one 429 a worker's poller held before writing it (its flow came back before
-        its Retry-After again and again: ``server/pollreject.py``), server-wide, under the
-        lock."""
-        self._locked(None, self._count_word_locked, L.C_REJECTIONS_DELAYED)
+        its Retry-After again and again: ``server/pollreject.py``) in the stats entry of its
+        level and FlowSchema, by its rejection reason (the one its rejection was counted
+        with), under the lock.
 
-    @property
-    def rejections_delayed(self) -> int:
-        """429s the workers' pollers held before writing them, server-wide (one word, no
-        lock)."""
-        return self._w[self._lay.counters_base + L.C_REJECTIONS_DELAYED]
+        Args:
+            level: the request's level index (as its rejection was counted with).
+            fs_index: its FlowSchema index.
+            reason: its rejection reason, one of ``stats.REASONS``.
+        Raises:
+            ValueError: an unknown level index or reason.
+        """
+        self._locked(None, self._count_delayed_locked, level, fs_index, _reason_index(reason))
+
+    def _count_delayed_locked(self, level: int, fs_index: int, r: int) -> None:
+        lb = self._lb(level)
+        self._w[self._stats_entry_locked(lb, level, fs_index) + E_DELAYED + r] += 1
 
     def _count_word_locked(self, word: int) -> None:
         self._w[self._lay.counters_base + word] += 1

@@ -23,8 +23,9 @@ from apf_gunicorn.ledger.stats import ENTRY_WORDS
 MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
 # 6: the undo log (H_UNDO_N, UNDO_PAIRS pairs after the header), the server counters after
 # it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM;
-# 7: thread-share rejections in the stats entries
-VERSION = 7
+# 7: thread-share rejections in the stats entries;
+# 8: held (delayed) 429s per reason in the stats entries instead of one server counter
+VERSION = 8
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -45,13 +46,11 @@ UNDO_PAIRS = 32
 # C_HEAD_TIMEOUTS = connections the workers answered 408 for a request head that did not arrive
 # within APF_HEADER_TIMEOUT (server/worker.py); C_DROPPED_HEAD_CONNECTIONS, C_DROPPED_HEAD_BUFFER =
 # connections a worker's poller closed past APF_HEAD_CONNECTIONS (the oldest idle) and past
-# APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431); C_REJECTIONS_DELAYED = 429s a worker's
-# poller held before writing them (a flow retrying before its Retry-After: server/pollreject.py).
-# The rest are spare.
+# APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431). The rest are spare (429s held by
+# a poller are counted per level and FlowSchema in the stats entries: stats.E_DELAYED).
 C_HEAD_TIMEOUTS = 0
 C_DROPPED_HEAD_CONNECTIONS = 1
 C_DROPPED_HEAD_BUFFER = 2
-C_REJECTIONS_DELAYED = 3
 COUNTER_WORDS = 8
 
 # -- level record -----------------------------------------------------------------------------

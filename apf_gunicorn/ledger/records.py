@@ -129,7 +129,6 @@ class Snapshot(NamedTuple):
     head_timeouts: int = 0  # connections answered 408 for a late request head (server-wide)
     # connections the workers' pollers dropped, by reason (Ledger.count_connection_dropped)
     connections_dropped: dict | None = None
-    rejections_delayed: int = 0  # 429s held by the workers' pollers (server-wide)
 
 
 class LevelLoad(NamedTuple):
@@ -171,6 +170,8 @@ class LedgerPort(Protocol):
     def count_head_timeout(self) -> None: ...
 
     def count_connection_dropped(self, reason: str) -> None: ...
+
+    def count_rejection_delayed(self, level: int, fs_index: int, reason: str) -> None: ...
 
     def configure(self, specs, flow_schema_names, now: int,
                   granted: list | None = None) -> tuple[dict[str, int], dict[str, int]]: ...

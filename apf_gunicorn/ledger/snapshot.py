@@ -281,8 +281,7 @@ class Reading:
                 self._maxmin.flow_state_locked(lb) if w[lb + L.L_FAIRNESS] else None))
         return Snapshot(now, levels, self._fs_names_locked(),
                         w[self._lay.counters_base + L.C_HEAD_TIMEOUTS],
-                        self.connections_dropped,
-                        w[self._lay.counters_base + L.C_REJECTIONS_DELAYED])
+                        self.connections_dropped)
 
     def load(self, levels: tuple[int, ...] | None = None) -> list[LevelLoad]:
         """Every configured level's seats and counters, read without the lock.

@@ -11,7 +11,9 @@ exact and server-wide, and no per-process metric files are needed::
 Entry layout (8-byte words, see ``E_*``): the owning level's serial (a level index is reused
 after a level is dropped; the serial is not), the level index, the FlowSchema index, the
 length of the level name captured at creation (the name itself lives in a parallel byte area),
-then the counters. ``dispatched`` is not counted on its own: every non-exempt dispatch observes
+then the counters. ``delayed`` counts, per rejection reason, the 429s of the pair that a worker's
+poller held before writing them (``server/pollreject.py``; a subset of ``rejected``).
+``dispatched`` is not counted on its own: every non-exempt dispatch observes
 the execute="true" wait histogram, which otherwise only time-outs and cancels observe, so
 dispatched = exempt dispatches (``E_DISPATCHED``) + that histogram's count − time-outs −
 cancels − thread-share removals, one word write less per request. Histogram buckets are
@@ -61,7 +63,8 @@ E_WAIT_X = E_REJECTED + len(REASONS)  # execute=true: ND buckets then a float64 
 E_WAIT_R = E_WAIT_X + ND + 1  # execute=false
 E_EXEC_R = E_WAIT_R + ND + 1  # type=regular
 E_EXEC_W = E_EXEC_R + ND + 1  # type=watch (must follow E_EXEC_R by ND + 1: see EXEC_STRIDE)
-ENTRY_WORDS = E_EXEC_W + ND + 1
+E_DELAYED = E_EXEC_W + ND + 1  # len(REASONS) counters: rejections held before written
+ENTRY_WORDS = E_DELAYED + len(REASONS)
 EXEC_STRIDE = E_EXEC_W - E_EXEC_R  # the slot stores 2*entry + watch; exec hist = E_EXEC_R + watch*stride
 
 _DUR = DURATION_BOUNDS_NS
@@ -97,6 +100,7 @@ class RequestStats(NamedTuple):
     wait_rejected: Hist  # execute="false"
     execution_regular: Hist
     execution_watch: Hist
+    delayed: dict  # reason -> 429s held by a worker's poller, every reason in REASONS present
 
 
 def _hist(words: list, floats: list, at: int, n: int, bounds: tuple) -> Hist:
@@ -119,4 +123,5 @@ def read_entry(words: list, floats: list, level: str, flow_schema: str) -> Reque
         _hist(words, floats, E_WAIT_R, ND, DURATION_BOUNDS_S),
         _hist(words, floats, E_EXEC_R, ND, DURATION_BOUNDS_S),
         _hist(words, floats, E_EXEC_W, ND, DURATION_BOUNDS_S),
+        {name: words[E_DELAYED + i] for i, name in enumerate(REASONS)},
     )

@@ -5,7 +5,8 @@ per request by this module:
 
 * :class:`RequestStatsCollector`: the per-request series (``rejected_requests_total``,
   ``dispatched_requests_total``, ``request_wait_duration_seconds{execute}``,
-  ``request_execution_seconds{type}``, ``work_estimated_seats``) from ``ledger.request_stats()``:
+  ``request_execution_seconds{type}``, ``work_estimated_seats``, and not Kubernetes'
+  ``rejections_delayed_total``) from ``ledger.request_stats()``:
   counters and histograms the ledger keeps per (level, flow schema) under the lock each
   admit/finish/cancel already holds. They are server-wide, survive worker deaths and restarts
   (a dead worker's counts are already in shared memory) and never go backwards.
@@ -333,11 +334,6 @@ class LedgerCollector:
         for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
             dropped.add_metric([reason], float(n))
         yield dropped
-        delayed = CounterMetricFamily(f"{p}_rejections_delayed", "429s a worker held (at most "
-                                      "1 s, up to the Retry-After) before writing them, because "
-                                      "the flow kept coming back before its Retry-After")
-        delayed.add_metric([], float(getattr(snap, "rejections_delayed", 0)))
-        yield delayed
 
 
 def _server_limit_families(p: str, view: MasterView) -> list:
@@ -453,6 +449,10 @@ class RequestStatsCollector:
             f"{p}_work_estimated_seats", "Number of estimated seats (maximum of initial and "
             "final seats) associated with requests in API Priority and Fairness",
             labels=pl_fs)
+        delayed = CounterMetricFamily(
+            f"{p}_rejections_delayed", "Rejections (429s) a worker held (at most 1 s, up to "
+            "the Retry-After) before writing them, because the flow kept coming back before "
+            "its Retry-After", labels=[*pl_fs, "reason"])
         for st in sorted(stats, key=lambda x: (x.level, x.flow_schema)):
             pair = [st.level, st.flow_schema]
             dispatched.add_metric(pair, float(st.dispatched))
@@ -460,6 +460,9 @@ class RequestStatsCollector:
                 n = st.rejected[reason]
                 if n:
                     rejected.add_metric([*pair, reason], float(n))
+            for reason, n in sorted(st.delayed.items()):
+                if n:
+                    delayed.add_metric([*pair, reason], float(n))
             _add_hist(work, pair, st.work)
             for value, h in (("true", st.wait_executed), ("false", st.wait_rejected)):
                 if h.count:
@@ -467,7 +470,7 @@ class RequestStatsCollector:
             for kind, h in (("regular", st.execution_regular), ("watch", st.execution_watch)):
                 if h.count:
                     _add_hist(execution, [*pair, kind], h)
-        return [rejected, dispatched, wait, execution, work]
+        return [rejected, dispatched, wait, execution, work, delayed]
 
 
 def _add_hist(family: Any, labels: list[str], h: Any) -> None:

@@ -368,7 +368,7 @@ class APFMiddleware:
             return False
         return self._share is None or not self._share.has_victim_for((level, flow_hash))
 
-    def reject_early(self, environ: dict, now: int) -> tuple[_Route, int, int] | None:
+    def reject_early(self, environ: dict, now: int) -> tuple[_Route, int, int, str] | None:
         """Reject the request now if the middleware would certainly reject it on a thread: the
         thread reserve applies (:meth:`thread_share_rejects`), or the ledger's ``admit`` would
         reject it (queue full, a Reject-type level full, no slot: ``reject_if_full``, exact
@@ -378,9 +378,9 @@ class APFMiddleware:
             environ: what the resolver reads of the request (``pollreject.HeadReader``).
             now: monotonic ns.
         Returns:
-            ``(route, retry_after_s, flow_hash)`` when rejected (answer
-            :func:`rejection_headers`), None when the request must go to a thread as usual
-            (nothing was counted).
+            ``(route, retry_after_s, flow_hash, reason)`` when rejected (answer
+            :func:`rejection_headers`; ``reason`` is the one it was counted with), None when
+            the request must go to a thread as usual (nothing was counted).
         Raises:
             Exception: whatever classification or the ledger raise (the caller then hands
             the request to a thread, which decides as usual).
@@ -391,13 +391,16 @@ class APFMiddleware:
             return None
         if self.thread_share_rejects(route, level, flow_hash):
             self.stats["turned_away"] += 1
+            reason = "thread-reserve"
             self.ctx.ledger.turn_away(level, fs_index, initial if initial >= final else final,
-                                      "thread-reserve", now)
-        elif not self._reject_if_full(level, flow_hash, initial, final, al, self._owner, now,
-                                      fs_index, detail, early):
-            return None
+                                      reason, now)
+        else:
+            reason = self._reject_if_full(level, flow_hash, initial, final, al, self._owner,
+                                          now, fs_index, detail, early)
+            if not reason:
+                return None
         self.stats["rejected"] += 1
-        return route, self._retry_after(route), flow_hash
+        return route, self._retry_after(route), flow_hash, reason
 
     def _classify_request(self, environ) -> Shape:
         """Everything a request shape decides (:class:`Shape`)."""

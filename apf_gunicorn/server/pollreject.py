@@ -11,8 +11,8 @@ it, answered 429 here with the same bytes gunicorn would write for the middlewar
 HTTP version, keep-alive and second). Everything else goes to a thread as before::
 
     rejector = PollerRejector(middleware, cfg)      # None-equivalent: rejector.enabled False
-    verdict = rejector.answer(head_bytes, conn.client, alive=True, keepalive_room=True)
-    if verdict is not None: data, keep_alive, hold_s = verdict
+    verdict = rejector.answer(head_bytes, conn.client, keepalive_room=True)
+    if verdict is not None: data, keep_alive, hold_s, route, reason = verdict
 
 What a head must be for this (anything else goes to a thread, which decides as today): a
 whole HTTP/1.0 or 1.1 head with nothing after it (no body: no ``Content-Length`` but 0, no
@@ -290,7 +290,7 @@ class PollerRejector:
         return bool(self._until) and time.monotonic() < self._until
 
     def answer(self, buf: bytes, client: Any, keepalive_room: bool
-               ) -> tuple[bytes, bool, float] | None:
+               ) -> tuple[bytes, bool, float, Any, str] | None:
         """The poller's answer to a complete head, if it is a 429.
 
         Args:
@@ -298,8 +298,10 @@ class PollerRejector:
             keepalive_room: the worker would keep the connection alive after a response
                 (alive, keep-alive on, room among its kept-alive connections).
         Returns:
-            ``(response bytes, keep the connection alive, seconds to hold it first)``, or
-            None: hand the request to a thread (nothing was counted).
+            ``(response bytes, keep the connection alive, seconds to hold it first, route,
+            reason)``: the request's FlowSchema route (``middleware._Route``: its ``level``
+            and ``fs_index``) and the reason its rejection was counted with, for counting
+            a held one; or None: hand the request to a thread (nothing was counted).
         Raises:
             Exception: classification or the ledger failed (the caller hands it to a thread).
         """
@@ -311,7 +313,7 @@ class PollerRejector:
         got = self.mw.reject_early(environ, now)
         if got is None:
             return None
-        route, retry, flow_hash = got
+        route, retry, flow_hash, reason = got
         keep = keep and keepalive_room
         hold = self.strikes.hold_for((flow_hash, client[0]), now / 1e9, retry)
-        return self.bytes.get(route, retry, version, method, keep), keep, hold
+        return self.bytes.get(route, retry, version, method, keep), keep, hold, route, reason

@@ -134,7 +134,8 @@ class ApfThreadWorker(ThreadWorker):
                              else DEFAULT_HELD_REJECTIONS)
         self._apf_keepalive_s = self.cfg.keepalive  # (read once: the config's getattr is slow)
         self._apf_keepalive_on = bool(self._apf_keepalive_s)
-        self.apf_on_delayed = None  # callable(): count a held 429 (ledger)
+        # callable(level, fs_index, reason): count a held 429 (ledger.count_rejection_delayed)
+        self.apf_on_delayed = None
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
@@ -427,7 +428,7 @@ class ApfThreadWorker(ThreadWorker):
             return False
         if verdict is None:
             return False
-        out, keep, hold = verdict
+        out, keep, hold, route, reason = verdict
         held = self.apf_held
         if hold > 0 and len(held) < self.apf_held_max and self.alive:
             if kept:
@@ -437,7 +438,7 @@ class ApfThreadWorker(ThreadWorker):
             heapq.heappush(held, (time.monotonic() + hold, self._apf_held_seq, conn, out, keep))
             count = self.apf_on_delayed
             if count is not None:
-                count()
+                count(route.level, route.fs_index, reason)
             return True
         self._apf_answer(conn, out, keep, kept)
         return True
