@@ -46,10 +46,22 @@ def without_date(response: bytes) -> bytes:
     return re.sub(rb"\r\nDate: [^\r]*", b"", response)
 
 
+def in_background(srv, path: str) -> threading.Thread:
+    """``srv.request(path)`` on a daemon thread, started; the server stopping under it (the
+    test is over) ends it quietly."""
+    def request() -> None:
+        try:
+            srv.request(path)
+        except (OSError, http.client.HTTPException):
+            pass
+    t = threading.Thread(target=request, daemon=True)
+    t.start()
+    return t
+
+
 def hold_other(srv) -> threading.Thread:
     """Take the "other" level's one seat with a long request; returns once it runs."""
-    t = threading.Thread(target=srv.request, args=("/other?ms=8000",), daemon=True)
-    t.start()
+    t = in_background(srv, "/other?ms=8000")
     assert srv.wait_for(lambda: srv.level("other").seats_in_use == 1)
     return t
 
@@ -130,7 +142,7 @@ def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
                         env={"APF_CONCURRENCY_LIMIT": "4"},
                         args=("--access-logfile", str(log))) as srv:
         for _ in range(2):
-            threading.Thread(target=srv.request, args=("/work?ms=6000",), daemon=True).start()
+            in_background(srv, "/work?ms=6000")
         assert srv.wait_for(lambda: srv.level("work").requests_executing == 2)
         status, headers, _ = srv.request("/other", headers={"X-Remote-User": "late"})
         assert status == 429 and headers["Retry-After"] == "1"
