@@ -105,6 +105,23 @@ def test_the_issue_pool_scenario_meets_its_targets(policy: str, jitter: float, s
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("offset", [0.3, 0.5, 0.8])
+def test_a_drop_inside_a_tick_is_cut_in_full_by_the_next(policy: str, offset: float) -> None:
+    """The pool drops to 4 ``offset`` s after a tick: the tick that sees it sees it in part
+    (a partial jump, or only a step of the curve); the next one, by Little's law, sees what
+    the pool now serves, and finishes the cut."""
+    doc = raw("pool-issue")
+    doc["backend"]["changes"] = [{"at": f"{8 + offset}s", "pool": 4},
+                                 {"at": f"{15 + offset}s", "pool": 8}]
+    doc["evaluate"] = ["2s", "8s", "11s", "15s", "18s", "24s"]  # window 3: 11-15 s
+    auto, hand = run(doc, policy), run(static(doc, 10), policy)
+    series = dict(auto["concurrencyLimit"]["series"])
+    assert series[10.0] <= 6  # two ticks after the drop: the pool of 4 plus the tolerance
+    assert latency(auto, 3, "alice")["p99"] <= 0.8 * latency(hand, 3, "alice")["p99"]
+    assert limit_mean(auto, 3) < limit_mean(auto, 1)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_mix_shift_is_not_taken_for_overload(policy: str) -> None:
     out = run(raw("mix-shift"), policy)  # carol's 100 ms queries join bob's 10 ms at 20 s
     before, after = limit_mean(out, 1), limit_mean(out, 3)

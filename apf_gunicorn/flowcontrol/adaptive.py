@@ -209,6 +209,9 @@ class AdaptiveLimit:
     _fall: float = field(init=False, default=1.0)  # the point's inflation over this tick's
     _r_now: float = field(init=False, default=1.0)  # this tick's inflation, unsmoothed
     _cut_from: int = field(init=False, default=0)  # the limit before the last cut
+    # the last move: (the limit before it, the inflation it was decided on, whether it was a
+    # cut on a jump)
+    _moved: tuple[int, float, bool] | None = field(init=False, default=None)
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -237,6 +240,11 @@ class AdaptiveLimit:
         if self._settling:
             # the first tick after a move mixes requests served before it: learn only baselines
             self._settling = False
+            moved, self._moved = self._moved, None
+            if moved is not None and binding:
+                settled = self._settle(kinds, tick.concurrency, *moved)
+                if settled is not None:
+                    return settled
             self.last = Decision(self.limit, "settling after a move", None, tick.concurrency)
             return self.limit
         key = max(1, round(tick.concurrency))
@@ -247,6 +255,7 @@ class AdaptiveLimit:
             self._floor_ticks = 0
             new, reason, below = self._unbound(key, tick.concurrency)
             self._settling = self._clamp(new) != self.limit
+            self._moved = (self.limit, r, False)
             self.limit = self._clamp(new)
             self.last = Decision(self.limit, reason, r, tick.concurrency, below)
             return self.limit
@@ -260,9 +269,65 @@ class AdaptiveLimit:
         self._settling = self._clamp(new) != self.limit and not (
             self._growing and reason in ("up: slow start", "up: latency fell back"))
         self._rising = self._clamp(new) > self.limit
+        self._moved = (self.limit, r, reason == "down: latency jumped")
         self.limit = self._clamp(new)
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
         return self.limit
+
+    def _settle(self, kinds: Mapping[Hashable, KindSample], concurrency: float,
+                before: int, r_then: float, jumped: bool) -> int | None:
+        """The settle tick after a move: finish a cut that fell short, or fall back.
+
+        A capacity drop inside a tick shows only in part of its requests: the cut in
+        proportion to the jump falls short, or no jump shows at all and the curve moves a
+        step. The next tick's requests straddle our move, not the drop, and by Little's law
+        ``concurrency / inflation`` is their throughput times the baselines: the seats the
+        backend now serves at no-load speed, whatever the seats offered to it. After a cut on
+        a jump, or when this tick's own inflation jumped past the one the move was decided on
+        (by more than ``regime_change``: lost capacity, not the move), the limit goes to that
+        plus the tolerance, at most half below the limit before the cut, as a cut on a jump.
+
+        Args:
+            kinds: this tick's samples; concurrency: its average seats executing.
+            before: the limit before the move; r_then: the inflation it was decided on;
+            jumped: it was a cut on a jump.
+        The same tick can show the opposite: latency calm and lower than the move explains
+        (fewer seats lower it at most in proportion, more seats do not lower it) means
+        capacity came back, and the limit falls back as on a fall (:meth:`_react`).
+
+        Returns:
+            The new limit, or None when there is nothing to finish.
+        """
+        s = self.settings
+        r_now = self._inflation({k: [v.count, v.service_ns] for k, v in kinds.items()})
+        if not jumped and self._anchored and r_now <= 1 + s.tolerance / 2 and (
+                r_now * (1 + s.fall_back) <= r_then * min(1.0, self.limit / before)):
+            # calm, and lower than the move explains: capacity came back while we moved
+            self._growing = True
+            self._rising = True
+            grow = self.limit + max(1, round(s.slow_start * self.limit))
+            new = self._clamp(max(grow, min(2 * self.limit, self._cut_from)))
+            self.last = Decision(new, "up: latency fell back", r_now, concurrency)
+            self.limit = new
+            return new
+        if not jumped:
+            if before <= self.limit or r_now <= (1 + s.regime_change) * r_then:
+                return None
+            # the drop came with (or just after) the curve's move: a jump seen a tick late
+            self._growing = False
+            self._curve.clear()
+            self._cut_from = before
+        serves = concurrency / max(r_now, 1e-9)
+        target = max(math.floor(before * (1 - s.jump_down)),
+                     math.ceil(serves * (1 + s.tolerance)))
+        new = self._clamp(target)
+        if new >= self.limit:
+            return None
+        self._settling = True  # the next tick straddles this cut
+        self._rising = False
+        self.last = Decision(new, "down: finishing a partial cut", r_now, concurrency)
+        self.limit = new
+        return new
 
     def _learn_baselines(self, kinds: Mapping[Hashable, KindSample]) -> None:
         """A kind's baseline starts at its first mean and only comes down: by half the gap per
@@ -335,7 +400,9 @@ class AdaptiveLimit:
         """The neighbour below or above ``key`` and the elasticity between them. An
         elasticity impossible for one backend (latency falling as concurrency rises, or
         growing much faster than it) means the backend changed since the neighbour was seen:
-        the rest of the curve is forgotten, only what ``key`` just said is kept."""
+        the rest of the curve is forgotten, only what ``key`` just said is kept, and the change
+        is noted as a jump (latency rose faster than concurrency) or a fall (latency here
+        lower than at fewer seats)."""
         other = self._neighbour(key, lower)
         if other is None:
             return None, None
@@ -347,6 +414,9 @@ class AdaptiveLimit:
                 rise *= there.concurrency / max(here.concurrency, 1e-9)
             if rise > 1 + self.settings.regime_change:
                 self._jump = rise
+            elif lower and rise * (1 + self.settings.fall_back) <= 1:
+                # latency here is lower than at fewer seats: capacity came back (_react)
+                self._fall = 1 / rise
             self._curve = {key: self._curve[key]}
             return None, None
         return other, e
