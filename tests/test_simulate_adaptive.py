@@ -283,9 +283,10 @@ def test_a_uniform_slowdown_keeps_the_limit_at_the_knee() -> None:
         count = int(ctl.limit * 1000 / service)
         seen.append(ctl.update(tick(n, service, ctl.limit, count=count)))
     # a slowdown looks like lost capacity (latency doubles at the same concurrency): the
-    # limit is cut, by at most half, and the curve brings it back within ten ticks
-    assert seen[40] < 8 and min(seen[40:]) >= 4 and max(seen[40:50]) >= 8
-    # then around the knee, as before the slowdown (the margin: 10 for a pool of 8)
+    # limit is cut by half (the jump, finished by the next tick), a step more as latency stays
+    # inflated against the old baseline, and the curve brings it back within 15 ticks
+    assert seen[40] < 8 and min(seen[40:]) >= 3 and max(seen[40:55]) >= 8
+    # then around the knee, as before the slowdown (the margin: 9 for a pool of 8)
     assert 6 <= min(seen[50:]) and max(seen[50:]) <= 12
     assert ctl.baselines["k"] == 50e6
 

@@ -153,6 +153,7 @@ class AdaptiveSettings:
     slow_start: float = 0.25  # the growth per tick while latency stays at its baseline
     fall_back: float = 0.1  # inflation falling by this much, to calm, means capacity came back
     jump_down: float = 0.5  # the largest move down when latency at one concurrency jumps
+    look_below: bool = True  # the first binding tick halves the limit to see below the start
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -212,6 +213,7 @@ class AdaptiveLimit:
     # the last move: (the limit before it, the inflation it was decided on, whether it was a
     # cut on a jump)
     _moved: tuple[int, float, bool] | None = field(init=False, default=None)
+    _look: int = field(init=False, default=0)  # looking below the start: the start; -1 done
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -262,9 +264,10 @@ class AdaptiveLimit:
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
         if self._anchored and new < self.limit and r > 1:
-            # with no-load baselines, never below the margin: where latency would be within
-            # the tolerance if it fell in proportion to the seats (as past a pool's knee)
-            new = max(new, min(self.limit - 1, round(self.limit * (1 + self.settings.tolerance) / r)))
+            # with no-load baselines, never below the margin: where latency would be calm if
+            # it fell in proportion to the seats (as past a pool's knee)
+            calm = 1 + self.settings.tolerance / 2
+            new = max(new, min(self.limit - 1, round(self.limit * calm / r)))
         # a growth step needs no settle tick: it only asks whether latency stays calm
         self._settling = self._clamp(new) != self.limit and not (
             self._growing and reason in ("up: slow start", "up: latency fell back"))
@@ -311,15 +314,15 @@ class AdaptiveLimit:
             self.limit = new
             return new
         if not jumped:
-            if before <= self.limit or r_now <= (1 + s.regime_change) * r_then:
+            if r_now <= (1 + s.regime_change) * r_then * max(1.0, self.limit / before):
                 return None
             # the drop came with (or just after) the curve's move: a jump seen a tick late
             self._growing = False
             self._curve.clear()
             self._cut_from = before
-        serves = concurrency / max(r_now, 1e-9)
+        # past the knee latency grows with the seats: where it would be calm
         target = max(math.floor(before * (1 - s.jump_down)),
-                     math.ceil(serves * (1 + s.tolerance)))
+                     math.ceil(self.limit * (1 + s.tolerance / 2) / max(r_now, 1e-9)))
         new = self._clamp(target)
         if new >= self.limit:
             return None
@@ -470,16 +473,21 @@ class AdaptiveLimit:
             lo, below = None, None
         inflated = r > 1 + s.tolerance
         calm = r <= 1 + s.tolerance / 2
-        # the margin: with no-load baselines, hold a little past the knee (within the tolerance,
-        # or one seat from calm), where a capacity increase shows as latency falling back
-        margin = self._anchored and (not inflated or r * (limit - 1) / limit <= 1 + s.tolerance / 2)
+        # the margin: with no-load baselines, hold a little past the knee (latency calm, or
+        # one seat past what the backend serves at no-load speed, concurrency / r by Little's
+        # law), where a capacity increase shows as latency falling back
+        margin = self._anchored and (calm or round(concurrency - concurrency / r) <= 1)
+        if calm and gain_high_seen(below, above, s.gain_high):
+            # a point below the knee (the seats above it paid in full): its latency is no-load
+            self._anchored = True
+        look = self._look_below(key, hi, above)
+        if look is not None:
+            return look
         react = self._react(r, lo, below, above)
         if react is not None:
             return react
         explore_up = limit + max(1, math.ceil(s.step_explore * limit))
         explore_down = limit - max(1, math.ceil(s.step_explore * limit))
-        if below is not None and below >= s.gain_high and calm:
-            self._anchored = True  # the lower point is below the knee: its latency is no-load
         if below is not None and below < s.gain_low and not margin:
             # the seats above `lo` only waited inside the app: go back towards it
             ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
@@ -491,7 +499,10 @@ class AdaptiveLimit:
             # the seats above paid: go back up (by a quarter when they clearly paid)
             step = s.step_up if above >= s.gain_high else s.step_explore
             return limit + max(1, round(step * limit)), "up: more seats paid", below, above
-        if above is None and (sure_below or (below is None and not inflated)):
+        # a blind probe (nothing known below) needs latency not inflated, and calm once the
+        # baselines are no-load: past the knee, within the margin, it would only queue
+        blind = below is None and (calm if self._anchored else not inflated)
+        if above is None and (sure_below or blind):
             if self._rising and below is not None and below >= s.gain_high:
                 # rising, and the last seats paid in full: a capacity increase, climb faster
                 return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
@@ -509,6 +520,27 @@ class AdaptiveLimit:
             return explore_down, "down: probe", below, above
         return limit, "hold: at the knee", below, above
 
+    def _look_below(self, key: int, hi: int | None, above: float | None
+                    ) -> tuple[float, str, float | None, float | None] | None:
+        """Where the limit starts, nothing is known: the knee may be above or below. The
+        first binding tick halves the limit; the next one compares. When the seats above the
+        half paid (surely, as for any move up), the limit goes back to the start at once,
+        and keeps growing (slow start) if they paid in full; otherwise the curve's law goes
+        on from the half, down towards the knee. None: the look is over."""
+        s = self.settings
+        if self._look == 0 and s.look_below and self.limit > s.minimum:
+            self._look = self.limit
+            self._growing = False
+            return max(s.minimum, self.limit // 2), "down: looking below the start", None, None
+        if self._look <= 0:
+            return None
+        start, self._look = self._look, -1
+        if above is not None and hi is not None and \
+                above - s.confidence * self._uncertainty(key, hi) >= s.gain_low:
+            self._growing = above >= s.gain_high
+            return start, "up: back to the start, the seats paid", None, above
+        return None
+
     def _react(self, r: float, lo: int | None, below: float | None, above: float | None
                ) -> tuple[float, str, float | None, float | None] | None:
         """The fast moves, before the curve's law: a cut when latency jumps (lost capacity),
@@ -517,7 +549,6 @@ class AdaptiveLimit:
         curve's law decides."""
         s = self.settings
         limit = self.limit
-        inflated = r > 1 + s.tolerance
         calm = r <= 1 + s.tolerance / 2
         grow = limit + max(1, round(s.slow_start * limit))
         if self._jump > 1 + s.regime_change:
@@ -526,7 +557,7 @@ class AdaptiveLimit:
             self._growing = False
             self._curve.clear()  # the tick that saw the jump straddled it: learn afresh
             self._cut_from = limit
-            target = round(limit / self._jump)
+            target = math.ceil(limit / self._jump)  # the next tick finishes a short cut
             return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
                 "down: latency jumped", below, above
         # this tick alone, not the smoothed point: a tick straddling the change already shows it
@@ -548,9 +579,9 @@ class AdaptiveLimit:
                 return limit + max(1, math.ceil(s.step_explore * limit)), \
                     "up: slow start, probe", below, above
             self._growing = False
-            if inflated and lo is not None:
-                # the last step overshot the knee: back to where latency is within tolerance
-                return max(lo, math.floor(limit * (1 + s.tolerance) / r)), \
+            if not calm and lo is not None:
+                # the last step overshot the knee: back to where latency is calm
+                return max(lo, math.floor(limit * (1 + s.tolerance / 2) / r)), \
                     "down: slow start overshot", below, above
         return None
 
@@ -574,3 +605,9 @@ class AdaptiveLimit:
             self._floor_ticks = 0
             self._floor_means.clear()
             self._curve.clear()
+
+
+def gain_high_seen(below: float | None, above: float | None, gain_high: float) -> bool:
+    """Whether seats next to this point paid in full (an elasticity at least ``gain_high`` on
+    either side): the lower of the two points is below the knee."""
+    return any(e is not None and e >= gain_high for e in (below, above))
