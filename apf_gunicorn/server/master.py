@@ -59,9 +59,35 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
                      after_in_child=_after_fork_child)
 
 
+class Cadence:
+    """A task due every ``period_s`` seconds, on a fixed cadence; after a stall it starts over
+    rather than running the missed rounds back to back.
+
+        borrow = Cadence(10.0, now)
+        wait = borrow.wait_s(now)    # seconds until it is due (0 when it is)
+        if borrow.due(now): ...      # True once per period; moves the next time on
+    """
+
+    def __init__(self, period_s: float, now: float) -> None:
+        self.period_s = period_s
+        self.next = now + period_s
+
+    def wait_s(self, now: float) -> float:
+        return max(0.0, self.next - now)
+
+    def due(self, now: float) -> bool:
+        if now < self.next:
+            return False
+        self.next += self.period_s
+        if self.next <= now:
+            self.next = now + self.period_s
+        return True
+
+
 class MasterServices(threading.Thread):
     def __init__(self, master_state, glog=None, arbiter=None):
         super().__init__(name="apf-master", daemon=True)
+        self.clock = time.monotonic  # tests drive the loop in virtual time
         self.state = master_state
         self.glog = glog or log
         # gunicorn's Arbiter: its worker table tells which workers are gone (reclaim_gone)
@@ -96,13 +122,11 @@ class MasterServices(threading.Thread):
         return float(getattr(settings, "adaptive_tick_s", TICK_S))
 
     def run(self) -> None:
-        period = self.period_s
-        adapt = self.adapt_s if self.auto is not None else period
-        tick = min(TICK_S, period, adapt)
-        next_borrow = time.monotonic() + period
-        next_adapt = time.monotonic() + adapt
-        while not self._stop_event.wait(max(0.0, min(tick, next_borrow - time.monotonic(),
-                                                      next_adapt - time.monotonic()))):
+        now = self.clock()
+        borrow = Cadence(self.period_s, now)
+        adapt = Cadence(self.adapt_s, now) if self.auto is not None else None
+        timers = [c for c in (borrow, adapt) if c is not None]
+        while not self._stop_event.wait(min(TICK_S, *(c.wait_s(self.clock()) for c in timers))):
             self.refresh_workers()
             self.reclaim_gone()
             if self.admin_retry:
@@ -111,18 +135,11 @@ class MasterServices(threading.Thread):
             if self.agent_retry:
                 with SERVICE_LOCK:
                     self.start_agent(quiet=True)
-            now = time.monotonic()
-            if self.auto is not None and now >= next_adapt:
+            now = self.clock()
+            if adapt is not None and adapt.due(now):
                 self.adapt_once()
-                next_adapt += adapt
-                if next_adapt <= now:
-                    next_adapt = now + adapt
-            if now >= next_borrow:
+            if borrow.due(now):
                 self.borrow_once()
-                # keep the cadence; after a stall, start over rather than run rounds back to back
-                next_borrow += period
-                if next_borrow <= now:
-                    next_borrow = now + period
 
     def refresh_workers(self) -> None:
         """Record the pid of every worker that registered itself in the ledger (the master
