@@ -303,7 +303,7 @@ class AdaptiveLimit:
         """
         s = self.settings
         r_now = self._inflation({k: [v.count, v.service_ns] for k, v in kinds.items()})
-        if not jumped and self._anchored and r_now <= 1 + s.tolerance / 2 and (
+        if self._anchored and r_now <= 1 + s.tolerance / 2 and (
                 r_now * (1 + s.fall_back) <= r_then * min(1.0, self.limit / before)):
             # calm, and lower than the move explains: capacity came back while we moved
             self._growing = True
@@ -403,9 +403,7 @@ class AdaptiveLimit:
         """The neighbour below or above ``key`` and the elasticity between them. An
         elasticity impossible for one backend (latency falling as concurrency rises, or
         growing much faster than it) means the backend changed since the neighbour was seen:
-        the rest of the curve is forgotten, only what ``key`` just said is kept, and the change
-        is noted as a jump (latency rose faster than concurrency) or a fall (latency here
-        lower than at fewer seats)."""
+        the rest of the curve is forgotten, only what ``key`` just said is kept."""
         other = self._neighbour(key, lower)
         if other is None:
             return None, None
@@ -417,9 +415,6 @@ class AdaptiveLimit:
                 rise *= there.concurrency / max(here.concurrency, 1e-9)
             if rise > 1 + self.settings.regime_change:
                 self._jump = rise
-            elif lower and rise * (1 + self.settings.fall_back) <= 1:
-                # latency here is lower than at fewer seats: capacity came back (_react)
-                self._fall = 1 / rise
             self._curve = {key: self._curve[key]}
             return None, None
         return other, e
@@ -557,7 +552,7 @@ class AdaptiveLimit:
             self._growing = False
             self._curve.clear()  # the tick that saw the jump straddled it: learn afresh
             self._cut_from = limit
-            target = math.ceil(limit / self._jump)  # the next tick finishes a short cut
+            target = round(limit / self._jump)
             return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
                 "down: latency jumped", below, above
         # this tick alone, not the smoothed point: a tick straddling the change already shows it
