@@ -322,6 +322,23 @@ def test_a_return_of_capacity_in_a_settle_tick_is_not_missed() -> None:
     assert ctl.last.reason == "up: latency fell back" and ctl.limit >= 8
 
 
+def test_a_return_late_in_a_tick_is_seen_beyond_the_noise() -> None:
+    """At the margin past a pool of 4, steady; the pool returns to 8 a third of the way into
+    a tick, whose latency falls short of calm but beyond the point's noise: that is enough."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
+    pool = 8
+    for n in range(1, 31):
+        if n == 20:
+            pool = 4
+        service = 50 * max(1.0, ctl.limit / pool)
+        ctl.update(tick(n, service, ctl.limit, count=int(ctl.limit * 1000 / service)))
+    assert ctl.limit == 5 and ctl.last.reason == "hold: the margin past the knee"
+    straddled = 2 / 3 * 50 * 5 / 4 + 1 / 3 * 50  # 2/3 of the tick at 4, 1/3 at 8
+    ctl.update(tick(31, straddled, 5, count=int(5 * 1000 / straddled)))
+    assert ctl.last.inflation > 1.125  # not calm
+    assert ctl.last.reason == "up: latency fell back" and ctl.limit >= 8
+
+
 def test_an_idle_server_does_not_drift() -> None:
     ctl = AdaptiveLimit(AdaptiveSettings(minimum=2, maximum=64), start=20)
     for n in range(1, 100):

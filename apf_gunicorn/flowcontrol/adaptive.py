@@ -154,6 +154,7 @@ class AdaptiveSettings:
     fall_back: float = 0.1  # inflation falling by this much, to calm, means capacity came back
     jump_down: float = 0.5  # the largest move down when latency at one concurrency jumps
     look_below: bool = True  # the first binding tick halves the limit to see below the start
+    fall_sigmas: float = 3.0  # a fall short of calm counts beyond this many noise spreads
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -208,6 +209,7 @@ class AdaptiveLimit:
     _anchored: bool = field(init=False, default=False)  # baselines seen below the knee
     _jump: float = field(init=False, default=1.0)  # this tick's inflation over the point's
     _fall: float = field(init=False, default=1.0)  # the point's inflation over this tick's
+    _fall_sure: bool = field(init=False, default=False)  # ... lower beyond the point's noise
     _r_now: float = field(init=False, default=1.0)  # this tick's inflation, unsmoothed
     _cut_from: int = field(init=False, default=0)  # the limit before the last cut
     # the last move: (the limit before it, the inflation it was decided on, whether it was a
@@ -361,12 +363,18 @@ class AdaptiveLimit:
         s = self.settings
         point = self._curve.get(key)
         self._jump = self._fall = 1.0
+        self._fall_sure = False
         self._r_now = r_now
         fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
         if point is not None and self._tick - point.tick <= s.memory_below_ticks:
             r_old = self._inflation(point.kinds)
             if r_old > 1 + s.tolerance / 2:
                 self._fall = r_old / r_now
+                # a tick straddling a return of capacity falls short of calm: enough when the
+                # fall is beyond the point's own noise (and half of fall_back)
+                noise = math.sqrt(point.spread) if point.samples > 1 else s.noise_prior
+                self._fall_sure = math.log(self._fall) > max(math.log1p(s.fall_back / 2),
+                                                             s.fall_sigmas * noise)
             if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
                 self._jump = r_now / r_old
                 self._curve = {key: _Point(fresh, self._tick, concurrency)}
@@ -556,9 +564,10 @@ class AdaptiveLimit:
             return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
                 "down: latency jumped", below, above
         # this tick alone, not the smoothed point: a tick straddling the change already shows it
-        if self._r_now <= 1 + s.tolerance / 2 and (
+        if (self._r_now <= 1 + s.tolerance / 2 and (
                 self._jump < 1 / (1 + s.regime_change)
-                or (self._anchored and self._fall >= 1 + s.fall_back)):
+                or (self._anchored and self._fall >= 1 + s.fall_back))) or (
+                self._anchored and self._fall_sure and self._r_now <= 1 + s.tolerance):
             # latency fell back to its baseline: capacity came back; back to where it was
             # before the last cut (at most twice the limit), then grow until it inflates
             self._growing = True
