@@ -18,8 +18,9 @@ with the built-in configuration (alice and bob are both in its "users" level):
 The full run also runs ``auto`` with a controller tick of 0.5 s (``APF_ADAPTIVE_TICK``)
 instead of 1 s. Per window it reports alice's p99 latency and bob's 200s per second, the answers that were
 not 200 (5xx are counted apart), and for ``auto`` its limit sampled every second from the
-admin endpoint's ``apf_server_concurrency_limit_seats``. ``--quick`` runs a short form (the
-pool drop 3 s long). The picture (``docs/images/adaptive-server.png``) is drawn only when
+admin endpoint's ``apf_server_concurrency_limit_seats``; a full run ends with issue 19's
+Done-means, met or MISSED, for each ``auto`` run (:func:`verdicts`). ``--quick`` runs a short
+form (the pool drop 3 s long). The picture (``docs/images/adaptive-server.png``) is drawn only when
 matplotlib is installed (the ``plot`` extra). A full run takes about 4 minutes.
 """
 
