@@ -278,13 +278,13 @@ def test_an_auto_limit_says_where_it_starts_and_its_bounds(capsys):
     code, out, _ = run_check(capsys, "builtin:webapp", "--concurrency-limit", "auto:4-30",
                              "--workers", "2", "--threads", "20")
     assert code == 0
-    assert out.startswith("Server concurrency limit auto (starts at 5 seats, bounds 4-30; "
+    assert out.startswith("Server concurrency limit auto (starts at 20 seats, bounds 4-30; "
                           "experimental: the server moves it), from --concurrency-limit;")
     code, out, _ = run_check(capsys, "builtin:webapp", "--concurrency-limit", "auto", "--json",
                              "--workers", "2", "--threads", "3")
     doc = json.loads(out)
-    assert doc["concurrencyLimit"] == 1  # a quarter of the default (2 x 3 / 2), at least 1
-    assert doc["concurrencyLimitAuto"] == {"start": 1, "min": 1, "max": 6}
+    assert doc["concurrencyLimit"] == 3  # the default (2 x 3 / 2)
+    assert doc["concurrencyLimitAuto"] == {"start": 3, "min": 1, "max": 6}
     with pytest.raises(SystemExit) as exc:
         main(["check", "builtin:webapp", "--concurrency-limit", "auto:9-3"])
     assert exc.value.code == 2 and "auto:MIN-MAX" in capsys.readouterr().err

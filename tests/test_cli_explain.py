@@ -431,7 +431,7 @@ def test_an_auto_limit_from_the_environment(capsys, monkeypatch):
             "--threads", "20")
     monkeypatch.setenv("APF_CONCURRENCY_LIMIT", "auto:2-4")
     out = explain_json(capsys, *argv)
-    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 4  # 20 / 4, bounded
+    assert out["concurrencyLimit"] == out["seats"]["concurrencyLimit"] == 4  # the default 20, bounded
     assert out["concurrencyLimitAuto"] == {"start": 4, "min": 2, "max": 4}
     assert out["concurrencyLimitSource"] == "from APF_CONCURRENCY_LIMIT"
     assert main(["explain", *argv]) == 0

@@ -42,11 +42,11 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
     clients = []
     try:
         with server_factory(workers=2, threads=8, env=env) as srv:
-            # a quarter of the default 2 x 8 / 2
-            assert srv.wait_for(lambda: "limit auto (now 2) seats, within 2-16" in srv.log()), \
+            # the default 2 x 8 / 2
+            assert srv.wait_for(lambda: "limit auto (now 8) seats, within 2-16" in srv.log()), \
                 srv.log()
             text = metrics(admin)
-            assert gauge(text, "apf_server_concurrency_limit_seats") == 2.0
+            assert gauge(text, "apf_server_concurrency_limit_seats") == 8.0
             assert gauge(text, "apf_adaptive_latency_ratio") is not None
             clients = [Client(srv.port, "/work/pool?ms=50", user=f"u{i}", stop=stop)
                        for i in range(12)]
@@ -58,7 +58,12 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
                 return -1.0 if value is None else value
 
             # the "work" level holds about half the server's seats: a pool of 4 is its knee
-            # near a server limit of 8, a pool of 2 near 4. Slow start: from 2, past 6.
+            # near a server limit of 8, a pool of 2 near 4. From 8: a look below, then back.
+            # the first binding tick looks below the start; the seats above paid: back
+            assert srv.wait_for(lambda: "auto: 8 -> 4 seats (down: looking below the start"
+                                in srv.log(), timeout=120), srv.log()
+            assert srv.wait_for(lambda: "auto: 4 -> 8 seats (up: back to the start"
+                                in srv.log(), timeout=120), srv.log()
             assert srv.wait_for(lambda: limit() >= 7, timeout=120, step=0.5), srv.log()
             for _ in range(2):  # the pool drops to 2: the test holds two connections
                 sem.acquire(60)

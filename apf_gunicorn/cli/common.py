@@ -113,8 +113,8 @@ def server_limit(args: argparse.Namespace, environment_limit: int | str | None =
     Returns:
         :class:`ServerLimit`, e.g. ``(600, "from --concurrency-limit", None)``:
         ``--concurrency-limit``, else ``APF_CONCURRENCY_LIMIT``, else the server's default for
-        ``--workers`` x ``--threads``. With ``auto``, ``seats`` is where the server starts: a
-        quarter of the default, within the bounds.
+        ``--workers`` x ``--threads``. With ``auto``, ``seats`` is where the server starts: the
+        default, within the bounds.
     """
     default = default_concurrency_limit(args.workers, args.threads)
     for value, source in ((args.concurrency_limit, "from --concurrency-limit"),

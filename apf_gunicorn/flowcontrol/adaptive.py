@@ -74,91 +74,19 @@ import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-#: what ``auto`` means without bounds
-DEFAULT_MINIMUM = 1
-DEFAULT_MAXIMUM = 1024
+from .adaptive_types import (
+    DEFAULT_MAXIMUM,
+    DEFAULT_MINIMUM,
+    AdaptiveSettings,
+    Decision,
+    KindSample,
+    Tick,
+    parse_auto,
+)
 
-
-def parse_auto(text: str) -> tuple[int, int] | None:
-    """Parse ``auto`` or ``auto:MIN-MAX``.
-
-    Args:
-        text: the setting's value.
-    Returns:
-        ``(minimum, maximum)``, or None when ``text`` is not an ``auto`` form at all (a number,
-        say).
-    Raises:
-        ValueError: an ``auto:`` form whose bounds are not two integers ``1 <= MIN <= MAX``.
-    """
-    text = text.strip()
-    if text == "auto":
-        return DEFAULT_MINIMUM, DEFAULT_MAXIMUM
-    if not text.startswith("auto:"):
-        return None
-    low, sep, high = text[5:].partition("-")
-    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
-        raise ValueError(f"{text!r}: write auto or auto:MIN-MAX, e.g. auto:2-64")
-    lo, hi = int(low), int(high)
-    if lo < 1 or hi < lo:
-        raise ValueError(f"{text!r}: the bounds must satisfy 1 <= MIN <= MAX")
-    return lo, hi
-
-
-@dataclass(frozen=True, slots=True)
-class KindSample:
-    """The requests of one kind that finished in a tick: how many, and their summed service
-    time (dispatch to finish: execution, not queue wait), in ns."""
-
-    count: int
-    service_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """What one tick observed.
-
-    ``kinds`` maps a kind of request (any hashable: a level name, or ``(level, route)``) to its
-    :class:`KindSample`; ``concurrency`` is the average seats executing over the tick;
-    ``waiting`` says whether any request waited in a queue (the limit was binding).
-    """
-
-    now: int
-    kinds: Mapping[Hashable, KindSample]
-    concurrency: float
-    waiting: bool
-
-
-@dataclass(frozen=True, slots=True)
-class AdaptiveSettings:
-    """The controller's bounds and constants (the defaults are what the simulator's tests
-    and docs/adaptive.md use)."""
-
-    minimum: int = DEFAULT_MINIMUM
-    maximum: int = DEFAULT_MAXIMUM
-    tolerance: float = 0.25  # inflation up to 1 + tolerance counts as none
-    gain_low: float = 0.08  # throughput elasticity below which added seats only wait
-    gain_high: float = 0.5  # elasticity at which added seats clearly pay
-    step_up: float = 0.25  # a confirmed move up: a quarter (at least one seat)
-    step_explore: float = 0.1  # an exploratory move: a tenth (at least one seat)
-    step_down: float = 0.25  # the largest move down per tick
-    memory_above_ticks: int = 4  # how long what a higher concurrency said is believed
-    memory_below_ticks: int = 20  # ... and a lower one
-    separation: float = 1.08  # two concurrencies compared differ by at least this ratio
-    smoothing: float = 0.5  # weight of a new tick in a concurrency's smoothed sample
-    regime_change: float = 0.2  # a jump of the inflation at one concurrency wiping the rest
-    binding_fraction: float = 0.9  # executing seats / limit from which the limit binds
-    reset_ticks: int = 30  # binding ticks at the floor, inflated, before baselines reset
-    noise_prior: float = 0.03  # a tick's inflation noise (log) assumed for a point seen once
-    confidence: float = 0.25  # moving up needs the elasticity this many noise spreads above gain_low
-    slow_start: float = 0.25  # the growth per tick while latency stays at its baseline
-    fall_back: float = 0.1  # inflation falling by this much, to calm, means capacity came back
-    jump_down: float = 0.5  # the largest move down when latency at one concurrency jumps
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.minimum <= self.maximum:
-            raise ValueError(f"bounds must satisfy 1 <= minimum <= maximum, got "
-                             f"{self.minimum}-{self.maximum}")
-
+# the controller's inputs and settings, importable from here too
+__all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings", "Decision",
+           "KindSample", "Tick", "parse_auto"]
 
 @dataclass(slots=True)
 class _Point:
@@ -170,18 +98,6 @@ class _Point:
     concurrency: float
     samples: int = 1
     spread: float = 0.0  # smoothed squared log-deviation of a tick's inflation from the point
-
-
-@dataclass(slots=True)
-class Decision:
-    """The last tick's outcome, for metrics, logs and tests."""
-
-    limit: int
-    reason: str
-    inflation: float | None = None
-    concurrency: float = 0.0
-    below: float | None = None  # elasticity towards the lower concurrency compared
-    above: float | None = None  # ... towards the higher one
 
 
 @dataclass(slots=True)
@@ -207,8 +123,13 @@ class AdaptiveLimit:
     _anchored: bool = field(init=False, default=False)  # baselines seen below the knee
     _jump: float = field(init=False, default=1.0)  # this tick's inflation over the point's
     _fall: float = field(init=False, default=1.0)  # the point's inflation over this tick's
+    _fall_sure: bool = field(init=False, default=False)  # ... lower beyond the point's noise
     _r_now: float = field(init=False, default=1.0)  # this tick's inflation, unsmoothed
     _cut_from: int = field(init=False, default=0)  # the limit before the last cut
+    # the last move: (the limit before it, the inflation it was decided on, whether it was a
+    # cut on a jump)
+    _moved: tuple[int, float, bool] | None = field(init=False, default=None)
+    _look: int = field(init=False, default=0)  # looking below the start: the start; -1 done
     _floor_means: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -237,6 +158,11 @@ class AdaptiveLimit:
         if self._settling:
             # the first tick after a move mixes requests served before it: learn only baselines
             self._settling = False
+            moved, self._moved = self._moved, None
+            if moved is not None and binding:
+                settled = self._settle(kinds, tick.concurrency, *moved)
+                if settled is not None:
+                    return settled
             self.last = Decision(self.limit, "settling after a move", None, tick.concurrency)
             return self.limit
         key = max(1, round(tick.concurrency))
@@ -247,22 +173,80 @@ class AdaptiveLimit:
             self._floor_ticks = 0
             new, reason, below = self._unbound(key, tick.concurrency)
             self._settling = self._clamp(new) != self.limit
+            self._moved = (self.limit, r, False)
             self.limit = self._clamp(new)
             self.last = Decision(self.limit, reason, r, tick.concurrency, below)
             return self.limit
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
         if self._anchored and new < self.limit and r > 1:
-            # with no-load baselines, never below the margin: where latency would be within
-            # the tolerance if it fell in proportion to the seats (as past a pool's knee)
-            new = max(new, min(self.limit - 1, round(self.limit * (1 + self.settings.tolerance) / r)))
+            # with no-load baselines, never below the margin: where latency would be calm if
+            # it fell in proportion to the seats (as past a pool's knee)
+            calm = 1 + self.settings.tolerance / 2
+            new = max(new, min(self.limit - 1, round(self.limit * calm / r)))
         # a growth step needs no settle tick: it only asks whether latency stays calm
         self._settling = self._clamp(new) != self.limit and not (
             self._growing and reason in ("up: slow start", "up: latency fell back"))
         self._rising = self._clamp(new) > self.limit
+        self._moved = (self.limit, r, reason == "down: latency jumped")
         self.limit = self._clamp(new)
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
         return self.limit
+
+    def _settle(self, kinds: Mapping[Hashable, KindSample], concurrency: float,
+                before: int, r_then: float, jumped: bool) -> int | None:
+        """The settle tick after a move: finish a cut that fell short, or fall back.
+
+        A capacity drop inside a tick shows only in part of its requests: the cut in
+        proportion to the jump falls short, or no jump shows at all and the curve moves a
+        step. The next tick's requests straddle our move, not the drop, and by Little's law
+        ``concurrency / inflation`` is their throughput times the baselines: the seats the
+        backend now serves at no-load speed, whatever the seats offered to it. After a cut on
+        a jump, or when this tick's own inflation jumped past the one the move was decided on
+        (by more than ``regime_change``: lost capacity, not the move), the limit goes to that
+        plus the tolerance, at most half below the limit before the cut, as a cut on a jump.
+
+        Args:
+            kinds: this tick's samples; concurrency: its average seats executing.
+            before: the limit before the move; r_then: the inflation it was decided on;
+            jumped: it was a cut on a jump.
+        The same tick can show the opposite: latency calm and lower than the move explains
+        (fewer seats lower it at most in proportion, more seats do not lower it) means
+        capacity came back, and the limit falls back as on a fall (:meth:`_react`).
+
+        Returns:
+            The new limit, or None when there is nothing to finish.
+        """
+        s = self.settings
+        r_now = self._inflation({k: [v.count, v.service_ns] for k, v in kinds.items()})
+        if self._anchored and r_now <= 1 + s.tolerance / 2 and (
+                r_now * (1 + s.fall_back) <= r_then * min(1.0, self.limit / before)):
+            # calm, and lower than the move explains: capacity came back while we moved
+            self._growing = True
+            self._rising = True
+            grow = self.limit + max(1, round(s.slow_start * self.limit))
+            new = self._clamp(max(grow, min(2 * self.limit, self._cut_from)))
+            self.last = Decision(new, "up: latency fell back", r_now, concurrency)
+            self.limit = new
+            return new
+        if not jumped:
+            if r_now <= (1 + s.regime_change) * r_then * max(1.0, self.limit / before):
+                return None
+            # the drop came with (or just after) the curve's move: a jump seen a tick late
+            self._growing = False
+            self._curve.clear()
+            self._cut_from = before
+        # past the knee latency grows with the seats: where it would be calm
+        target = max(math.floor(before * (1 - s.jump_down)),
+                     math.ceil(self.limit * (1 + s.tolerance / 2) / max(r_now, 1e-9)))
+        new = self._clamp(target)
+        if new >= self.limit:
+            return None
+        self._settling = True  # the next tick straddles this cut
+        self._rising = False
+        self.last = Decision(new, "down: finishing a partial cut", r_now, concurrency)
+        self.limit = new
+        return new
 
     def _learn_baselines(self, kinds: Mapping[Hashable, KindSample]) -> None:
         """A kind's baseline starts at its first mean and only comes down: by half the gap per
@@ -293,12 +277,18 @@ class AdaptiveLimit:
         s = self.settings
         point = self._curve.get(key)
         self._jump = self._fall = 1.0
+        self._fall_sure = False
         self._r_now = r_now
         fresh = {k: [float(v.count), float(v.service_ns)] for k, v in kinds.items()}
         if point is not None and self._tick - point.tick <= s.memory_below_ticks:
             r_old = self._inflation(point.kinds)
             if r_old > 1 + s.tolerance / 2:
                 self._fall = r_old / r_now
+                # a tick straddling a return of capacity falls short of calm: enough when the
+                # fall is beyond the point's own noise (and half of fall_back)
+                noise = math.sqrt(point.spread) if point.samples > 1 else s.noise_prior
+                self._fall_sure = math.log(self._fall) > max(math.log1p(s.fall_back / 2),
+                                                             s.fall_sigmas * noise)
             if abs(math.log(r_now / r_old)) > math.log1p(s.regime_change):
                 self._jump = r_now / r_old
                 self._curve = {key: _Point(fresh, self._tick, concurrency)}
@@ -400,16 +390,21 @@ class AdaptiveLimit:
             lo, below = None, None
         inflated = r > 1 + s.tolerance
         calm = r <= 1 + s.tolerance / 2
-        # the margin: with no-load baselines, hold a little past the knee (within the tolerance,
-        # or one seat from calm), where a capacity increase shows as latency falling back
-        margin = self._anchored and (not inflated or r * (limit - 1) / limit <= 1 + s.tolerance / 2)
+        # the margin: with no-load baselines, hold a little past the knee (latency calm, or
+        # one seat past what the backend serves at no-load speed, concurrency / r by Little's
+        # law), where a capacity increase shows as latency falling back
+        margin = self._anchored and (calm or round(concurrency - concurrency / r) <= 1)
+        if calm and gain_high_seen(below, above, s.gain_high):
+            # a point below the knee (the seats above it paid in full): its latency is no-load
+            self._anchored = True
+        look = self._look_below(key, hi, above)
+        if look is not None:
+            return look
         react = self._react(r, lo, below, above)
         if react is not None:
             return react
         explore_up = limit + max(1, math.ceil(s.step_explore * limit))
         explore_down = limit - max(1, math.ceil(s.step_explore * limit))
-        if below is not None and below >= s.gain_high and calm:
-            self._anchored = True  # the lower point is below the knee: its latency is no-load
         if below is not None and below < s.gain_low and not margin:
             # the seats above `lo` only waited inside the app: go back towards it
             ratio = max(1 - s.step_down, lo / max(concurrency, 1e-9))
@@ -421,7 +416,10 @@ class AdaptiveLimit:
             # the seats above paid: go back up (by a quarter when they clearly paid)
             step = s.step_up if above >= s.gain_high else s.step_explore
             return limit + max(1, round(step * limit)), "up: more seats paid", below, above
-        if above is None and (sure_below or (below is None and not inflated)):
+        # a blind probe (nothing known below) needs latency not inflated, and calm once the
+        # baselines are no-load: past the knee, within the margin, it would only queue
+        blind = below is None and (calm if self._anchored else not inflated)
+        if above is None and (sure_below or blind):
             if self._rising and below is not None and below >= s.gain_high:
                 # rising, and the last seats paid in full: a capacity increase, climb faster
                 return limit + max(1, round(s.step_up * limit)), "up: probe, seats paid", \
@@ -439,6 +437,27 @@ class AdaptiveLimit:
             return explore_down, "down: probe", below, above
         return limit, "hold: at the knee", below, above
 
+    def _look_below(self, key: int, hi: int | None, above: float | None
+                    ) -> tuple[float, str, float | None, float | None] | None:
+        """Where the limit starts, nothing is known: the knee may be above or below. The
+        first binding tick halves the limit; the next one compares. When the seats above the
+        half paid (surely, as for any move up), the limit goes back to the start at once,
+        and keeps growing (slow start) if they paid in full; otherwise the curve's law goes
+        on from the half, down towards the knee. None: the look is over."""
+        s = self.settings
+        if self._look == 0 and s.look_below and self.limit > s.minimum:
+            self._look = self.limit
+            self._growing = False
+            return max(s.minimum, self.limit // 2), "down: looking below the start", None, None
+        if self._look <= 0:
+            return None
+        start, self._look = self._look, -1
+        if above is not None and hi is not None and \
+                above - s.confidence * self._uncertainty(key, hi) >= s.gain_low:
+            self._growing = above >= s.gain_high
+            return start, "up: back to the start, the seats paid", None, above
+        return None
+
     def _react(self, r: float, lo: int | None, below: float | None, above: float | None
                ) -> tuple[float, str, float | None, float | None] | None:
         """The fast moves, before the curve's law: a cut when latency jumps (lost capacity),
@@ -447,7 +466,6 @@ class AdaptiveLimit:
         curve's law decides."""
         s = self.settings
         limit = self.limit
-        inflated = r > 1 + s.tolerance
         calm = r <= 1 + s.tolerance / 2
         grow = limit + max(1, round(s.slow_start * limit))
         if self._jump > 1 + s.regime_change:
@@ -460,9 +478,10 @@ class AdaptiveLimit:
             return max(math.floor(limit * (1 - s.jump_down)), min(limit - 1, target)), \
                 "down: latency jumped", below, above
         # this tick alone, not the smoothed point: a tick straddling the change already shows it
-        if self._r_now <= 1 + s.tolerance / 2 and (
+        if (self._r_now <= 1 + s.tolerance / 2 and (
                 self._jump < 1 / (1 + s.regime_change)
-                or (self._anchored and self._fall >= 1 + s.fall_back)):
+                or (self._anchored and self._fall >= 1 + s.fall_back))) or (
+                self._anchored and self._fall_sure and self._r_now <= 1 + s.tolerance):
             # latency fell back to its baseline: capacity came back; back to where it was
             # before the last cut (at most twice the limit), then grow until it inflates
             self._growing = True
@@ -478,9 +497,9 @@ class AdaptiveLimit:
                 return limit + max(1, math.ceil(s.step_explore * limit)), \
                     "up: slow start, probe", below, above
             self._growing = False
-            if inflated and lo is not None:
-                # the last step overshot the knee: back to where latency is within tolerance
-                return max(lo, math.floor(limit * (1 + s.tolerance) / r)), \
+            if not calm and lo is not None:
+                # the last step overshot the knee: back to where latency is calm
+                return max(lo, math.floor(limit * (1 + s.tolerance / 2) / r)), \
                     "down: slow start overshot", below, above
         return None
 
@@ -504,3 +523,9 @@ class AdaptiveLimit:
             self._floor_ticks = 0
             self._floor_means.clear()
             self._curve.clear()
+
+
+def gain_high_seen(below: float | None, above: float | None, gain_high: float) -> bool:
+    """Whether seats next to this point paid in full (an elasticity at least ``gain_high`` on
+    either side): the lower of the two points is below the knee."""
+    return any(e is not None and e >= gain_high for e in (below, above))

@@ -174,10 +174,9 @@ def default_concurrency_limit(workers: int, threads: int) -> int:
 
 
 def auto_start(workers: int, threads: int, bounds: tuple[int, int]) -> int:
-    """Where ``auto`` starts: a quarter of the default, within the bounds. The controller
-    learns each kind's no-load latency from its first ticks, so it must start below the knee
-    of the app's bottleneck (a pool, the CPU); it grows from there (slow start,
-    docs/adaptive.md).
+    """Where ``auto`` starts: the default, within the bounds. The controller's first binding
+    tick halves it to see below (the knee of the app's bottleneck, a pool or the CPU, may be
+    on either side), and goes back when the seats above the half paid (docs/adaptive.md).
 
     Args:
         workers: gunicorn's workers; threads: threads per worker.
@@ -185,7 +184,7 @@ def auto_start(workers: int, threads: int, bounds: tuple[int, int]) -> int:
     Returns:
         The starting limit in seats.
     """
-    return min(max(default_concurrency_limit(workers, threads) // 4, bounds[0], 1), bounds[1])
+    return min(max(default_concurrency_limit(workers, threads), bounds[0]), bounds[1])
 
 
 def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
