@@ -72,7 +72,6 @@ from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
 from apf_gunicorn.flowcontrol.identity import ANONYMOUS_USER, identity_groups
 from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
-from apf_gunicorn.flowcontrol.loader import PUBLIC_BUILTIN
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
     Classifier,
@@ -375,9 +374,8 @@ def _settings(args: argparse.Namespace) -> tuple[Any, str, str]:
         config_source = "from APF_CONFIG"
     else:
         config_source = "the default: APF_CONFIG is not set"
-        if settings.builtin == PUBLIC_BUILTIN:
-            config_source += (f", and APF_USER_FROM={','.join(settings.user_from)} names no "
-                              "verified identity")
+        if settings.builtin_reason:
+            config_source += f", and {settings.builtin_reason}"
     from_env: int | str | None = None
     if env.get("APF_CONCURRENCY_LIMIT", "").strip():
         from_env = (settings.concurrency_limit if settings.concurrency_auto is None

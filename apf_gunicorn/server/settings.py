@@ -144,6 +144,14 @@ class Settings:
         """What the loader is given: ``APF_CONFIG``, else ``builtin:<builtin>``."""
         return self.config_path if self.config_path is not None else f"builtin:{self.builtin}"
 
+    @property
+    def builtin_reason(self) -> str:
+        """Why the built-in configuration is not webapp (for the start line and ``explain``),
+        or "" when it is."""
+        if self.builtin == DEFAULT_BUILTIN:
+            return ""
+        return f"APF_USER_FROM={','.join(self.user_from)} names no verified identity"
+
 
 def builtin_configuration(user_from: tuple[str, ...], jwt_verified: bool,
                           request_info: str | None) -> str:

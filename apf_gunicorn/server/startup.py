@@ -170,15 +170,11 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         http://127.0.0.1:9180/"``: every queuing level runs the ``fairness`` named
         first unless its ``apf-gunicorn.io/fairness`` annotation is shown.
     """
-    from apf_gunicorn.flowcontrol.loader import PUBLIC_BUILTIN
     from apf_gunicorn.server.generation import fairness_by_level
     from apf_gunicorn.server.settings import default_concurrency_limit
 
     if settings.config_path is None:
-        why = ""
-        if settings.builtin == PUBLIC_BUILTIN:
-            why = (f" when APF_USER_FROM={','.join(settings.user_from)} names no verified "
-                   "identity")
+        why = f" when {settings.builtin_reason}" if settings.builtin_reason else ""
         config = f"{settings.config_source} (default{why}; set APF_CONFIG to change)"
     else:
         config = f"{settings.config_path} (APF_CONFIG)"
