@@ -47,6 +47,9 @@ from collections.abc import Callable, Iterable
 ANONYMOUS_USER = "system:anonymous"
 AUTHENTICATED_GROUP = "system:authenticated"
 UNAUTHENTICATED_GROUP = "system:unauthenticated"
+#: The namespace of the users and groups the server itself and Kubernetes define
+#: (``system:masters``, ``system:authenticated``, ``system:kube-controller-manager`` ...).
+SYSTEM_PREFIX = "system:"
 
 #: Longest user or group name kept (longer ones are truncated). Kubernetes service-account user
 #: names are at most ~340 characters; 1024 leaves room for any real identity provider.
@@ -67,6 +70,13 @@ def identity_groups(user: str, groups: Iterable[str]) -> tuple[str, ...]:
     if user == ANONYMOUS_USER:
         return (*groups, UNAUTHENTICATED_GROUP)
     return (*groups, AUTHENTICATED_GROUP)
+
+
+def is_reserved_name(name: str) -> bool:
+    """Whether a user or group name is in the ``system:`` namespace, which an identity
+    provider's claims must never reach (the mandatory ``exempt`` FlowSchema matches the group
+    ``system:masters``)."""
+    return name.startswith(SYSTEM_PREFIX)
 
 
 PROXY = "proxy"
