@@ -406,6 +406,35 @@ def test_bad_prefix_or_leeway_settings(secret_file, var, value, words):
         load_settings({"APF_USER_FROM": "jwt-sub", var: "oidc:"})
 
 
+def test_one_verification_per_request_when_exp_falls_between_two_reads(secret_file):
+    """Issue 25 item 2: shape_key and the classification each asked the verifier; with exp
+    between the two, the anonymous shape was cached under alice's key, and a fresh valid token
+    of alice was then classified system:anonymous. The clock steps one second per reading."""
+    t0 = int(NOW)
+    clock = [t0 - 1.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    mw = _middleware(RequestInfoResolver(user_from=("jwt-sub",),
+                                         jwt_verifier=hs_verifier(secret_file, clock=tick)))
+    ending = jwt.encode(claims(exp=t0 + 1), SECRET, algorithm="HS256")  # valid at t0 only
+    shape = mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(ending)))
+    assert shape.attrs.user == "alice"  # the identity the shape key holds
+    fresh = jwt.encode(claims(exp=t0 + 3600), SECRET, algorithm="HS256")
+    assert mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(fresh))).attrs.user == "alice"
+    # and the other way round: nbf reached between two reads files nobody's shape as alice's
+    clock[0] = t0 - DEFAULT_LEEWAY_S - 2.0
+    mw = _middleware(RequestInfoResolver(user_from=("jwt-sub",),
+                                         jwt_verifier=hs_verifier(secret_file, clock=tick)))
+    starting = jwt.encode(claims(nbf=t0), SECRET, algorithm="HS256")
+    assert mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(starting))).attrs.user == (
+        "system:anonymous")
+    garbage = mw.shape_of(environ(HTTP_AUTHORIZATION="Bearer not.a.token"))
+    assert garbage.attrs.user == "system:anonymous"
+
+
 def test_nbf_has_a_leeway_and_a_token_not_valid_yet_is_verified_once(secret_file,
                                                                      monkeypatch):
     """Issue 25 item 3: an identity provider whose clock runs a few seconds ahead made fresh
