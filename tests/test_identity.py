@@ -320,3 +320,9 @@ def test_start_warning_when_proxy_can_never_answer():
     assert "every request is system:anonymous" in message
     assert startup.identity_warnings(load_settings({"APF_TRUSTED_PROXIES": "10.0.0.1"})) == []
     assert startup.identity_warnings(load_settings({"APF_USER_FROM": "remote_user"})) == []
+    (message,) = startup.identity_warnings(load_settings({"APF_USER_FROM":
+                                                          "address,jwt-sub,header:X-Key"}))
+    assert message.startswith("identity sources jwt-sub,header:X-Key of APF_USER_FROM="
+                              "address,jwt-sub,header:X-Key are asked only for peers on a Unix "
+                              "socket"), message
+    assert startup.identity_warnings(load_settings({"APF_USER_FROM": "jwt-sub,address"})) == []

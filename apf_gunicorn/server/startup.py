@@ -156,6 +156,8 @@ def identity_warnings(settings: Any) -> list[str]:
     never names anybody: identity headers are then ignored from every peer, and a proxy that
     sends them for its users makes them one anonymous flow. (At run time the resolver warns,
     rate-limited, when such headers arrive: ``RequestInfoResolver._untrusted_headers``.)
+    Sources after ``address`` are never asked for a TCP client, which ``address`` always
+    names.
 
     Args:
         settings: the validated :class:`~apf_gunicorn.server.settings.Settings`.
@@ -163,21 +165,27 @@ def identity_warnings(settings: Any) -> list[str]:
     Returns:
         The messages (none when every source can answer).
     """
-    from apf_gunicorn.flowcontrol.identity import DEFAULT_USER_FROM, PROXY
+    from apf_gunicorn.flowcontrol.identity import ADDRESS, DEFAULT_USER_FROM, PROXY
 
-    if PROXY not in settings.user_from or settings.trusted_proxies:
-        return []
-    shown = ",".join(settings.user_from)
-    if settings.user_from == DEFAULT_USER_FROM:
-        shown += " (the default)"
-    others = [s for s in settings.user_from if s != PROXY]
-    then = (f"requests are identified by {','.join(others)} or are anonymous" if others
-            else "every request is system:anonymous, one flow for all clients")
-    return [f"identity source proxy of APF_USER_FROM={shown} never names anybody: "
-            f"APF_TRUSTED_PROXIES is empty, so {settings.user_header}/"
-            f"{settings.group_header} are ignored from every peer and {then}; set "
-            "APF_TRUSTED_PROXIES to your proxy's addresses (or unix), or leave proxy out of "
-            "APF_USER_FROM"]
+    sources = settings.user_from
+    shown = ",".join(sources) + (" (the default)" if sources == DEFAULT_USER_FROM else "")
+    out = []
+    if PROXY in sources and not settings.trusted_proxies:
+        others = [s for s in sources if s != PROXY]
+        then = (f"requests are identified by {','.join(others)} or are anonymous" if others
+                else "every request is system:anonymous, one flow for all clients")
+        out.append(f"identity source proxy of APF_USER_FROM={shown} never names anybody: "
+                   f"APF_TRUSTED_PROXIES is empty, so {settings.user_header}/"
+                   f"{settings.group_header} are ignored from every peer and {then}; set "
+                   "APF_TRUSTED_PROXIES to your proxy's addresses (or unix), or leave proxy "
+                   "out of APF_USER_FROM")
+    after = sources[sources.index(ADDRESS) + 1:] if ADDRESS in sources else ()
+    if after:
+        out.append(f"identity source{'s' if len(after) > 1 else ''} {','.join(after)} of "
+                   f"APF_USER_FROM={shown} {'are' if len(after) > 1 else 'is'} asked only for "
+                   "peers on a Unix socket: address before them names every TCP client; put "
+                   "address last")
+    return out
 
 
 def warn_identity(glog: Any, settings: Any) -> None:
