@@ -533,3 +533,22 @@ def test_secrets_that_only_look_like_keys_still_load(tmp_path, secret):
     path = tmp_path / "secret"
     path.write_bytes(secret)
     assert load_jwt_key(str(path)).kind == "hmac"
+
+
+def test_resolve_shape_takes_the_identity_from_a_paired_key_entry(secret_file):
+    """Authorization both verified (jwt-sub) and hashed (header:Authorization): the shape key
+    holds (identity, digest), and resolve_shape uses that identity, not a second check."""
+    t0 = int(NOW)
+    clock = [t0 - 1.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    r = RequestInfoResolver(user_from=("jwt-sub", "header:Authorization"),
+                            jwt_verifier=hs_verifier(secret_file, clock=tick))
+    env = environ(HTTP_AUTHORIZATION=bearer(jwt.encode(claims(exp=t0 + 1), SECRET,
+                                                       algorithm="HS256")))
+    key = r.shape_key(env.get)  # verified at t0: alice
+    assert r.resolve_shape(env, key).user == "alice"
+    assert r(env).user.startswith("key:")  # verified again at t0 + 1: expired, next source
