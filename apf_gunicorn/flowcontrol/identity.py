@@ -19,8 +19,9 @@ order given; the first that names somebody wins, and with none the request is an
 ``jwt-sub``
     the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token. Without ``APF_JWT_KEY``
     it is decoded WITHOUT checking the signature: user ``jwt:<sub>``. With a key the token is
-    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified), and a token
-    that does not verify names nobody.
+    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified; each with
+    ``APF_JWT_USER_PREFIX``/``APF_JWT_GROUPS_PREFIX`` before it, never a ``system:`` name), and
+    a token that does not verify names nobody.
 ``address``
     the peer address, or the client address ``X-Forwarded-For`` names when the peer is a
     trusted proxy: user ``addr:<ip>`` (IPv6 clients by their /64 network).
