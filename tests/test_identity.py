@@ -196,7 +196,8 @@ def test_sources_in_order_and_fallthrough():
 
 def test_environ_keys_cover_every_input():
     base = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING")
-    assert RequestInfoResolver().environ_keys == (*base, "REMOTE_USER")
+    # no trusted proxy: the user header is read only to warn that it is ignored
+    assert RequestInfoResolver().environ_keys == (*base, "HTTP_X_REMOTE_USER", "REMOTE_USER")
     assert RequestInfoResolver(trusted_proxies=["10.0.0.0/8"]).environ_keys == (
         *base, "REMOTE_ADDR", "HTTP_X_REMOTE_USER", "HTTP_X_REMOTE_GROUP", "REMOTE_USER")
     r = RequestInfoResolver(trusted_proxies=["10.0.0.0/8"], user_header="X-User",
@@ -269,3 +270,59 @@ def test_trusted_proxies_setting_accepts_unix():
     assert r(environ(REMOTE_ADDR="", HTTP_X_REMOTE_USER="alice")).user == "alice"
     with pytest.raises(SettingsError, match="not an IP address, a CIDR or 'unix'"):
         load_settings({"APF_TRUSTED_PROXIES": "unixx"})
+
+
+def test_identity_headers_from_an_untrusted_peer_are_warned_about(caplog, monkeypatch):
+    """Issue 25 item 18: without APF_TRUSTED_PROXIES, X-Remote-User was dropped without a word
+    (alice and a flooding bob became one anonymous flow). A warning names the peer and the
+    setting, at most once a minute; the shape key holds only whether the header is there."""
+    import logging
+
+    clock = [100.0]
+    monkeypatch.setattr(logging.getLogger("apf_gunicorn"), "propagate", True)  # to caplog
+    caplog.set_level(logging.WARNING, logger="apf_gunicorn.flowcontrol.requestinfo")
+    r = RequestInfoResolver(clock=lambda: clock[0])
+    assert r(environ()).user == "system:anonymous" and not caplog.records
+    for user in ("alice", "bob"):
+        assert r(environ(REMOTE_ADDR="127.0.0.1", HTTP_X_REMOTE_USER=user)).user == (
+            "system:anonymous")
+    (record,) = caplog.records
+    text = record.getMessage()
+    assert "X-Remote-User from peer 127.0.0.1 ignored" in text, text
+    assert "APF_TRUSTED_PROXIES (empty)" in text and "APF_TRUSTED_PROXIES=127.0.0.1" in text
+    clock[0] += 61
+    r(environ(REMOTE_ADDR="", HTTP_X_REMOTE_USER="alice"))  # a Unix-socket peer
+    assert len(caplog.records) == 2
+    assert "a peer on a Unix socket" in caplog.records[1].getMessage()
+    assert "APF_TRUSTED_PROXIES=unix" in caplog.records[1].getMessage()
+    # trusted proxies set, another peer: the same warning, naming the list
+    clock[0] += 61
+    t = RequestInfoResolver(trusted_proxies=["10.0.0.0/8"], clock=lambda: clock[0])
+    assert t(environ(REMOTE_ADDR="192.0.2.9", HTTP_X_REMOTE_USER="alice")).user == (
+        "system:anonymous")
+    assert "peer 192.0.2.9 ignored" in caplog.records[2].getMessage()
+    assert "APF_TRUSTED_PROXIES (10.0.0.0/8)" in caplog.records[2].getMessage()
+    assert t(environ(REMOTE_ADDR="10.1.1.1", HTTP_X_REMOTE_USER="alice")).user == "alice"
+    assert len(caplog.records) == 3
+    # the name never enters the shape key: shapes split only on the header's presence
+    keys = {r.shape_key(environ(HTTP_X_REMOTE_USER=u).get) for u in ("alice", "bob")}
+    assert len(keys) == 1 and "alice" not in repr(keys)
+    assert r.shape_key(environ().get) not in keys
+
+
+def test_start_warning_when_proxy_can_never_answer():
+    from apf_gunicorn.server import startup
+
+    (message,) = startup.identity_warnings(load_settings({}))
+    assert "APF_USER_FROM=proxy,remote_user (the default) never names anybody" in message
+    assert "APF_TRUSTED_PROXIES is empty" in message and "X-Remote-User" in message
+    (message,) = startup.identity_warnings(load_settings({"APF_USER_FROM": "proxy"}))
+    assert "every request is system:anonymous" in message
+    assert startup.identity_warnings(load_settings({"APF_TRUSTED_PROXIES": "10.0.0.1"})) == []
+    assert startup.identity_warnings(load_settings({"APF_USER_FROM": "remote_user"})) == []
+    (message,) = startup.identity_warnings(load_settings({"APF_USER_FROM":
+                                                          "address,jwt-sub,header:X-Key"}))
+    assert message.startswith("identity sources jwt-sub,header:X-Key of APF_USER_FROM="
+                              "address,jwt-sub,header:X-Key are asked only for peers on a Unix "
+                              "socket"), message
+    assert startup.identity_warnings(load_settings({"APF_USER_FROM": "jwt-sub,address"})) == []

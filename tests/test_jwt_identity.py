@@ -12,7 +12,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from apf_gunicorn.flowcontrol.jwtauth import JWTKeyError, JWTVerifier, load_jwt_key
+from apf_gunicorn.flowcontrol.jwtauth import (
+    DEFAULT_LEEWAY_S,
+    JWTKeyError,
+    JWTVerifier,
+    load_jwt_key,
+)
 from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.matching import Classifier
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
@@ -177,7 +182,12 @@ def test_hs256_signed_with_the_public_key_bytes_is_refused(pem_file, rsa_key):
                      + b64(json.dumps(claims(sub="mallory")).encode()))
     sig = hmac.new(pem(rsa_key), signing_input.encode(), hashlib.sha256).digest()
     forged = f"{signing_input}.{b64(sig)}"
-    assert JWTVerifier(load_jwt_key(pem_file)).check(bearer(forged))[0] is None
+    found, reason = JWTVerifier(load_jwt_key(pem_file)).check(bearer(forged))
+    assert found is None
+    # Refused for its algorithm, which the key does not allow: a verifier taking the
+    # algorithms from the token would fail later, on the key (PyJWT will not use a public key
+    # as an HMAC secret), with another reason; issue 25 item 15.
+    assert "The specified alg value is not allowed" in reason, reason
 
 
 @pytest.mark.parametrize("value", [None, 42, "", "Bearer", "Basic abc", "Bearer a.b",
@@ -196,14 +206,14 @@ def test_a_cached_token_does_not_outlive_its_exp(secret_file):
     assert len(v.cached_digests()) == 1
     clock[0] = NOW + 61  # past exp, answered from the cache
     assert v.check(bearer(token)) == (None, "the token has expired")
-    clock[0] = NOW - 10  # before nbf (a clock stepped back)
+    clock[0] = NOW - 1 - DEFAULT_LEEWAY_S - 1  # before nbf and its leeway (a clock stepped back)
     assert v.identity(bearer(token)) is None
 
 
 def test_a_token_not_valid_yet_is_verified_again_later(secret_file):
     clock = [NOW]
     v = hs_verifier(secret_file, clock=lambda: clock[0])
-    token = jwt.encode(claims(nbf=int(NOW) + 30), SECRET, algorithm="HS256")
+    token = jwt.encode(claims(nbf=int(NOW) + DEFAULT_LEEWAY_S + 30), SECRET, algorithm="HS256")
     assert v.identity(bearer(token)) is None
     clock[0] = NOW + 31
     assert v.identity(bearer(token))[0] == "alice"
@@ -340,3 +350,205 @@ def test_settings_errors(tmp_path, secret_file):
         load_settings({"APF_JWT_KEY": secret_file})
     with pytest.raises(SettingsError, match="APF_JWT_ISSUER.*set APF_JWT_KEY too"):
         load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_ISSUER": "x"})
+
+
+# --- issue 25: what a review, an identity provider and a first try found ----------------------
+
+def test_no_claim_can_name_a_system_group_or_user(tmp_path, secret_file):
+    """Issue 25 item 1: a token's ``groups: ["system:masters"]`` made its holder exempt under
+    builtin:webapp. No claim reaches the system: namespace, whatever the prefixes."""
+    v = hs_verifier(secret_file)
+    token = jwt.encode(claims(groups=["system:masters", "dev", "system:authenticated"]),
+                       SECRET, algorithm="HS256")
+    assert v.identity(bearer(token)) == ("alice", ("dev", *AUTH))
+    found, reason = v.check(bearer(jwt.encode(claims(sub="system:kube-controller-manager"),
+                                              SECRET, algorithm="HS256")))
+    assert found is None and "system: namespace" in reason, reason
+    # a prefix that completes to system: does not get there either
+    v = hs_verifier(secret_file, user_prefix="sys", groups_prefix="sys")
+    token = jwt.encode(claims(sub="tem:admin", groups=["tem:masters", "ops"]), SECRET,
+                       algorithm="HS256")
+    assert v.identity(bearer(token)) is None
+    token = jwt.encode(claims(groups=["tem:masters", "ops"]), SECRET, algorithm="HS256")
+    assert v.identity(bearer(token)) == ("sysalice", ("sysops", *AUTH))
+    # classified: the group system:masters no longer reaches the mandatory exempt schema
+    classifier = Classifier(load_configuration("builtin:webapp"))
+    r = RequestInfoResolver(user_from=("jwt-sub",), jwt_verifier=hs_verifier(secret_file))
+    token = jwt.encode(claims(groups=["system:masters"]), SECRET, algorithm="HS256")
+    c = classifier.classify(r(environ(HTTP_AUTHORIZATION=bearer(token))))
+    assert not c.priority_level.is_exempt and c.flow_schema.name == "users"
+
+
+def test_user_and_groups_prefixes(secret_file):
+    """Kubernetes' --oidc-username-prefix / --oidc-groups-prefix: put before every name."""
+    s = load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": secret_file,
+                       "APF_JWT_USER_PREFIX": "oidc:", "APF_JWT_GROUPS_PREFIX": "idp/"})
+    r = build_resolver(s)
+    token = jwt.encode(claims(groups=["ops", "system:masters"]), SECRET, algorithm="HS256")
+    attrs = r(environ(HTTP_AUTHORIZATION=bearer(token)))
+    assert (attrs.user, attrs.groups) == ("oidc:alice", ("idp/ops", "idp/system:masters", *AUTH))
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("APF_JWT_GROUPS_PREFIX", "system:", "reserved system: namespace"),
+    ("APF_JWT_USER_PREFIX", "system:oidc:", "reserved system: namespace"),
+    ("APF_JWT_GROUPS_PREFIX", "sys", "reserved system: namespace"),
+    ("APF_JWT_USER_PREFIX", "a b", "without blanks"),
+    ("APF_JWT_USER_PREFIX", "x" * 65, "at most 64"),
+    ("APF_JWT_LEEWAY", "-1", "from 0 to 600"),
+    ("APF_JWT_LEEWAY", "soon", "from 0 to 600"),
+])
+def test_bad_prefix_or_leeway_settings(secret_file, var, value, words):
+    with pytest.raises(SettingsError) as e:
+        load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": secret_file, var: value})
+    assert var in str(e.value) and words in str(e.value), str(e.value)
+    with pytest.raises(SettingsError, match=f"{var}.*set APF_JWT_KEY too"):
+        load_settings({"APF_USER_FROM": "jwt-sub", var: "oidc:"})
+
+
+def test_one_verification_per_request_when_exp_falls_between_two_reads(secret_file):
+    """Issue 25 item 2: shape_key and the classification each asked the verifier; with exp
+    between the two, the anonymous shape was cached under alice's key, and a fresh valid token
+    of alice was then classified system:anonymous. The clock steps one second per reading."""
+    t0 = int(NOW)
+    clock = [t0 - 1.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    mw = _middleware(RequestInfoResolver(user_from=("jwt-sub",),
+                                         jwt_verifier=hs_verifier(secret_file, clock=tick)))
+    ending = jwt.encode(claims(exp=t0 + 1), SECRET, algorithm="HS256")  # valid at t0 only
+    shape = mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(ending)))
+    assert shape.attrs.user == "alice"  # the identity the shape key holds
+    fresh = jwt.encode(claims(exp=t0 + 3600), SECRET, algorithm="HS256")
+    assert mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(fresh))).attrs.user == "alice"
+    # and the other way round: nbf reached between two reads files nobody's shape as alice's
+    clock[0] = t0 - DEFAULT_LEEWAY_S - 2.0
+    mw = _middleware(RequestInfoResolver(user_from=("jwt-sub",),
+                                         jwt_verifier=hs_verifier(secret_file, clock=tick)))
+    starting = jwt.encode(claims(nbf=t0), SECRET, algorithm="HS256")
+    assert mw.shape_of(environ(HTTP_AUTHORIZATION=bearer(starting))).attrs.user == (
+        "system:anonymous")
+    garbage = mw.shape_of(environ(HTTP_AUTHORIZATION="Bearer not.a.token"))
+    assert garbage.attrs.user == "system:anonymous"
+
+
+def test_nbf_has_a_leeway_and_a_token_not_valid_yet_is_verified_once(secret_file,
+                                                                     monkeypatch):
+    """Issue 25 item 3: an identity provider whose clock runs a few seconds ahead made fresh
+    tokens anonymous, and each such request paid a signature check again."""
+    from apf_gunicorn.flowcontrol import jwtauth
+
+    clock = [NOW]
+    early = jwt.encode(claims(nbf=int(NOW) + 5), SECRET, algorithm="HS256")
+    assert hs_verifier(secret_file, clock=lambda: clock[0]).identity(bearer(early))[0] == "alice"
+    strict = hs_verifier(secret_file, leeway=0, clock=lambda: clock[0])
+    decoded = []
+    real_decode = jwtauth.jwt.decode
+    monkeypatch.setattr(jwtauth.jwt, "decode",
+                        lambda *a, **kw: decoded.append(1) or real_decode(*a, **kw))
+    assert strict.check(bearer(early)) == (None, "the token is not valid yet (nbf)")
+    for _ in range(3):
+        assert strict.identity(bearer(early)) is None
+    assert decoded == [1]  # verified once, remembered with its window
+    clock[0] = NOW + 6
+    assert strict.identity(bearer(early))[0] == "alice" and decoded == [1]
+    s = load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": secret_file,
+                       "APF_JWT_LEEWAY": "0"})
+    assert s.jwt_leeway_s == 0 and build_resolver(s).jwt_verifier.leeway == 0
+    assert load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": secret_file}
+                         ).jwt_leeway_s == DEFAULT_LEEWAY_S
+
+
+def test_garbage_tokens_do_not_push_verified_ones_out(secret_file):
+    """Issue 25 item 5: failures were cached in the same 4096 entries as verified tokens."""
+    from apf_gunicorn.flowcontrol.jwtauth import DEFAULT_CACHE_SIZE, DEFAULT_FAILURE_CACHE_SIZE
+
+    v = hs_verifier(secret_file)
+    good = bearer(jwt.encode(claims(), SECRET, algorithm="HS256"))
+    assert v.identity(good)[0] == "alice"
+    (digest,) = v.cached_digests()
+    forged = jwt.encode(claims(), b"x" * 32, algorithm="HS256")
+    for i in range(DEFAULT_CACHE_SIZE + 1):
+        assert v.identity(f"Bearer {forged}{i}") is None
+    assert v.cached_digests() == [digest]
+    assert len(v.failure_digests()) == DEFAULT_FAILURE_CACHE_SIZE
+    assert v.check(f"Bearer {forged}{DEFAULT_CACHE_SIZE}")[1].endswith("(a cached answer)")
+
+
+def _der_public(private) -> bytes:
+    return private.public_key().public_bytes(serialization.Encoding.DER,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@pytest.mark.parametrize("kind", ["der", "der-cert", "der-private", "bom-pem", "bom-jwks",
+                                  "text-before-pem", "base64-body", "utf16-pem"])
+def test_a_key_in_another_form_is_refused_not_taken_for_a_secret(tmp_path, rsa_key, kind):
+    """Issue 25 item 4: anything not starting with -----BEGIN or { became an HMAC secret that
+    no token verifies with, and every user fell through to the next source silently."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    text = pem(rsa_key)
+    jwks = json.dumps({"keys": [json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(
+        rsa_key.public_key()))]}).encode()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp")])
+    start = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(rsa_key.public_key()).serial_number(1).not_valid_before(start)
+            .not_valid_after(start + datetime.timedelta(days=3650)).sign(rsa_key, hashes.SHA256()))
+    body = b"".join(line for line in text.splitlines(keepends=True) if b"-----" not in line)
+    content, words = {
+        "der": (_der_public(rsa_key), "a DER (binary) public key: convert it to PEM"),
+        "der-cert": (cert.public_bytes(serialization.Encoding.DER), "DER (binary) certificate"),
+        "der-private": (rsa_key.private_bytes(serialization.Encoding.DER,
+                                              serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()),
+                        "DER (binary) private key"),
+        "bom-pem": (b"\xef\xbb\xbf" + text, "UTF-8 byte order mark"),
+        "bom-jwks": (b"\xef\xbb\xbf" + jwks, "UTF-8 byte order mark"),
+        "text-before-pem": (b"Public key of the IdP:\n" + text,
+                            "PEM text after 23 bytes of something else ('Public key of the IdP:'"),
+        "base64-body": (body, "base64 body of a public key without its PEM lines"),
+        "utf16-pem": (text.decode().encode("utf-16"), "UTF-16"),
+    }[kind]
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    with pytest.raises(SettingsError) as e:
+        load_settings({"APF_USER_FROM": "jwt-sub", "APF_JWT_KEY": str(path)})
+    assert "APF_JWT_KEY" in str(e.value) and str(path) in str(e.value)
+    assert words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("secret", [
+    b"\x30" + bytes(range(1, 48)),            # binary, starts like DER, is not DER
+    b"MIIB" + b"q" * 60 + b"\n",              # base64 text starting like a DER key's
+])
+def test_secrets_that_only_look_like_keys_still_load(tmp_path, secret):
+    path = tmp_path / "secret"
+    path.write_bytes(secret)
+    assert load_jwt_key(str(path)).kind == "hmac"
+
+
+def test_resolve_shape_takes_the_identity_from_a_paired_key_entry(secret_file):
+    """Authorization both verified (jwt-sub) and hashed (header:Authorization): the shape key
+    holds (identity, digest), and resolve_shape uses that identity, not a second check."""
+    t0 = int(NOW)
+    clock = [t0 - 1.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    r = RequestInfoResolver(user_from=("jwt-sub", "header:Authorization"),
+                            jwt_verifier=hs_verifier(secret_file, clock=tick))
+    env = environ(HTTP_AUTHORIZATION=bearer(jwt.encode(claims(exp=t0 + 1), SECRET,
+                                                       algorithm="HS256")))
+    key = r.shape_key(env.get)  # verified at t0: alice
+    assert r.resolve_shape(env, key).user == "alice"
+    assert r(env).user.startswith("key:")  # verified again at t0 + 1: expired, next source

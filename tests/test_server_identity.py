@@ -360,3 +360,66 @@ def test_verified_token_matches_its_schema_and_a_forged_one_does_not(server_fact
                            "--header", f"Authorization: Bearer {forged[0]}"])
     assert out["user"] == "addr:127.0.0.1"
     assert any("does not verify" in note for note in out["notes"]), out["notes"]
+
+
+def test_a_token_cannot_make_its_holder_exempt(server_factory, tmp_path, apf_env, capsys):
+    """Issue 25 item 1: under builtin:webapp a verified token with groups ["system:masters"]
+    was classified exempt (the mandatory FlowSchema), never limited; its user "system:..."
+    could reach Kubernetes' system schemas. The group is dropped, the user refused."""
+    import jwt
+
+    secret = b"a-test-secret-of-more-than-32-bytes-0123456789"
+    key_file = tmp_path / "jwt.key"
+    key_file.write_bytes(secret)
+    env = {"APF_USER_FROM": "jwt-sub,address", "APF_JWT_KEY": str(key_file)}
+    exp = int(time.time()) + 3600
+    masters = jwt.encode({"sub": "mallory", "groups": ["system:masters"], "exp": exp}, secret,
+                         algorithm="HS256")
+    system_user = jwt.encode({"sub": "system:admin", "exp": exp}, secret, algorithm="HS256")
+    with server_factory(workers=1, threads=4, config="builtin:webapp", env=env) as srv:
+        def uid(token):
+            status, headers = send(srv.port, "GET", "/hello",
+                                   [("Authorization", f"Bearer {token}")])
+            assert status == 200
+            return headers[FS_UID]
+
+        assert uid(masters) == derived_uid("FlowSchema", "users")
+        assert uid(system_user) == derived_uid("FlowSchema", "anonymous")
+    for name, value in env.items():
+        apf_env.setenv(name, value)
+    out = explain(capsys, ["--config", "builtin:webapp", "--request", "GET /hello",
+                           "--header", f"Authorization: Bearer {masters}"])
+    assert (out["user"], out["groups"], out["flowSchema"]) == (
+        "mallory", ["system:authenticated"], "users")
+    out = explain(capsys, ["--config", "builtin:webapp", "--request", "GET /hello",
+                           "--header", f"Authorization: Bearer {system_user}"])
+    assert out["user"] == "addr:127.0.0.1"
+    assert any("system: namespace" in note for note in out["notes"]), out["notes"]
+
+
+UNTRUSTED = "identity header X-Remote-User from peer 127.0.0.1 ignored"
+
+
+def test_identity_headers_from_an_untrusted_peer_are_logged(server_factory):
+    """Issue 25 item 18: without APF_TRUSTED_PROXIES, X-Remote-User from 127.0.0.1 was
+    ignored without a word (alice and a flooding bob became one anonymous flow). The server
+    says so at start, and when such headers arrive: naming the peer and the setting, at most
+    once a minute per worker."""
+    env = {"APF_TRUSTED_PROXIES": ""}
+    with server_factory(workers=1, threads=4, config="builtin:webapp", env=env) as srv:
+        start = ("identity source proxy of APF_USER_FROM=proxy,remote_user (the default) never "
+                 "names anybody: APF_TRUSTED_PROXIES is empty")
+        assert start in srv.log()  # logged before the server answered its first request
+        assert UNTRUSTED not in srv.log()
+        status, headers = send(srv.port, "GET", "/hello", [("X-Remote-User", "alice")])
+        assert status == 200 and headers[FS_UID] == derived_uid("FlowSchema", "anonymous")
+        # the warning is logged before the app runs, so it is in the log once answered
+        log = srv.log()
+        assert log.count(UNTRUSTED) == 1, log
+        line = next(line for line in log.splitlines() if UNTRUSTED in line)
+        assert "APF_TRUSTED_PROXIES (empty)" in line and "APF_TRUSTED_PROXIES=127.0.0.1" in line
+        for i, user in enumerate(["bob", "alice", "carol"] * 3):  # new shapes: classified anew
+            status, _ = send(srv.port, "GET", f"/hello?n={i}", [("X-Remote-User", user)])
+            assert status == 200
+        assert srv.log().count(UNTRUSTED) == 1  # rate-limited
+        assert srv.log().count(start) == 1

@@ -19,8 +19,9 @@ order given; the first that names somebody wins, and with none the request is an
 ``jwt-sub``
     the ``sub`` claim of an ``Authorization: Bearer`` JSON Web Token. Without ``APF_JWT_KEY``
     it is decoded WITHOUT checking the signature: user ``jwt:<sub>``. With a key the token is
-    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified), and a token
-    that does not verify names nobody.
+    verified (:mod:`.jwtauth`): user ``<sub>`` with the token's groups (verified; each with
+    ``APF_JWT_USER_PREFIX``/``APF_JWT_GROUPS_PREFIX`` before it, never a ``system:`` name), and
+    a token that does not verify names nobody.
 ``address``
     the peer address, or the client address ``X-Forwarded-For`` names when the peer is a
     trusted proxy: user ``addr:<ip>`` (IPv6 clients by their /64 network).
@@ -47,6 +48,9 @@ from collections.abc import Callable, Iterable
 ANONYMOUS_USER = "system:anonymous"
 AUTHENTICATED_GROUP = "system:authenticated"
 UNAUTHENTICATED_GROUP = "system:unauthenticated"
+#: The namespace of the users and groups the server itself and Kubernetes define
+#: (``system:masters``, ``system:authenticated``, ``system:kube-controller-manager`` ...).
+SYSTEM_PREFIX = "system:"
 
 #: Longest user or group name kept (longer ones are truncated). Kubernetes service-account user
 #: names are at most ~340 characters; 1024 leaves room for any real identity provider.
@@ -67,6 +71,13 @@ def identity_groups(user: str, groups: Iterable[str]) -> tuple[str, ...]:
     if user == ANONYMOUS_USER:
         return (*groups, UNAUTHENTICATED_GROUP)
     return (*groups, AUTHENTICATED_GROUP)
+
+
+def is_reserved_name(name: str) -> bool:
+    """Whether a user or group name is in the ``system:`` namespace, which an identity
+    provider's claims must never reach (the mandatory ``exempt`` FlowSchema matches the group
+    ``system:masters``)."""
+    return name.startswith(SYSTEM_PREFIX)
 
 
 PROXY = "proxy"

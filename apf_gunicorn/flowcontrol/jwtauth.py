@@ -16,26 +16,39 @@ The key file is one of (told apart by its content):
   accepts a token without ``kid``);
 * anything else is an HMAC secret: the file's bytes without a trailing line end, at least 32
   bytes (RFC 7518 3.2), allowing HS256, and HS384/HS512 when it is 48/64 bytes or longer.
+  A file that is evidently a key in another form is refused rather than taken for a secret
+  that no token would ever verify with (:func:`refuse_misread_key`): a byte order mark, PEM
+  text after something else, a DER (binary) key or certificate, the base64 body of a PEM key
+  without its ``-----BEGIN`` line, an OpenSSH key.
 
 The allowed algorithms come from the key, never from the token: ``alg: none`` and a token
 signed with HS256 using a public key's bytes as the secret never verify. A token verifies when
-its signature does, its ``exp`` is in the future, its ``nbf`` (if any) is not, its ``sub`` is a
-non-empty string, and, when configured, its ``aud`` contains the audience and its ``iss`` is
-the issuer. The user is ``sub`` and the groups come from a claim (default ``groups``: a list of
-strings, or one string), with ``system:authenticated`` added as for any verified user.
+its signature does, its ``exp`` is in the future, its ``nbf`` (if any) is not more than
+``leeway`` seconds ahead of the clock (an identity provider whose clock runs ahead), its
+``sub`` is a non-empty string, and, when configured, its ``aud`` contains the audience and its
+``iss`` is the issuer. The user is ``user_prefix`` + ``sub`` and the groups are
+``groups_prefix`` + each string of a claim (default ``groups``: a list of strings, or one
+string), with ``system:authenticated`` added as for any verified user. No claim can name a
+``system:`` user or group, whatever the prefixes (that namespace is the server's: the
+mandatory ``exempt`` FlowSchema matches the group ``system:masters``): such a group is dropped,
+such a user makes the token name nobody.
 
 Verified results are cached by a digest of the token (never the token), in a bounded LRU; a
-cached identity is returned only inside its ``nbf``..``exp`` window by the verifier's clock.
-Tokens that can never verify (bad signature, expired, wrong audience, malformed) are cached as
-failures; a token not valid yet is verified again when it comes back.
+cached identity is returned only inside its ``nbf``..``exp`` window by the verifier's clock (a
+token not valid yet is cached too, with its window). Tokens that can never verify (bad
+signature, expired, wrong audience, malformed) are remembered apart, in a smaller bounded
+table, so that a client sending garbage cannot push verified tokens out of the cache.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -53,6 +66,7 @@ from .identity import (
     MAX_NAME_LENGTH,
     bearer_token,
     identity_groups,
+    is_reserved_name,
     printable_name,
 )
 
@@ -60,8 +74,13 @@ from .identity import (
 MAX_KEY_FILE = 1 << 20
 #: Shortest HMAC secret accepted (RFC 7518 3.2: at least the hash's size, 256 bits for HS256).
 MIN_HMAC_SECRET = 32
-#: Verified tokens (and tokens that never verify) remembered per worker.
+#: Verified tokens remembered per worker.
 DEFAULT_CACHE_SIZE = 4096
+#: Tokens that never verify remembered per worker (apart: they cannot evict verified ones).
+DEFAULT_FAILURE_CACHE_SIZE = 1024
+#: Seconds a token's ``nbf`` may be ahead of the clock (go-oidc, which Kubernetes uses, allows
+#: five minutes; a minute covers the drift of a host whose time is kept).
+DEFAULT_LEEWAY_S = 60.0
 #: The claim holding the groups when ``APF_JWT_GROUPS_CLAIM`` is not set.
 DEFAULT_GROUPS_CLAIM = "groups"
 
@@ -74,7 +93,9 @@ _CERT_PEM = b"-----BEGIN CERTIFICATE-----"
 #: Claims checked by hand against the verifier's clock (PyJWT would read the wall clock).
 _DECODE_OPTIONS = {"verify_exp": False, "verify_nbf": False, "verify_iat": False,
                    "require": ["exp", "sub"]}
-_NEVER = (None, math.inf, -math.inf)  # a cached failure: no instant is inside its window
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_BASE64_TEXT = re.compile(rb"^[A-Za-z0-9+/=\s]+$")
 
 
 class JWTKeyError(ValueError):
@@ -200,14 +221,73 @@ def _json_key(text: bytes) -> JWTKey:
                       "(an object with 'kty')")
 
 
+def _der_kind(der: bytes) -> str | None:
+    """What a DER structure is when it is a key or a certificate, else None."""
+    if not der.startswith(b"\x30"):  # a DER key or certificate is a SEQUENCE
+        return None
+    loaders = (("public key", serialization.load_der_public_key),
+               ("certificate", x509.load_der_x509_certificate),
+               ("private key", lambda d: serialization.load_der_private_key(d, None)))
+    for kind, load in loaders:
+        try:
+            load(der)
+        except Exception:  # noqa: S112 - not this kind: try the next
+            continue
+        return kind
+    return None
+
+
+def refuse_misread_key(data: bytes) -> None:
+    """Raise when a file that would be taken for an HMAC secret is evidently a key in another
+    form: every token would then fail to verify, and every user fall through to the next
+    source, with nothing said.
+
+    Args:
+        data: the file's bytes (not starting with ``-----BEGIN`` or ``{``).
+
+    Raises:
+        JWTKeyError: saying what the file looks like and how to give it instead.
+    """
+    if data.startswith(_UTF8_BOM):
+        raise JWTKeyError("starts with a UTF-8 byte order mark (bytes EF BB BF, as some editors "
+                          "save text): save the file without it")
+    if data.startswith(_UTF16_BOMS):
+        raise JWTKeyError("UTF-16 text (it starts with a UTF-16 byte order mark): save the key "
+                          "as plain ASCII or UTF-8 text")
+    at = data.find(b"-----BEGIN")
+    if at >= 0:
+        before = data[:at].decode("utf-8", "replace").strip()[:40]
+        raise JWTKeyError(f"PEM text after {at} bytes of something else ({before!r}...): the "
+                          "file must start with its -----BEGIN line; remove what comes before")
+    kind = _der_kind(data)
+    if kind is not None:
+        raise JWTKeyError(f"a DER (binary) {kind}: convert it to PEM, e.g. openssl "
+                          + ("x509 -inform DER -in cert.der -out cert.pem" if kind == "certificate"
+                             else "pkey -pubin -inform DER -in key.der -out key.pem"
+                             if kind == "public key" else
+                             "pkey -inform DER -in key.der -pubout -out key.pem"))
+    if data.lstrip().startswith(b"MI") and _BASE64_TEXT.match(data):
+        try:
+            der = base64.b64decode(b"".join(data.split()), validate=True)
+        except (binascii.Error, ValueError):
+            der = b""
+        kind = _der_kind(der)
+        if kind is not None:
+            label = "CERTIFICATE" if kind == "certificate" else kind.upper()
+            raise JWTKeyError(f"the base64 body of a {kind} without its PEM lines: add "
+                              f"-----BEGIN {label}----- before it and -----END {label}----- "
+                              "after it")
+    if data.lstrip().startswith((b"ssh-", b"ecdsa-sha2-")):
+        raise JWTKeyError("an OpenSSH public key: give it in PEM form "
+                          "(ssh-keygen -e -m PKCS8 -f key.pub)")
+
+
 def _hmac_key(data: bytes) -> JWTKey:
+    refuse_misread_key(data)
     secret = data.rstrip(b"\r\n")
     if len(secret) < MIN_HMAC_SECRET:
         raise JWTKeyError(f"an HMAC secret of {len(secret)} bytes; at least {MIN_HMAC_SECRET} "
                           "(RFC 7518 3.2), e.g. from: openssl rand -base64 48")
-    if secret.lstrip().startswith((b"ssh-", b"ecdsa-sha2-")):
-        raise JWTKeyError("an OpenSSH public key: give it in PEM form "
-                          "(ssh-keygen -e -m PKCS8 -f key.pub)")
     allowed = tuple(alg for alg, size in _HMAC_ALGORITHMS if len(secret) >= size)
     return JWTKey("hmac", (VerificationKey(secret, allowed),))
 
@@ -223,7 +303,8 @@ def parse_jwt_key(data: bytes) -> JWTKey:
 
     Raises:
         JWTKeyError: a private key, an unreadable PEM or JSON key, a key type JWT does not
-            use, an ``alg`` that does not fit its key, or an HMAC secret shorter than 32 bytes.
+            use, an ``alg`` that does not fit its key, an HMAC secret shorter than 32 bytes, or
+            a file that is a key in another form (:func:`refuse_misread_key`).
     """
     head = data.lstrip()
     if head.startswith(b"-----BEGIN"):
@@ -280,24 +361,38 @@ class JWTVerifier:
 
     def __init__(self, key: JWTKey, *, audience: str | None = None,
                  issuer: str | None = None, groups_claim: str = DEFAULT_GROUPS_CLAIM,
+                 user_prefix: str = "", groups_prefix: str = "",
+                 leeway: float = DEFAULT_LEEWAY_S,
                  clock: Callable[[], float] | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 failure_cache_size: int = DEFAULT_FAILURE_CACHE_SIZE) -> None:
         """
         Args:
             key: the keys (:func:`load_jwt_key`).
             audience: when set, a token's ``aud`` must contain it.
             issuer: when set, a token's ``iss`` must equal it.
             groups_claim: the claim whose strings are the user's groups.
+            user_prefix: put before ``sub`` to make the user name (Kubernetes'
+                ``--oidc-username-prefix``).
+            groups_prefix: put before each group of the claim (``--oidc-groups-prefix``).
+            leeway: seconds a token's ``nbf`` may be ahead of the clock.
             clock: seconds since the epoch (default ``time.time``), for ``exp``/``nbf``.
-            cache_size: tokens remembered (least recently used forgotten first).
+            cache_size: verified tokens remembered (least recently used forgotten first).
+            failure_cache_size: tokens that never verify remembered (oldest forgotten first).
         """
         self.key = key
         self.audience = audience
         self.issuer = issuer
         self.groups_claim = groups_claim
+        self.user_prefix = user_prefix
+        self.groups_prefix = groups_prefix
+        self.leeway = leeway
         self._clock = clock or time.time
         self._size = max(1, cache_size)
-        self._cache: OrderedDict[bytes, tuple[Identity | None, float, float]] = OrderedDict()
+        self._failure_size = max(1, failure_cache_size)
+        self._cache: OrderedDict[bytes, tuple[Identity, float, float]] = OrderedDict()
+        # digest -> why it does not verify; apart, so failures never evict verified tokens
+        self._failures: OrderedDict[bytes, str] = OrderedDict()
         self._lock = threading.Lock()
         self._options = {**_DECODE_OPTIONS, "verify_aud": audience is not None,
                          "verify_iss": issuer is not None}
@@ -309,7 +404,7 @@ class JWTVerifier:
             authorization: the header value (request input of any type).
 
         Returns:
-            ``(sub, groups)`` with ``system:authenticated`` among the groups, or None when the
+            ``(user, groups)`` with ``system:authenticated`` among the groups, or None when the
             value is not a bearer token that verifies at this instant.
         """
         return self.check(authorization)[0]
@@ -331,19 +426,23 @@ class JWTVerifier:
             entry = self._cache.get(digest)
             if entry is not None:
                 self._cache.move_to_end(digest)
+            else:
+                failure = self._failures.get(digest)
         if entry is None:
+            if failure is not None:
+                return None, f"{failure} (a cached answer)"
             entry, reason = self._verify(token, now)
+            with self._lock:
+                if entry is None:
+                    table, size, value = self._failures, self._failure_size, reason
+                else:
+                    table, size, value = self._cache, self._size, entry
+                table[digest] = value
+                if len(table) > size:
+                    table.popitem(last=False)
             if entry is None:
                 return None, reason
-            with self._lock:
-                self._cache[digest] = entry
-                if len(self._cache) > self._size:
-                    self._cache.popitem(last=False)
-            if entry[0] is None:
-                return None, reason
         found, not_before, not_after = entry
-        if found is None:
-            return None, "the token does not verify (a cached answer)"
         if now >= not_after:
             return None, "the token has expired"
         if now < not_before:
@@ -351,35 +450,45 @@ class JWTVerifier:
         return found, ""
 
     def _verify(self, token: str, now: float
-                ) -> tuple[tuple[Identity | None, float, float] | None, str]:
-        """(cache entry, reason); the entry is None for an outcome not to be cached."""
+                ) -> tuple[tuple[Identity, float, float] | None, str]:
+        """(cache entry: identity and its validity window, ""), or (None, why it never
+        verifies)."""
         try:
             header = jwt.get_unverified_header(token)
             chosen = self.key.select(header.get("kid"))
             if chosen is None:
-                return _NEVER, f"no key for kid {str(header.get('kid'))[:64]!r}"
+                return None, f"no key for kid {str(header.get('kid'))[:64]!r}"
             claims = jwt.decode(token, chosen.key, algorithms=list(chosen.algorithms),
                                 audience=self.audience, issuer=self.issuer,
                                 options=self._options)
         except Exception as e:  # PyJWT's errors, and anything it lets through: no identity
-            return _NEVER, f"the token does not verify: {str(e)[:200]}"
+            return None, f"the token does not verify: {str(e)[:200]}"
         exp = _instant(claims.get("exp"))
         nbf = _instant(claims["nbf"]) if "nbf" in claims else -math.inf
         sub = claims.get("sub")
         if exp is None or nbf is None:
-            return _NEVER, "exp or nbf is not a number"
+            return None, "exp or nbf is not a number"
         if not isinstance(sub, str) or not printable_name(sub, MAX_NAME_LENGTH):
-            return _NEVER, "sub is not a non-empty string"
+            return None, "sub is not a non-empty string"
         if now >= exp:
-            return _NEVER, "the token has expired"
-        if now < nbf:
-            return None, "the token is not valid yet (nbf)"
-        user = printable_name(sub, MAX_NAME_LENGTH)
-        groups = identity_groups(user, _groups(claims.get(self.groups_claim)))
-        return ((user, groups), nbf, exp), ""
+            return None, "the token has expired"
+        user = self.user_prefix + printable_name(sub, MAX_NAME_LENGTH)
+        if is_reserved_name(user):
+            return None, (f"its user {user[:64]!r} would be in the system: namespace, which no "
+                          "token may name (APF_JWT_USER_PREFIX)")
+        groups = tuple(name for name in (self.groups_prefix + g
+                                         for g in _groups(claims.get(self.groups_claim)))
+                       if not is_reserved_name(name))
+        # a token not valid yet is remembered with its window: it verifies once inside it
+        return ((user, identity_groups(user, groups)), nbf - self.leeway, exp), ""
 
     def cached_digests(self) -> list[bytes]:
-        """The cache's keys (digests), for tests that check no token is kept."""
+        """The verified tokens' cache keys (digests), for tests that check no token is kept."""
         with self._lock:
             return list(self._cache)
+
+    def failure_digests(self) -> list[bytes]:
+        """The keys (digests) of the tokens remembered as never verifying, oldest first."""
+        with self._lock:
+            return list(self._failures)
 

@@ -13,7 +13,8 @@ default ``proxy,remote_user`` is:
    trusted proxy CIDRs; groups from ``X-Remote-Group``. WSGI servers join repeated headers with
    ``,``: as Kubernetes' request-header authenticator, the first user value wins and every
    group value counts (each value also split at commas). Headers from any other peer are
-   ignored.
+   ignored, and a warning says so (at most once a minute per resolver: the peer, and
+   ``APF_TRUSTED_PROXIES``).
 2. ``remote_user``: ``REMOTE_USER`` set by an upstream WSGI layer.
 3. otherwise ``system:anonymous`` in group ``system:unauthenticated``.
 
@@ -28,7 +29,11 @@ groups; any other value names nobody and the next source answers.
 ``shape_key(environ.get)`` reads them: the middleware's per-shape cache keys on exactly those.
 Secret values (API keys, bearer tokens) enter the shape key only as digests, and a verified
 token as the identity it verifies to at that instant, so a cached shape never outlives the
-token's ``exp``.
+token's ``exp``. :meth:`RequestInfoResolver.resolve_shape` classifies a request by the identity
+its shape key holds, so a token is verified once per request and the shape cached under a key
+is always the key's (a token whose ``exp`` falls between two verifications would otherwise
+file one identity's shape under the other's key). Without trusted proxies, the shape key of
+``proxy`` holds only whether the user header is present: enough to warn about it.
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
@@ -50,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import operator
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -99,6 +106,8 @@ _TRUST_CACHE_SIZE = 4096
 #: The trusted-proxy entry that trusts peers connected over a Unix socket.
 UNIX_PEER = "unix"
 _IDENTITY_CACHE_SIZE = 4096
+#: Seconds between two warnings about identity headers from a peer that is not trusted.
+UNTRUSTED_WARNING_INTERVAL_S = 60.0
 
 
 def wsgi_str(value: Any, limit: int) -> str:
@@ -308,6 +317,19 @@ def key_function(keys: Iterable[str],
     return eval(f"lambda get: ({body})", names)  # noqa: S307 - literals only
 
 
+class _IdentityAndDigest:
+    """The shape key's entry for ``Authorization`` when it is both a verified token and an
+    API-key header: what the token verifies to, and the value's digest."""
+
+    __slots__ = ("identity",)
+
+    def __init__(self, identity: Callable[[Any], Any]) -> None:
+        self.identity = identity
+
+    def __call__(self, value: Any) -> tuple:
+        return self.identity(value), sources.value_digest(value)
+
+
 class RequestInfoResolver:
     """The built-in resolver. Build one per configuration; calls are thread-safe."""
 
@@ -320,6 +342,7 @@ class RequestInfoResolver:
         user_from: Iterable[str] = sources.DEFAULT_USER_FROM,
         jwt_verifier: JWTVerifier | None = None,
         kubernetes_paths: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``trusted_proxies``: CIDRs (or single addresses) whose identity headers are honoured,
         and ``unix`` for peers on a Unix socket (a proxy on the same host); a bad entry raises
@@ -329,7 +352,8 @@ class RequestInfoResolver:
         (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified.
         ``kubernetes_paths``: parse ``/api/`` and ``/apis/`` paths as Kubernetes API requests
         (:func:`path_parsing` decides it for the server); False: they are non-resource requests
-        like any other path."""
+        like any other path. ``clock``: seconds, to space the warnings about identity headers
+        from untrusted peers."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -344,8 +368,11 @@ class RequestInfoResolver:
             except ValueError as exc:
                 raise ValueError(f"trusted proxy {cidr!r} is not an IP address or CIDR: {exc}") from None
         self.trusted_networks = tuple(networks)
+        self.user_header = user_header
         self.user_key = _header_key(user_header)
         self.group_key = _header_key(group_header)
+        self._clock = clock
+        self._next_untrusted_warning = -float("inf")
         self.routes = routes
         self.kubernetes_paths = kubernetes_paths
         self._trust_cache: dict[str, bool] = {}
@@ -355,9 +382,27 @@ class RequestInfoResolver:
         self.user_from = sources.parse_user_from(",".join(user_from))
         self._sources = tuple(self._source(name) for name in self.user_from)
         self.environ_keys = self._environ_keys()
+        transforms = self._secret_keys()
+        if sources.PROXY in self.user_from and not self.trusting:
+            # never read, but its presence is worth a warning (_from_proxy)
+            transforms[self.user_key] = operator.not_
         #: ``shape_key(environ.get)``: what the result depends on, as a tuple: the values of
         #: :attr:`environ_keys`, secret ones as digests and a verified token as its identity
-        self.shape_key = key_function(self.environ_keys, self._secret_keys())
+        self.shape_key = key_function(self.environ_keys, transforms)
+        # where shape_key holds the verified token's identity (resolve_shape), if anywhere
+        self._token_at = -1
+        self._token_paired = False
+        if jwt_verifier is not None and sources.JWT_SUB in self.user_from:
+            self._token_at = self.environ_keys.index("HTTP_AUTHORIZATION")
+            self._token_paired = isinstance(transforms["HTTP_AUTHORIZATION"],
+                                            _IdentityAndDigest)
+        self._jwt_at = (self.user_from.index(sources.JWT_SUB)
+                        if sources.JWT_SUB in self.user_from else -1)
+
+    @property
+    def trusting(self) -> bool:
+        """Whether any peer is trusted (``APF_TRUSTED_PROXIES`` is not empty)."""
+        return bool(self.trusted_networks or self.trust_unix)
 
     def _source(self, name: str) -> Callable[[Environ], tuple[str, tuple[str, ...]] | None]:
         if name == sources.PROXY:
@@ -374,10 +419,12 @@ class RequestInfoResolver:
     def _environ_keys(self) -> tuple[str, ...]:
         """Every environ key the resolution reads, in a fixed order."""
         keys = ["REQUEST_METHOD", "PATH_INFO", "QUERY_STRING"]
-        trusting = bool(self.trusted_networks or self.trust_unix)
+        trusting = self.trusting
         for name in self.user_from:
             if name == sources.PROXY:
-                keys += ["REMOTE_ADDR", self.user_key, self.group_key] if trusting else []
+                # untrusted, the user header is read only to warn that it is ignored
+                keys += [self.user_key] if not trusting else [
+                    "REMOTE_ADDR", self.user_key, self.group_key]
             elif name == sources.REMOTE_USER:
                 keys.append("REMOTE_USER")
             elif name == sources.JWT_SUB:
@@ -399,8 +446,7 @@ class RequestInfoResolver:
             if self.jwt_verifier is None:
                 secret[auth] = sources.value_digest
             elif auth in secret:  # also an API-key header: both what it names and its digest
-                identity = self.jwt_verifier.identity
-                secret[auth] = lambda value: (identity(value), sources.value_digest(value))
+                secret[auth] = _IdentityAndDigest(self.jwt_verifier.identity)
             else:
                 secret[auth] = self.jwt_verifier.identity
         return secret
@@ -427,18 +473,45 @@ class RequestInfoResolver:
         self._trust_cache[remote_addr] = trusted
         return trusted
 
-    def identity(self, environ: Environ) -> tuple[str, tuple[str, ...]]:
-        """(user, groups) of a request: the first source of ``user_from`` that names one."""
-        for source in self._sources:
-            found = source(environ)
+    def identity(self, environ: Environ, token: tuple | None = None
+                 ) -> tuple[str, tuple[str, ...]]:
+        """(user, groups) of a request: the first source of ``user_from`` that names one.
+
+        Args:
+            environ: the request's WSGI environ.
+            token: ``(identity,)``: what the bearer token verified to for this request
+                (``jwt-sub`` answers that instead of asking the verifier again); None: ask.
+        """
+        jwt_at = self._jwt_at if token is not None else -1
+        for i, source in enumerate(self._sources):
+            found = token[0] if i == jwt_at else source(environ)
             if found is not None:
                 return found
         return ANONYMOUS_USER, _ANONYMOUS_GROUPS
 
+    def _untrusted_headers(self, remote_addr: Any) -> None:
+        """Warn (at most once per :data:`UNTRUSTED_WARNING_INTERVAL_S`) that a peer that is not
+        a trusted proxy sent the user header, which is then ignored."""
+        now = self._clock()
+        if now < self._next_untrusted_warning:
+            return
+        self._next_untrusted_warning = now + UNTRUSTED_WARNING_INTERVAL_S
+        peer = (f"peer {remote_addr}" if remote_addr
+                else "a peer on a Unix socket" if isinstance(remote_addr, str) else "a peer")
+        entry = remote_addr if remote_addr else UNIX_PEER
+        trusted = ",".join([str(n) for n in self.trusted_networks]
+                           + ([UNIX_PEER] if self.trust_unix else [])) or "empty"
+        log.warning("identity header %s from %s ignored: that peer is not in "
+                    "APF_TRUSTED_PROXIES (%s), so the request is classified as if it had none "
+                    "(by the next APF_USER_FROM source, else as system:anonymous); if it is "
+                    "your proxy, add it (APF_TRUSTED_PROXIES=%s) (said at most every %g s)",
+                    self.user_header, peer, trusted, entry, UNTRUSTED_WARNING_INTERVAL_S)
+
     def _from_proxy(self, environ: Environ) -> tuple[str, tuple[str, ...]] | None:
-        if not (self.trusted_networks or self.trust_unix):
-            return None
-        if not self.is_trusted(environ.get("REMOTE_ADDR")):
+        remote = environ.get("REMOTE_ADDR")
+        if not self.trusting or not self.is_trusted(remote):
+            if environ.get(self.user_key):
+                self._untrusted_headers(remote)
             return None
         raw_user = environ.get(self.user_key)
         if not raw_user or not isinstance(raw_user, str):
@@ -488,14 +561,30 @@ class RequestInfoResolver:
         return (sources.ADDRESS_PREFIX + addr, _ANONYMOUS_GROUPS) if addr else None
 
     def __call__(self, environ: Environ) -> RequestAttributes:
+        return self.resolve_shape(environ, None)
+
+    def resolve_shape(self, environ: Environ, key: tuple | None) -> RequestAttributes:
+        """The request's attributes, as ``self(environ)``, but with the bearer token's
+        identity taken from ``key`` when it holds one: verified once for this request, so the
+        attributes are those of the shape ``key`` names, even when the token's ``exp`` or
+        ``nbf`` falls between the two reads. Never raises.
+
+        Args:
+            environ: the request's WSGI environ.
+            key: ``shape_key(environ.get)``, computed for this request; None: verify anew.
+        """
         try:
-            return self._resolve(environ)
+            token = None
+            if key is not None and self._token_at >= 0:
+                found = key[self._token_at]
+                token = (found[0] if self._token_paired else found,)
+            return self._resolve(environ, token)
         except Exception:  # a bug or an environ beyond imagination: classify as anonymous
             log.exception("request attributes: cannot read the request; treating it as anonymous")
             return RequestAttributes(ANONYMOUS_USER, _ANONYMOUS_GROUPS, "", "/")
 
-    def _resolve(self, environ: Environ) -> RequestAttributes:
-        user, groups = self.identity(environ)
+    def _resolve(self, environ: Environ, token: tuple | None = None) -> RequestAttributes:
+        user, groups = self.identity(environ, token)
         method = wsgi_str(environ.get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
         path = wsgi_str(environ.get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
         if self.routes is not None:

@@ -197,6 +197,8 @@ class APFMiddleware:
         self._cache: dict[tuple, tuple] | None = {} if builtin else None
         # The values of every environ key the built-in resolver reads (APF_USER_FROM's too)
         self._shape_key = ctx.resolver.shape_key if builtin else None
+        # classifies by the identity the shape key holds (a token is verified once a request)
+        self._resolve_shape = ctx.resolver.resolve_shape if builtin else None
         self._admit = ctx.ledger.admit
         self._deliver = ctx.deliver
         self._finish_ledger = ctx.ledger.finish
@@ -334,7 +336,7 @@ class APFMiddleware:
         key = self._shape_key(environ.get)
         shape = cache.get(key)
         if shape is None:
-            shape = self._classify_request(environ)
+            shape = self._classify_request(environ, key)
             if len(cache) >= _CACHE_SIZE:
                 cache.clear()
             cache[key] = shape
@@ -402,9 +404,10 @@ class APFMiddleware:
         self.stats["rejected"] += 1
         return route, self._retry_after(route), flow_hash, reason
 
-    def _classify_request(self, environ) -> Shape:
-        """Everything a request shape decides (:class:`Shape`)."""
-        attrs = self._resolve(environ)
+    def _classify_request(self, environ, key: tuple | None = None) -> Shape:
+        """Everything a request shape decides (:class:`Shape`); ``key``: its shape key, whose
+        identity the built-in resolver uses (None: a hook's resolver, which reads anything)."""
+        attrs = self._resolve(environ) if key is None else self._resolve_shape(environ, key)
         c = self._classify(attrs)
         route = self._routes.get(c.flow_schema.name)
         if route is None:

@@ -111,7 +111,9 @@ def _jwt_verifier(settings: Any) -> Any:
     from apf_gunicorn.flowcontrol.jwtauth import JWTVerifier
 
     return JWTVerifier(settings.jwt_key, audience=settings.jwt_audience,
-                       issuer=settings.jwt_issuer, groups_claim=settings.jwt_groups_claim)
+                       issuer=settings.jwt_issuer, groups_claim=settings.jwt_groups_claim,
+                       user_prefix=settings.jwt_user_prefix,
+                       groups_prefix=settings.jwt_groups_prefix, leeway=settings.jwt_leeway_s)
 
 
 def token_notes(resolver: Any, environ: Any) -> list[str]:

@@ -26,7 +26,9 @@ from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.identity import (
     DEFAULT_USER_FROM,
     JWT_SUB,
+    SYSTEM_PREFIX,
     VERIFIED_SOURCES,
+    is_reserved_name,
     parse_user_from,
 )
 from apf_gunicorn.flowcontrol.loader import DEFAULT_BUILTIN, PUBLIC_BUILTIN
@@ -62,6 +64,8 @@ DEFAULT_WORKER_OOM_SCORE_ADJ_STEP = 500
 FAIRNESS_NAMES = fairness.NAMES
 DEFAULT_FAIRNESS = fairness.SERVER_DEFAULT
 DEFAULT_AGENT_DRAIN_DELAY_S = 3.0  # above HAProxy's default agent-inter of 2 s
+DEFAULT_JWT_LEEWAY_S = 60.0  # as flowcontrol/jwtauth.py's DEFAULT_LEEWAY_S (not imported: PyJWT)
+MAX_JWT_PREFIX = 64
 
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _METRIC_PREFIX = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -126,6 +130,11 @@ class Settings:
     jwt_audience: str | None = None  # APF_JWT_AUDIENCE: a token's aud must contain it
     jwt_issuer: str | None = None  # APF_JWT_ISSUER: a token's iss must be it
     jwt_groups_claim: str = "groups"  # APF_JWT_GROUPS_CLAIM: the claim listing the groups
+    # APF_JWT_USER_PREFIX, APF_JWT_GROUPS_PREFIX: put before a token's sub and each of its groups
+    jwt_user_prefix: str = ""
+    jwt_groups_prefix: str = ""
+    # APF_JWT_LEEWAY: seconds a token's nbf may be ahead of the server's clock
+    jwt_leeway_s: float = DEFAULT_JWT_LEEWAY_S
     # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
     fairness: str = DEFAULT_FAIRNESS
     # APF_PATHS: whether /api/ and /apis/ are Kubernetes API paths (kubernetes), never (plain)
@@ -430,7 +439,8 @@ def _jwt_settings(get, user_from: tuple[str, ...]) -> dict:
     """APF_JWT_KEY, APF_JWT_AUDIENCE, APF_JWT_ISSUER and APF_JWT_GROUPS_CLAIM, as Settings
     fields; the key file is read and checked here, so a bad one stops the server at start."""
     raw = get("APF_JWT_KEY")
-    names = [var for var in ("APF_JWT_AUDIENCE", "APF_JWT_ISSUER", "APF_JWT_GROUPS_CLAIM")
+    names = [var for var in ("APF_JWT_AUDIENCE", "APF_JWT_ISSUER", "APF_JWT_GROUPS_CLAIM",
+                             "APF_JWT_USER_PREFIX", "APF_JWT_GROUPS_PREFIX", "APF_JWT_LEEWAY")
              if get(var) is not None]
     if raw is None:
         if names:
@@ -451,8 +461,35 @@ def _jwt_settings(get, user_from: tuple[str, ...]) -> dict:
                             f"{e}; must be a file holding an HMAC secret (32 bytes or more), a "
                             "PEM public key or certificate, or a JWKS") from None
     claim = get("APF_JWT_GROUPS_CLAIM") or "groups"
+    leeway = _number(get, "APF_JWT_LEEWAY", DEFAULT_JWT_LEEWAY_S, lambda x: 0 <= x <= 600,
+                     "must be a number of seconds from 0 to 600: how far a token's nbf may be "
+                     "ahead of this server's clock (an identity provider whose clock runs "
+                     f"ahead); default {DEFAULT_JWT_LEEWAY_S:g}")
     return {"jwt_key": key, "jwt_audience": get("APF_JWT_AUDIENCE"),
-            "jwt_issuer": get("APF_JWT_ISSUER"), "jwt_groups_claim": claim}
+            "jwt_issuer": get("APF_JWT_ISSUER"), "jwt_groups_claim": claim,
+            "jwt_user_prefix": _jwt_prefix(get, "APF_JWT_USER_PREFIX", "user"),
+            "jwt_groups_prefix": _jwt_prefix(get, "APF_JWT_GROUPS_PREFIX", "group"),
+            "jwt_leeway_s": leeway}
+
+
+def _jwt_prefix(get: Callable[[str], str | None], var: str, what: str) -> str:
+    """APF_JWT_USER_PREFIX or APF_JWT_GROUPS_PREFIX ("" when unset).
+
+    Raises:
+        SettingsError: blanks or control characters, longer than 64 characters, or a prefix
+            in the reserved ``system:`` namespace.
+    """
+    raw = get(var)
+    if raw is None:
+        return ""
+    if len(raw) > MAX_JWT_PREFIX or not raw.isprintable() or any(c.isspace() for c in raw):
+        raise SettingsError(var, raw, f"must be at most {MAX_JWT_PREFIX} printable characters "
+                            f"without blanks, put before every {what} name a verified token "
+                            "names, e.g. oidc:")
+    if is_reserved_name(raw) or SYSTEM_PREFIX.startswith(raw):
+        raise SettingsError(var, raw, f"must not be in the reserved system: namespace: a token "
+                            f"could then name a system: {what} (no claim may), e.g. oidc:")
+    return raw
 
 
 def _load_balancer_settings(get) -> dict:
