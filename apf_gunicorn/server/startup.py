@@ -19,13 +19,13 @@ known names are the variables :func:`~apf_gunicorn.server.settings.load_settings
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
+from apf_gunicorn.flowcontrol.suggest import closest
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
@@ -117,7 +117,7 @@ def known_variables(env: Mapping[str, str] | None = None) -> set[str]:
 
 def unknown_variable_warnings(env: Mapping[str, str] | None = None) -> list[str]:
     """A warning per ``APF_*`` variable of ``env`` that nothing reads, with the closest known
-    name when there is one (``difflib``).
+    name when there is one (:func:`apf_gunicorn.flowcontrol.suggest.closest`).
 
     Args:
         env: the environment (default ``os.environ``).
@@ -132,8 +132,8 @@ def unknown_variable_warnings(env: Mapping[str, str] | None = None) -> list[str]
     # compared without the common prefix, which would make every pair look alike
     suffixes = {k[len(PREFIX):]: k for k in sorted(known)}
     for name in sorted(k for k in env if k.startswith(PREFIX) and k not in known):
-        close = difflib.get_close_matches(name[len(PREFIX):], list(suffixes), n=1, cutoff=0.6)
-        hint = (f"did you mean {suffixes[close[0]]}?" if close
+        close = closest(name[len(PREFIX):], suffixes)
+        hint = (f"did you mean {suffixes[close]}?" if close
                 else "known: " + ", ".join(k for k in sorted(known)
                                            if not k.startswith("APF_TEST_")))
         out.append(f"unknown setting {name} is ignored; {hint}")
