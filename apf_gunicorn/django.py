@@ -26,7 +26,8 @@ Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHand
 WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
 wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
 project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
-is not seen; ``i18n_patterns`` resolve in ``LANGUAGE_CODE``. Each (method, path) is resolved
+is not seen; ``i18n_patterns`` resolve in the language the path's prefix names (else
+``LANGUAGE_CODE``), never in the language a thread happens to have active. Each (method, path) is resolved
 once and kept in a bounded LRU (:data:`CACHE_SIZE` entries; paths longer than
 :data:`MAX_CACHED_PATH` are resolved every time, so the cache's memory stays bounded): two
 paths share nothing, even when Django resolves them to the same view, so no guess about
@@ -104,10 +105,13 @@ def view_name(view: Any) -> str:
     return f"{module}.{getattr(target, '__qualname__', repr(target))}"
 
 
-def iter_views() -> Iterator[tuple[str, Any]]:
+def iter_views() -> list[tuple[str, Any]]:
     """(route, view) of every URL pattern of the project's ``ROOT_URLCONF``, included ones
-    too; the route is the patterns' text joined (``"reports/<int:year>/"``)."""
+    too; the route is the patterns' text joined (``"reports/<int:year>/"``; an
+    ``i18n_patterns`` prefix in ``LANGUAGE_CODE``, whatever language the thread has active)."""
+    from django.conf import settings
     from django.urls import URLPattern, URLResolver, get_resolver
+    from django.utils import translation
 
     def walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         for p in patterns:
@@ -116,7 +120,8 @@ def iter_views() -> Iterator[tuple[str, Any]]:
             elif isinstance(p, URLPattern):
                 yield prefix + str(p.pattern), p.callback
 
-    yield from walk(get_resolver().url_patterns, "")
+    with translation.override(settings.LANGUAGE_CODE):
+        return list(walk(get_resolver().url_patterns, ""))
 
 
 class DjangoViewCosts:
@@ -129,6 +134,7 @@ class DjangoViewCosts:
         from django.conf import settings
 
         self._urlconf = settings.ROOT_URLCONF
+        self._language = settings.LANGUAGE_CODE
         self._cached = functools.lru_cache(maxsize=cache_size)(self._lookup)
 
     @classmethod
@@ -148,11 +154,20 @@ class DjangoViewCosts:
             return None
 
     def _match(self, path: str) -> Any:
-        """Django's ResolverMatch for the path, or None (404, or a resolver that fails)."""
+        """Django's ResolverMatch for the path, or None (404, or a resolver that fails).
+
+        ``i18n_patterns`` match the language active in the calling thread, which
+        LocaleMiddleware leaves set in a request's thread and the dispatcher never has (and
+        the result is cached for every thread): the path is resolved in the language its
+        prefix names, as LocaleMiddleware would activate it, else in ``LANGUAGE_CODE``.
+        """
         from django.urls import Resolver404, resolve
+        from django.utils import translation
 
         try:
-            return resolve(path, self._urlconf)
+            language = translation.get_language_from_path(path) or self._language
+            with translation.override(language):
+                return resolve(path, self._urlconf)
         except Resolver404:
             return None
         except Exception:  # a converter or a URLconf choking on hostile input

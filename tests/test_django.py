@@ -76,6 +76,39 @@ def test_lookups_are_cached_per_method_and_path(app, monkeypatch):
     assert calls == ["/reports/2024/", "/reports/2025/", "/reports/2025/", "/reports/2024/"]
 
 
+def test_i18n_patterns_resolve_in_the_paths_language_not_the_threads(app):
+    """The dispatcher thread never has a language active, a request's thread keeps the one
+    LocaleMiddleware activated last: neither may decide which view (and cost) a path has,
+    cached for every thread after."""
+    from django.utils import translation
+
+    costs = apf_django.DjangoViewCosts()
+    found = {}
+
+    def look(path: str, language: str | None) -> None:
+        if language is None:  # a fresh thread: no language active, as the dispatcher's
+            found[path] = (costs.lookup("GET", path), costs.name("GET", path))
+            return
+        with translation.override(language):  # as LocaleMiddleware leaves it
+            found[path] = (costs.lookup("GET", path), costs.name("GET", path))
+
+    for path, language in (("/fr/localized/2024/", None), ("/en/localized/2024/", "fr"),
+                           ("/fr/localized/2025/", "en"), ("/de/localized/2024/", None)):
+        t = threading.Thread(target=look, args=(path, language))
+        t.start()
+        t.join()
+    view = "examples.mysite.views.report"
+    assert found["/fr/localized/2024/"] == (WorkEstimate(4), f"{view} (fr/localized/<int:year>/)")
+    assert found["/en/localized/2024/"] == (WorkEstimate(4), f"{view} (en/localized/<int:year>/)")
+    assert found["/fr/localized/2025/"][0] == WorkEstimate(4)
+    assert found["/de/localized/2024/"] == (None, None)  # not a language of the project
+    # the views' routes are named in LANGUAGE_CODE whatever the thread has active
+    with translation.override("fr"):
+        declared = dict(apf_django.declared_costs(app))
+        assert translation.get_language() == "fr"
+    assert declared[f"@cost on view {view} (en/localized/<int:year>/)"] == WorkEstimate(4)
+
+
 def test_only_django_apps_get_django_costs(app):
     assert apf_django.django_handler(app) is app
 
