@@ -43,7 +43,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, is_flask_like, tag, view_cost
+from apf_gunicorn.viewcost import (
+    DJANGO_ATTRIBUTE,
+    NamedView,
+    costs_for_app,
+    declares_cost,
+    is_flask_like,
+    tag,
+    view_cost,
+)
 
 log = logging.getLogger("apf_gunicorn.django")
 
@@ -144,14 +152,8 @@ class DjangoViewCosts:
         gives None: the requests then cost one seat, as before."""
         if django_handler(app) is None:
             return None
-        try:
-            if require_costs and not any(declares_cost(v, COST_ATTRIBUTE)
-                                         for _, v in iter_views()):
-                return None
-            return cls()
-        except Exception:
-            log.exception("apf: cannot read the Django URLconf; @cost declarations are ignored")
-            return None
+        return costs_for_app(lambda: [v for _, v in iter_views()], cls, COST_ATTRIBUTE,
+                             require_costs, "Django URLconf", log)
 
     def _match(self, path: str) -> Any:
         """Django's ResolverMatch for the path, or None (404, or a resolver that fails).
@@ -192,32 +194,29 @@ class DjangoViewCosts:
         return f"{view_name(match.func)} ({match.route})"
 
 
-def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every ``@cost`` of a Django app's views: ``[("@cost on view mysite.views.report
-    (reports/<int:year>/)", estimate)]`` (one entry per method for a class-based view's
-    handlers); empty for any other app."""
-    out: list[tuple[str, WorkEstimate]] = []
-    for route, view in _views(app):
-        where = f"@cost on view {view_name(view)} ({route})"
+def app_views(app: Any) -> list[NamedView]:
+    """Every URL pattern of a Django app with its view (``"mysite.views.report
+    (reports/<int:year>/)"``), its costs read for GET (a function view) or per handler method
+    of a class-based view (HEAD and OPTIONS left out); empty for any other app or an
+    unreadable URLconf (the server logs that when it builds :class:`DjangoViewCosts`)."""
+    if django_handler(app) is None:
+        return []
+    try:
+        views = iter_views()
+    except Exception:
+        return []
+    out = []
+    for route, view in views:
+        name = f"{view_name(view)} ({route})"
         view_class = getattr(view, "view_class", None)
         if view_class is None:
-            est = view_cost(view, "GET", COST_ATTRIBUTE)
-            if est is not None:
-                out.append((where, est))
-            continue
-        for method in getattr(view_class, "http_method_names", ()):
-            if method in ("head", "options") or not hasattr(view_class, method):
-                continue
-            est = view_cost(view, method.upper(), COST_ATTRIBUTE)
-            if est is not None:
-                out.append((f"{where} {method.upper()}", est))
+            costs_at = (("GET", f"@cost on view {name}"),)
+        else:
+            costs_at = tuple((m.upper(), f"@cost on view {name} {m.upper()}")
+                             for m in getattr(view_class, "http_method_names", ())
+                             if m not in ("head", "options") and hasattr(view_class, m))
+        out.append(NamedView(name, view, costs_at))
     return out
-
-
-def named_views(app: Any) -> list[tuple[str, Any]]:
-    """(``"mysite.views.report (reports/<int:year>/)"``, view) of every URL pattern of a
-    Django app; empty for any other app."""
-    return [(f"{view_name(view)} ({route})", view) for route, view in _views(app)]
 
 
 def unreachable_costs(app: Any) -> list[str]:
@@ -238,14 +237,3 @@ def unreachable_costs(app: Any) -> list[str]:
             f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
             f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
             "reachable, or declare the costs in APF_ROUTES)"]
-
-
-def _views(app: Any) -> list[tuple[str, Any]]:
-    """(route, view) of a Django app's URLconf; empty for any other app or an unreadable
-    URLconf (the server logs that when it builds :class:`DjangoViewCosts`)."""
-    if django_handler(app) is None:
-        return []
-    try:
-        return list(iter_views())
-    except Exception:
-        return []

@@ -20,7 +20,8 @@ pytest.importorskip("django")  # the test extra installs it; apf_gunicorn does n
 from flask import Flask  # noqa: E402
 
 from apf_gunicorn import django as apf_django
-from apf_gunicorn.appcosts import unusable_costs, view_costs_for_app
+from apf_gunicorn import flask as apf_flask
+from apf_gunicorn.appcosts import declared_view_costs, unusable_costs, view_costs_for_app
 from apf_gunicorn.cli import main
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
 from tests.conftest import ROOT, free_port
@@ -104,7 +105,7 @@ def test_i18n_patterns_resolve_in_the_paths_language_not_the_threads(app):
     assert found["/de/localized/2024/"] == (None, None)  # not a language of the project
     # the views' routes are named in LANGUAGE_CODE whatever the thread has active
     with translation.override("fr"):
-        declared = dict(apf_django.declared_costs(app))
+        declared = dict(declared_view_costs(app))
         assert translation.get_language() == "fr"
     assert declared[f"@cost on view {view} (en/localized/<int:year>/)"] == WorkEstimate(4)
 
@@ -137,7 +138,7 @@ def test_only_django_apps_get_django_costs(app):
 
 
 def test_declared_and_unusable_costs(app):
-    declared = dict(apf_django.declared_costs(app))
+    declared = dict(declared_view_costs(app))
     assert declared[f"@cost on view {REPORT}"] == WorkEstimate(4)
     assert declared["@cost on view examples.mysite.views.Items (items/) POST"] == WorkEstimate(2)
     assert "@cost on view examples.mysite.views.Items (items/) GET" not in declared
@@ -185,6 +186,31 @@ def test_first_worker_logs_unusable_and_clamped_costs(app):
             "catch-all; clamped to 2 on priority level web (a level's widest request, "
             "Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats annotation sets it; see "
             "docs/work-estimation.md)") in warnings
+
+
+def test_flask_and_django_read_their_views_through_one_function_each(app, caplog):
+    """One ``for_app`` (costs_for_app), one ``declared_costs`` and one list of named views
+    (``app_views``) serve both frameworks: a view table that cannot be read is logged and
+    gives no costs for Flask as for Django, instead of an exception at worker start."""
+    import inspect
+
+    from apf_gunicorn import viewcost
+
+    for module in (apf_flask, apf_django):
+        assert not hasattr(module, "declared_costs") and not hasattr(module, "named_views")
+        assert all(isinstance(v, viewcost.NamedView) for v in module.app_views(app))
+    for for_app in (apf_flask.ViewCosts.for_app, apf_django.DjangoViewCosts.for_app):
+        assert "costs_for_app(" in inspect.getsource(for_app)
+
+    class Unreadable:  # a view whose attributes fail to read (a broken proxy)
+        def __getattr__(self, name):
+            raise RuntimeError("broken view")
+
+    flask_app = Flask("unreadable")
+    flask_app.view_functions["broken"] = Unreadable()
+    with caplog.at_level("ERROR", logger="apf_gunicorn.flask"):
+        assert apf_flask.ViewCosts.for_app(flask_app) is None
+    assert "cannot read the Flask URL map; @cost declarations are ignored" in caplog.text
 
 
 def test_cost_arguments_are_checked_as_flasks():
