@@ -1,7 +1,7 @@
 """Load APF configuration from YAML: files or directories -> defaulting -> validation -> digest.
 
     from apf_gunicorn.flowcontrol.loader import load_configuration, builtin_path
-    cfg = load_configuration("config/kubernetes")   # a file, a directory, or None (built-in webapp)
+    cfg = load_configuration("apf/")           # a file, a directory, or None (built-in webapp)
     cfg = load_configuration(builtin_path("kubernetes"))
 
 What is read:
