@@ -15,7 +15,13 @@ from typing import Any
 
 from apf_gunicorn import django, flask
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, FLASK_ATTRIBUTE, declared_costs, declares_cost
+from apf_gunicorn.viewcost import (
+    DJANGO_ATTRIBUTE,
+    FLASK_ATTRIBUTE,
+    declared_costs,
+    declared_routes,
+    declares_cost,
+)
 
 
 def view_costs_for_app(app: Any) -> Any:
@@ -41,6 +47,13 @@ def declared_view_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
     (reports/<int:year>/)"`` for Django)."""
     return (declared_costs(flask.app_views(app), FLASK_ATTRIBUTE)
             + declared_costs(django.app_views(app), DJANGO_ATTRIBUTE))
+
+
+def declared_view_routes(app: Any) -> dict[str, str]:
+    """The route (URL path template) of each cost :func:`declared_view_costs` names:
+    ``{"@cost on GET /reports/<int:year>": "/reports/<int:year>"}``."""
+    return (declared_routes(flask.app_views(app), FLASK_ATTRIBUTE)
+            | declared_routes(django.app_views(app), DJANGO_ATTRIBUTE))
 
 
 def unusable_costs(app: Any) -> list[str]:

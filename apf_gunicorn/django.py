@@ -215,7 +215,7 @@ def app_views(app: Any) -> list[NamedView]:
             costs_at = tuple((m.upper(), f"@cost on view {name} {m.upper()}")
                              for m in getattr(view_class, "http_method_names", ())
                              if m not in ("head", "options") and hasattr(view_class, m))
-        out.append(NamedView(name, view, costs_at))
+        out.append(NamedView(name, view, costs_at, route))
     return out
 
 

@@ -139,5 +139,5 @@ def app_views(app: Any) -> list[NamedView]:
         return []
     return [NamedView(f"{rule.endpoint!r} ({rule.rule})", app.view_functions[rule.endpoint],
                       tuple((m, f"@cost on {m} {rule.rule}") for m in sorted(rule.methods or ())
-                            if m not in ("HEAD", "OPTIONS")))
+                            if m not in ("HEAD", "OPTIONS")), rule.rule)
             for rule in rules if rule.endpoint in app.view_functions]

@@ -106,17 +106,30 @@ class NamedView:
         view: the view function (a class-based view's ``as_view()`` function).
         costs_at: ``(HTTP method, where)`` per method whose declared cost is read up front,
             ``where`` naming it (``"@cost on GET /reports/<int:year>"``).
+        route: the URL path template of its requests (``"/reports/<int:year>"``; Django's
+            route text, a regular expression for ``re_path``).
     """
 
     name: str
     view: Any
     costs_at: tuple[tuple[str, str], ...]
+    route: str
+
+
+def _declared(views: Iterable[NamedView], attribute: str
+              ) -> list[tuple[str, WorkEstimate, str]]:
+    return [(where, est, v.route) for v in views for method, where in v.costs_at
+            if (est := view_cost(v.view, method, attribute)) is not None]
 
 
 def declared_costs(views: Iterable[NamedView], attribute: str) -> list[tuple[str, WorkEstimate]]:
     """Every cost the views declare through ``attribute``, as ``(where, estimate)``."""
-    return [(where, est) for v in views for method, where in v.costs_at
-            if (est := view_cost(v.view, method, attribute)) is not None]
+    return [(where, est) for where, est, _route in _declared(views, attribute)]
+
+
+def declared_routes(views: Iterable[NamedView], attribute: str) -> dict[str, str]:
+    """The route of each cost :func:`declared_costs` names: ``{where: route}``."""
+    return {where: route for where, _est, route in _declared(views, attribute)}
 
 
 def costs_for_app(views: Callable[[], Iterable[Any]], build: Callable[[], T | None],
