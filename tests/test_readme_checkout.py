@@ -50,6 +50,13 @@ def installed(tmp_path_factory) -> Path:
     where = subprocess.run([str(python), "-c", "import apf_gunicorn; print(apf_gunicorn.__file__)"],
                            cwd="/", capture_output=True, text=True, timeout=60)
     assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the installed copy
+    # the installed package carries every built-in configuration
+    builtins = subprocess.run(
+        [str(python), "-c", "from apf_gunicorn.flowcontrol.loader import load_configuration\n"
+         "for name in ('webapp', 'public', 'kubernetes', 'mandatory'):\n"
+         "    assert load_configuration('builtin:' + name).priority_levels, name"],
+        cwd="/", capture_output=True, text=True, timeout=60)
+    assert builtins.returncode == 0, builtins.stderr
     return python
 
 
