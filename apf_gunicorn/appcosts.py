@@ -15,7 +15,13 @@ from typing import Any
 
 from apf_gunicorn import django, flask
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, FLASK_ATTRIBUTE, declares_cost
+from apf_gunicorn.viewcost import (
+    DJANGO_ATTRIBUTE,
+    FLASK_ATTRIBUTE,
+    declared_costs,
+    declared_routes,
+    declares_cost,
+)
 
 
 def view_costs_for_app(app: Any) -> Any:
@@ -39,7 +45,15 @@ def declared_view_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
     """Every view cost the app declares up front, as ``(where, estimate)`` (where: ``"@cost
     on GET /reports/<int:year>"`` for Flask, ``"@cost on view mysite.views.report
     (reports/<int:year>/)"`` for Django)."""
-    return flask.declared_costs(app) + django.declared_costs(app)
+    return (declared_costs(flask.app_views(app), FLASK_ATTRIBUTE)
+            + declared_costs(django.app_views(app), DJANGO_ATTRIBUTE))
+
+
+def declared_view_routes(app: Any) -> dict[str, str]:
+    """The route (URL path template) of each cost :func:`declared_view_costs` names:
+    ``{"@cost on GET /reports/<int:year>": "/reports/<int:year>"}``."""
+    return (declared_routes(flask.app_views(app), FLASK_ATTRIBUTE)
+            | declared_routes(django.app_views(app), DJANGO_ATTRIBUTE))
 
 
 def unusable_costs(app: Any) -> list[str]:
@@ -48,10 +62,10 @@ def unusable_costs(app: Any) -> list[str]:
     that hides the Django handler."""
     out = django.unreachable_costs(app)
     for framework, views, wrong, right in (
-            ("Flask", flask.named_views(app), "django", "flask"),
-            ("Django", django.named_views(app), "flask", "django")):
+            ("Flask", flask.app_views(app), "django", "flask"),
+            ("Django", django.app_views(app), "flask", "django")):
         attribute = DJANGO_ATTRIBUTE if wrong == "django" else FLASK_ATTRIBUTE
-        out += [f"@cost from apf_gunicorn.{wrong} on the {framework} view {name} has no "
+        out += [f"@cost from apf_gunicorn.{wrong} on the {framework} view {v.name} has no "
                 f"effect: use apf_gunicorn.{right}.cost"
-                for name, view in views if declares_cost(view, attribute)]
+                for v in views if declares_cost(v.view, attribute)]
     return out

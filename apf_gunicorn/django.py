@@ -26,7 +26,8 @@ Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHand
 WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
 wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
 project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
-is not seen; ``i18n_patterns`` resolve in ``LANGUAGE_CODE``. Each (method, path) is resolved
+is not seen; ``i18n_patterns`` resolve in the language the path's prefix names (else
+``LANGUAGE_CODE``), never in the language a thread happens to have active. Each (method, path) is resolved
 once and kept in a bounded LRU (:data:`CACHE_SIZE` entries; paths longer than
 :data:`MAX_CACHED_PATH` are resolved every time, so the cache's memory stays bounded): two
 paths share nothing, even when Django resolves them to the same view, so no guess about
@@ -42,7 +43,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import DJANGO_ATTRIBUTE, declares_cost, is_flask_like, tag, view_cost
+from apf_gunicorn.viewcost import (
+    DJANGO_ATTRIBUTE,
+    NamedView,
+    costs_for_app,
+    declares_cost,
+    is_flask_like,
+    tag,
+    view_cost,
+)
 
 log = logging.getLogger("apf_gunicorn.django")
 
@@ -104,10 +113,13 @@ def view_name(view: Any) -> str:
     return f"{module}.{getattr(target, '__qualname__', repr(target))}"
 
 
-def iter_views() -> Iterator[tuple[str, Any]]:
+def iter_views() -> list[tuple[str, Any]]:
     """(route, view) of every URL pattern of the project's ``ROOT_URLCONF``, included ones
-    too; the route is the patterns' text joined (``"reports/<int:year>/"``)."""
+    too; the route is the patterns' text joined (``"reports/<int:year>/"``; an
+    ``i18n_patterns`` prefix in ``LANGUAGE_CODE``, whatever language the thread has active)."""
+    from django.conf import settings
     from django.urls import URLPattern, URLResolver, get_resolver
+    from django.utils import translation
 
     def walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         for p in patterns:
@@ -116,7 +128,8 @@ def iter_views() -> Iterator[tuple[str, Any]]:
             elif isinstance(p, URLPattern):
                 yield prefix + str(p.pattern), p.callback
 
-    yield from walk(get_resolver().url_patterns, "")
+    with translation.override(settings.LANGUAGE_CODE):
+        return list(walk(get_resolver().url_patterns, ""))
 
 
 class DjangoViewCosts:
@@ -129,6 +142,7 @@ class DjangoViewCosts:
         from django.conf import settings
 
         self._urlconf = settings.ROOT_URLCONF
+        self._language = settings.LANGUAGE_CODE
         self._cached = functools.lru_cache(maxsize=cache_size)(self._lookup)
 
     @classmethod
@@ -138,21 +152,24 @@ class DjangoViewCosts:
         gives None: the requests then cost one seat, as before."""
         if django_handler(app) is None:
             return None
-        try:
-            if require_costs and not any(declares_cost(v, COST_ATTRIBUTE)
-                                         for _, v in iter_views()):
-                return None
-            return cls()
-        except Exception:
-            log.exception("apf: cannot read the Django URLconf; @cost declarations are ignored")
-            return None
+        return costs_for_app(lambda: [v for _, v in iter_views()], cls, COST_ATTRIBUTE,
+                             require_costs, "Django URLconf", log)
 
     def _match(self, path: str) -> Any:
-        """Django's ResolverMatch for the path, or None (404, or a resolver that fails)."""
+        """Django's ResolverMatch for the path, or None (404, or a resolver that fails).
+
+        ``i18n_patterns`` match the language active in the calling thread, which
+        LocaleMiddleware leaves set in a request's thread and the dispatcher never has (and
+        the result is cached for every thread): the path is resolved in the language its
+        prefix names, as LocaleMiddleware would activate it, else in ``LANGUAGE_CODE``.
+        """
         from django.urls import Resolver404, resolve
+        from django.utils import translation
 
         try:
-            return resolve(path, self._urlconf)
+            language = translation.get_language_from_path(path) or self._language
+            with translation.override(language):
+                return resolve(path, self._urlconf)
         except Resolver404:
             return None
         except Exception:  # a converter or a URLconf choking on hostile input
@@ -177,32 +194,29 @@ class DjangoViewCosts:
         return f"{view_name(match.func)} ({match.route})"
 
 
-def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every ``@cost`` of a Django app's views: ``[("@cost on view mysite.views.report
-    (reports/<int:year>/)", estimate)]`` (one entry per method for a class-based view's
-    handlers); empty for any other app."""
-    out: list[tuple[str, WorkEstimate]] = []
-    for route, view in _views(app):
-        where = f"@cost on view {view_name(view)} ({route})"
+def app_views(app: Any) -> list[NamedView]:
+    """Every URL pattern of a Django app with its view (``"mysite.views.report
+    (reports/<int:year>/)"``), its costs read for GET (a function view) or per handler method
+    of a class-based view (HEAD and OPTIONS left out); empty for any other app or an
+    unreadable URLconf (the server logs that when it builds :class:`DjangoViewCosts`)."""
+    if django_handler(app) is None:
+        return []
+    try:
+        views = iter_views()
+    except Exception:
+        return []
+    out = []
+    for route, view in views:
+        name = f"{view_name(view)} ({route})"
         view_class = getattr(view, "view_class", None)
         if view_class is None:
-            est = view_cost(view, "GET", COST_ATTRIBUTE)
-            if est is not None:
-                out.append((where, est))
-            continue
-        for method in getattr(view_class, "http_method_names", ()):
-            if method in ("head", "options") or not hasattr(view_class, method):
-                continue
-            est = view_cost(view, method.upper(), COST_ATTRIBUTE)
-            if est is not None:
-                out.append((f"{where} {method.upper()}", est))
+            costs_at = (("GET", f"@cost on view {name}"),)
+        else:
+            costs_at = tuple((m.upper(), f"@cost on view {name} {m.upper()}")
+                             for m in getattr(view_class, "http_method_names", ())
+                             if m not in ("head", "options") and hasattr(view_class, m))
+        out.append(NamedView(name, view, costs_at, route))
     return out
-
-
-def named_views(app: Any) -> list[tuple[str, Any]]:
-    """(``"mysite.views.report (reports/<int:year>/)"``, view) of every URL pattern of a
-    Django app; empty for any other app."""
-    return [(f"{view_name(view)} ({route})", view) for route, view in _views(app)]
 
 
 def unreachable_costs(app: Any) -> list[str]:
@@ -223,14 +237,3 @@ def unreachable_costs(app: Any) -> list[str]:
             f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
             f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
             "reachable, or declare the costs in APF_ROUTES)"]
-
-
-def _views(app: Any) -> list[tuple[str, Any]]:
-    """(route, view) of a Django app's URLconf; empty for any other app or an unreadable
-    URLconf (the server logs that when it builds :class:`DjangoViewCosts`)."""
-    if django_handler(app) is None:
-        return []
-    try:
-        return list(iter_views())
-    except Exception:
-        return []

@@ -39,7 +39,13 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing.exceptions import RoutingException
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
-from apf_gunicorn.viewcost import FLASK_ATTRIBUTE, declares_cost, is_flask_like, tag
+from apf_gunicorn.viewcost import (
+    FLASK_ATTRIBUTE,
+    NamedView,
+    costs_for_app,
+    is_flask_like,
+    tag,
+)
 from apf_gunicorn.viewcost import view_cost as _view_cost
 
 log = logging.getLogger("apf_gunicorn.flask")
@@ -86,20 +92,16 @@ class ViewCosts:
         (any Flask app with ``require_costs=False``)."""
         if not is_flask_like(app):
             return None
-        views = app.view_functions
-        if require_costs and not any(declares_cost(v, COST_ATTRIBUTE)
-                                     for v in list(views.values())):
-            return None
-        url_map = app.url_map
-        if getattr(url_map, "host_matching", False):
-            log.warning("apf: the Flask app matches URLs by host; @cost declarations are "
-                        "ignored (use APF_ROUTES or APF_WORK_ESTIMATOR)")
-            return None
-        try:
-            return cls(url_map, views)
-        except Exception:
-            log.exception("apf: cannot read the Flask URL map; @cost declarations are ignored")
-            return None
+
+        def build() -> ViewCosts | None:
+            if getattr(app.url_map, "host_matching", False):
+                log.warning("apf: the Flask app matches URLs by host; @cost declarations are "
+                            "ignored (use APF_ROUTES or APF_WORK_ESTIMATOR)")
+                return None
+            return cls(app.url_map, app.view_functions)
+
+        return costs_for_app(lambda: list(app.view_functions.values()), build, COST_ATTRIBUTE,
+                             require_costs, "Flask URL map", log)
 
     def _view(self, method: str, path: str) -> tuple[Any, Any] | None:
         """(rule, view function) of the view that serves the request, or None."""
@@ -126,33 +128,16 @@ class ViewCosts:
         return None if found is None else f"{found[0].endpoint} ({found[0].rule})"
 
 
-def declared_costs(app: Any) -> list[tuple[str, WorkEstimate]]:
-    """Every ``@cost`` of a Flask app, per (method, rule): ``[("@cost on GET
-    /reports/<int:year>", estimate)]``; empty for any other app."""
-    out: list[tuple[str, WorkEstimate]] = []
-    for rule, view in _rules(app):
-        for method in sorted(rule.methods or ()):
-            if method in ("HEAD", "OPTIONS"):
-                continue
-            est = view_cost(view, method)
-            if est is not None:
-                out.append((f"@cost on {method} {rule.rule}", est))
-    return out
-
-
-def named_views(app: Any) -> list[tuple[str, Any]]:
-    """(``"'endpoint' (/rule)"``, view function) of every rule of a Flask app; empty for any
-    other app."""
-    return [(f"{rule.endpoint!r} ({rule.rule})", view) for rule, view in _rules(app)]
-
-
-def _rules(app: Any) -> list[tuple[Any, Any]]:
-    """(rule, view function) of every rule of a Flask app; empty for any other app."""
+def app_views(app: Any) -> list[NamedView]:
+    """Every rule of a Flask app with its view (``"'report' (/reports/<int:year>)"``), its
+    costs read per method (HEAD and OPTIONS left out); empty for any other app."""
     if not is_flask_like(app):
         return []
     try:
         rules = list(app.url_map.iter_rules())
     except Exception:
         return []
-    return [(rule, app.view_functions[rule.endpoint]) for rule in rules
-            if rule.endpoint in app.view_functions]
+    return [NamedView(f"{rule.endpoint!r} ({rule.rule})", app.view_functions[rule.endpoint],
+                      tuple((m, f"@cost on {m} {rule.rule}") for m in sorted(rule.methods or ())
+                            if m not in ("HEAD", "OPTIONS")), rule.rule)
+            for rule in rules if rule.endpoint in app.view_functions]

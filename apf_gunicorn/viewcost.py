@@ -3,14 +3,17 @@
 :mod:`apf_gunicorn.flask` and :mod:`apf_gunicorn.django` each export a ``cost(...)``
 decorator with the same arguments; both check them here (:func:`tag`) and set their own
 attribute on the view, so a decorator imported from the wrong module is recognised and
-reported instead of silently ignored (:func:`apf_gunicorn.appcosts.unusable_costs`). Finding
+reported instead of silently ignored (:func:`apf_gunicorn.appcosts.unusable_costs`). Each
+framework module lists its app's views as :class:`NamedView` (``app_views``) and builds its
+lookup through :func:`costs_for_app`; :func:`declared_costs` reads the costs of both. Finding
 the costs of whatever app gunicorn loaded is :mod:`apf_gunicorn.appcosts`, above both.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, make_estimate
@@ -18,6 +21,7 @@ from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, make_estimate
 log = logging.getLogger("apf_gunicorn.viewcost")
 
 F = TypeVar("F")
+T = TypeVar("T")
 
 #: The attribute ``apf_gunicorn.flask.cost`` sets on a view function, method or class.
 FLASK_ATTRIBUTE = "_apf_cost"
@@ -90,3 +94,65 @@ def is_flask_like(app: Any) -> bool:
     """Whether ``app`` looks like a Flask app (a URL map and a view table), without importing
     Flask."""
     return hasattr(app, "url_map") and isinstance(getattr(app, "view_functions", None), dict)
+
+
+@dataclass(frozen=True)
+class NamedView:
+    """One view of an app, as the start-up checks and ``apf-gunicorn explain`` name it.
+
+    Attributes:
+        name: the view and its route (``"'report' (/reports/<int:year>)"`` for Flask,
+            ``"mysite.views.report (reports/<int:year>/)"`` for Django).
+        view: the view function (a class-based view's ``as_view()`` function).
+        costs_at: ``(HTTP method, where)`` per method whose declared cost is read up front,
+            ``where`` naming it (``"@cost on GET /reports/<int:year>"``).
+        route: the URL path template of its requests (``"/reports/<int:year>"``; Django's
+            route text, a regular expression for ``re_path``).
+    """
+
+    name: str
+    view: Any
+    costs_at: tuple[tuple[str, str], ...]
+    route: str
+
+
+def _declared(views: Iterable[NamedView], attribute: str
+              ) -> list[tuple[str, WorkEstimate, str]]:
+    return [(where, est, v.route) for v in views for method, where in v.costs_at
+            if (est := view_cost(v.view, method, attribute)) is not None]
+
+
+def declared_costs(views: Iterable[NamedView], attribute: str) -> list[tuple[str, WorkEstimate]]:
+    """Every cost the views declare through ``attribute``, as ``(where, estimate)``."""
+    return [(where, est) for where, est, _route in _declared(views, attribute)]
+
+
+def declared_routes(views: Iterable[NamedView], attribute: str) -> dict[str, str]:
+    """The route of each cost :func:`declared_costs` names: ``{where: route}``."""
+    return {where: route for where, _est, route in _declared(views, attribute)}
+
+
+def costs_for_app(views: Callable[[], Iterable[Any]], build: Callable[[], T | None],
+                  attribute: str, require_costs: bool, what: str,
+                  logger: logging.Logger) -> T | None:
+    """A framework's lookup for an app it recognised, or None.
+
+    Args:
+        views: the app's view functions (read only with ``require_costs``).
+        build: makes the lookup (None when the app cannot have one, said by ``build``).
+        attribute: the framework's cost attribute.
+        require_costs: None unless a view declares a cost (the middleware); False for
+            ``apf-gunicorn explain``, which names the view of any request.
+        what: what is read, for the log line when it fails (``"Django URLconf"``).
+        logger: the framework module's logger.
+    Returns:
+        The lookup; None when no view declares a cost (with ``require_costs``), or when the
+        views cannot be read (logged: the requests then cost one seat, as without ``@cost``).
+    """
+    try:
+        if require_costs and not any(declares_cost(v, attribute) for v in views()):
+            return None
+        return build()
+    except Exception:
+        logger.exception("apf: cannot read the %s; @cost declarations are ignored", what)
+        return None

@@ -24,7 +24,7 @@ def run_check(capsys, *argv):
 
 def test_kubernetes_table_in_json(capsys):
     code, out, _ = run_check(
-        capsys, str(ROOT / "config" / "kubernetes"), "--concurrency-limit", "600", "--json"
+        capsys, str(ROOT / "apf_gunicorn" / "builtin_config" / "kubernetes"), "--concurrency-limit", "600", "--json"
     )
     assert code == 0
     report = json.loads(out)
@@ -201,7 +201,7 @@ def test_unreadable_path_exits_2(capsys, tmp_path):
 
 def test_module_entry_point_subprocess():
     proc = subprocess.run(
-        [sys.executable, "-m", "apf_gunicorn", "check", "config/kubernetes", "--concurrency-limit", "600", "--json"],
+        [sys.executable, "-m", "apf_gunicorn", "check", "apf_gunicorn/builtin_config/kubernetes", "--concurrency-limit", "600", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

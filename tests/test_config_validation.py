@@ -321,8 +321,15 @@ TYPE_CASES = [
     ("string for bool", fs(rule(resourceRules=[{**ALL_RR, "clusterScope": "yes"}])),
      [f'{RR0}.clusterScope: Invalid value: "yes": must be a boolean']),
     ("spec not a map", fs(spec=None) | {"spec": "oops"}, ['spec: Invalid value: "oops": must be a map']),
-    ("unknown spec field", fs({"matchingPrecidence": 5}), ["spec.matchingPrecidence: unknown field"]),
-    ("unknown top-level field", fs(specs={}), ["specs: unknown field"]),
+    ("unknown spec field", fs({"matchingPrecidence": 5}), ["spec.matchingPrecidence: unknown field; did you mean matchingPrecedence?"]),
+    ("unknown top-level field", fs(specs={}), ["specs: unknown field; did you mean spec?"]),
+    ("misspelt queuing field: the closest is suggested",
+     pl({"type": "Limited", "limited": {"limitResponse": {"type": "Queue", "queuing": {
+         "queues": 64, "handSize": 8, "queueLenghtLimit": 50}}}}),
+     ["spec.limited.limitResponse.queuing.queueLenghtLimit: unknown field; did you mean "
+      "queueLengthLimit?"]),
+    ("unknown field like no known one: no suggestion", fs({"xyzzy": 1}),
+     ["spec.xyzzy: unknown field"]),
     ("string shares", pl({"type": "Limited", "limited": {"nominalConcurrencyShares": "10",
                                                           "limitResponse": {"type": "Reject"}}}),
      ['spec.limited.nominalConcurrencyShares: Invalid value: "10": must be an integer']),
@@ -351,15 +358,15 @@ ALL_AT_ONCE_CASES = [
     ("unknown field next to bad values",
      fs({"matchingPrecidence": 5, "matchingPrecedence": 20000,
          "distinguisherMethod": {"type": "ByIP"}}),
-     ["spec.matchingPrecidence: unknown field",
+     ["spec.matchingPrecidence: unknown field; did you mean matchingPrecedence?",
       "spec.matchingPrecedence: Invalid value: 20000: must not be greater than 10000",
       'spec.distinguisherMethod.type: Unsupported value: "ByIP": supported values: '
       '"ByNamespace", "ByUser"']),
     ("misspelt spec: the missing spec is reported too", fs(specs={}) | {"spec": None},
-     ["specs: unknown field",
+     ["specs: unknown field; did you mean spec?",
       "spec.priorityLevelConfiguration.name: Required value: must reference a priority level"]),
     ("unknown field and a bad queuing", pl({**queue(queues=512, hand=8), "limted": {}}),
-     ["spec.limted: unknown field",
+     ["spec.limted: unknown field; did you mean limited?",
       "spec.limited.limitResponse.queuing.handSize: Invalid value: 8: required entropy bits of "
       "deckSize 512 and handSize 8 should not be greater than 60"]),
     # a wrong type is not echoed by the checks of its zero value, but other fields still count
@@ -593,6 +600,18 @@ def test_fairness_annotation_error_in_a_file(tmp_path):
     assert [str(e) for e in errs] == [
         'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
         f'{FAIRNESS_KEY}: Unsupported value: "fifo": supported values: "kubernetes", "maxmin"']
+
+
+def test_a_misspelt_field_in_a_file_gets_the_closest_known_field():
+    """As a misspelt APF_* variable gets "did you mean": the line names file, object, field."""
+    doc = pl(queue(), name="tenants")
+    queuing = doc["spec"]["limited"]["limitResponse"]["queuing"]
+    queuing["queueLenghtLimit"] = queuing.pop("queueLengthLimit")
+    _objs, errs = load_text(yaml.safe_dump(doc), "config/tenants.yaml")
+    assert [str(e) for e in errs] == [
+        'config/tenants.yaml: PriorityLevelConfiguration "tenants": '
+        "spec.limited.limitResponse.queuing.queueLenghtLimit: unknown field; did you mean "
+        "queueLengthLimit?"]
 
 
 # -- apf-gunicorn.io/max-seats: a priority level's widest request ----------------------------

@@ -20,7 +20,8 @@ pytest.importorskip("django")  # the test extra installs it; apf_gunicorn does n
 from flask import Flask  # noqa: E402
 
 from apf_gunicorn import django as apf_django
-from apf_gunicorn.appcosts import unusable_costs, view_costs_for_app
+from apf_gunicorn import flask as apf_flask
+from apf_gunicorn.appcosts import declared_view_costs, unusable_costs, view_costs_for_app
 from apf_gunicorn.cli import main
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
 from tests.conftest import ROOT, free_port
@@ -76,6 +77,39 @@ def test_lookups_are_cached_per_method_and_path(app, monkeypatch):
     assert calls == ["/reports/2024/", "/reports/2025/", "/reports/2025/", "/reports/2024/"]
 
 
+def test_i18n_patterns_resolve_in_the_paths_language_not_the_threads(app):
+    """The dispatcher thread never has a language active, a request's thread keeps the one
+    LocaleMiddleware activated last: neither may decide which view (and cost) a path has,
+    cached for every thread after."""
+    from django.utils import translation
+
+    costs = apf_django.DjangoViewCosts()
+    found = {}
+
+    def look(path: str, language: str | None) -> None:
+        if language is None:  # a fresh thread: no language active, as the dispatcher's
+            found[path] = (costs.lookup("GET", path), costs.name("GET", path))
+            return
+        with translation.override(language):  # as LocaleMiddleware leaves it
+            found[path] = (costs.lookup("GET", path), costs.name("GET", path))
+
+    for path, language in (("/fr/localized/2024/", None), ("/en/localized/2024/", "fr"),
+                           ("/fr/localized/2025/", "en"), ("/de/localized/2024/", None)):
+        t = threading.Thread(target=look, args=(path, language))
+        t.start()
+        t.join()
+    view = "examples.mysite.views.report"
+    assert found["/fr/localized/2024/"] == (WorkEstimate(4), f"{view} (fr/localized/<int:year>/)")
+    assert found["/en/localized/2024/"] == (WorkEstimate(4), f"{view} (en/localized/<int:year>/)")
+    assert found["/fr/localized/2025/"][0] == WorkEstimate(4)
+    assert found["/de/localized/2024/"] == (None, None)  # not a language of the project
+    # the views' routes are named in LANGUAGE_CODE whatever the thread has active
+    with translation.override("fr"):
+        declared = dict(declared_view_costs(app))
+        assert translation.get_language() == "fr"
+    assert declared[f"@cost on view {view} (en/localized/<int:year>/)"] == WorkEstimate(4)
+
+
 def test_only_django_apps_get_django_costs(app):
     assert apf_django.django_handler(app) is app
 
@@ -104,7 +138,7 @@ def test_only_django_apps_get_django_costs(app):
 
 
 def test_declared_and_unusable_costs(app):
-    declared = dict(apf_django.declared_costs(app))
+    declared = dict(declared_view_costs(app))
     assert declared[f"@cost on view {REPORT}"] == WorkEstimate(4)
     assert declared["@cost on view examples.mysite.views.Items (items/) POST"] == WorkEstimate(2)
     assert "@cost on view examples.mysite.views.Items (items/) GET" not in declared
@@ -148,10 +182,42 @@ def test_first_worker_logs_unusable_and_clamped_costs(app):
     assert ("apf: @cost from apf_gunicorn.flask on the Django view "
             "tests.apps.django_urls.misplaced (misplaced/) has no effect: use "
             "apf_gunicorn.django.cost") in warnings
-    assert (f"apf: @cost on view {REPORT} asks for 4 seat(s): clamped to 1 on priority level "
-            "catch-all; clamped to 2 on priority level web (a level's widest request, "
-            "Kubernetes' 15% rule unless an apf-gunicorn.io/max-seats annotation sets it; see "
-            "docs/work-estimation.md)") in warnings
+    # /reports/* goes to the level as wide as a report: the levels that would clamp it
+    # (catch-all, web) are never reached by a report
+    assert not [w for w in warnings if f"@cost on view {REPORT}" in w], warnings
+    # a report on a configuration that sends it to any level is clamped on the narrow ones
+    warnings.clear()
+    settings = load_settings({"APF_CONFIG": str(ROOT / "tests" / "apps" / "rest.yaml"),
+                              "APF_CONCURRENCY_LIMIT": "8"})
+    gen = load_generation(settings)
+    startup.log_route_notes(Log(), app, None, level_max_seats(gen, settings), gen)
+    assert [w for w in warnings if w.startswith(f"apf: @cost on view {REPORT} asks for 4 "
+                                                "seat(s): clamped to ")], warnings
+
+
+def test_flask_and_django_read_their_views_through_one_function_each(app, caplog):
+    """One ``for_app`` (costs_for_app), one ``declared_costs`` and one list of named views
+    (``app_views``) serve both frameworks: a view table that cannot be read is logged and
+    gives no costs for Flask as for Django, instead of an exception at worker start."""
+    import inspect
+
+    from apf_gunicorn import viewcost
+
+    for module in (apf_flask, apf_django):
+        assert not hasattr(module, "declared_costs") and not hasattr(module, "named_views")
+        assert all(isinstance(v, viewcost.NamedView) for v in module.app_views(app))
+    for for_app in (apf_flask.ViewCosts.for_app, apf_django.DjangoViewCosts.for_app):
+        assert "costs_for_app(" in inspect.getsource(for_app)
+
+    class Unreadable:  # a view whose attributes fail to read (a broken proxy)
+        def __getattr__(self, name):
+            raise RuntimeError("broken view")
+
+    flask_app = Flask("unreadable")
+    flask_app.view_functions["broken"] = Unreadable()
+    with caplog.at_level("ERROR", logger="apf_gunicorn.flask"):
+        assert apf_flask.ViewCosts.for_app(flask_app) is None
+    assert "cannot read the Flask URL map; @cost declarations are ignored" in caplog.text
 
 
 def test_cost_arguments_are_checked_as_flasks():
@@ -235,7 +301,7 @@ def test_example_project_admits_a_four_seat_report(server_factory):
     aport = free_port()
     env = {"APF_CONCURRENCY_LIMIT": "8", "APF_ADMIN_BIND": f"127.0.0.1:{aport}",
            "APF_QUEUE_WAIT_LIMIT": "60", "DJANGO_SETTINGS_MODULE": "examples.mysite.settings"}
-    with server_factory(workers=2, threads=8, env=env, config=EXAMPLE_CONFIG,
+    with server_factory(workers=2, threads=16, env=env, config=EXAMPLE_CONFIG,
                         args=("examples.mysite.wsgi:application",)) as srv:
         barrier = threading.Barrier(6)
 
@@ -260,11 +326,10 @@ def test_example_project_admits_a_four_seat_report(server_factory):
         api = srv.request("/api/v1/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]
         assert api == srv.request("/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]
         log = srv.log()
-    # no report was clamped (the start-up notes name the levels that would clamp a cost,
-    # by who sends it; reports land in "reports")
+    # no report was clamped, and no start-up note says one would be (reports land in
+    # "reports", annotated for 4 seats; the notes name only the levels a cost's requests reach)
     assert "admits at most" not in log and "has no effect" not in log
-    assert f"@cost on view {REPORT} asks for 4 seat(s): clamped to 1 on priority level " \
-           "catch-all; clamped to 2 on priority level web" in log
+    assert "clamped" not in log and "[WARNING]" not in log, log
 
     explain = subprocess.run(
         [sys.executable, "-m", "apf_gunicorn", "explain", "--app",

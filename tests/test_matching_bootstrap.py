@@ -216,7 +216,7 @@ def loaded_classifier() -> Classifier:
 
 @pytest.mark.parametrize("desc, attrs, fs, pl, distinguisher", CASES, ids=[c[0] for c in CASES])
 def test_shipped_kubernetes_configuration(loaded_classifier, desc, attrs, fs, pl, distinguisher):
-    """The same cases against config/kubernetes as the loader reads it."""
+    """The same cases against builtin:kubernetes as the loader reads it."""
     c = loaded_classifier.classify(attrs)
     assert (c.flow_schema.name, c.priority_level.name, c.distinguisher) == (fs, pl, distinguisher)
 

@@ -3,7 +3,7 @@
 Each subcommand lives in its own module (``cli/check.py`` …) exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them together.
 
-    $ apf-gunicorn check config/kubernetes --concurrency-limit 600 --json
+    $ apf-gunicorn check builtin:kubernetes --concurrency-limit 600 --json
     $ apf-gunicorn --version
 """
 

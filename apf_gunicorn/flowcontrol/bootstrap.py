@@ -169,7 +169,7 @@ MANDATORY_PRIORITY_LEVELS: dict[str, PriorityLevel] = {
 
 
 def mandatory_manifests() -> list[dict[str, Any]]:
-    """The four mandatory objects as v1 manifests (what ``config/mandatory`` ships)."""
+    """The four mandatory objects as v1 manifests (what ``builtin:mandatory`` ships)."""
     out: list[dict[str, Any]] = []
     for name in (EXEMPT, CATCH_ALL):
         out.append(_manifest("PriorityLevelConfiguration", name, MANDATORY_PRIORITY_LEVEL_SPECS))

@@ -1,7 +1,7 @@
 """Load APF configuration from YAML: files or directories -> defaulting -> validation -> digest.
 
     from apf_gunicorn.flowcontrol.loader import load_configuration, builtin_path
-    cfg = load_configuration("config/kubernetes")   # a file, a directory, or None (built-in webapp)
+    cfg = load_configuration("apf/")           # a file, a directory, or None (built-in webapp)
     cfg = load_configuration(builtin_path("kubernetes"))
 
 What is read:
@@ -40,6 +40,7 @@ from apf_gunicorn.flowcontrol.configuration import (
     priority_level_from_spec,
 )
 from apf_gunicorn.flowcontrol.objects import FlowSchema, PriorityLevel
+from apf_gunicorn.flowcontrol.suggest import unknown_field
 from apf_gunicorn.flowcontrol.validation import (
     KIND_FLOW_SCHEMA,
     KIND_PRIORITY_LEVEL,
@@ -65,6 +66,7 @@ LIST_KINDS = {
     "PriorityLevelConfigurationList": KIND_PRIORITY_LEVEL,
 }
 OBJECT_KINDS = (KIND_FLOW_SCHEMA, KIND_PRIORITY_LEVEL)
+_TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_BUILTIN = "webapp"
 #: Without APF_CONFIG when no request can carry a verified identity (server.settings).
@@ -231,8 +233,8 @@ def parse_object(
     elif api_version not in SUPPORTED_API_VERSIONS:
         errs.not_supported("apiVersion", api_version, SUPPORTED_API_VERSIONS)
     for key in doc:
-        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
-            errs.add(str(key), "unknown field")
+        if key not in _TOP_LEVEL_FIELDS:
+            errs.add(str(key), unknown_field(str(key), _TOP_LEVEL_FIELDS))
     if meta is not None and not isinstance(meta, dict):
         errs.wrong_type("metadata", meta, "must be a map")
     if not isinstance(meta, dict):

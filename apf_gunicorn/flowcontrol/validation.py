@@ -50,6 +50,7 @@ from apf_gunicorn.flowcontrol.objects import (
     WILDCARD,
 )
 from apf_gunicorn.flowcontrol.shufflesharding import MAX_HASH_BITS, required_entropy_bits
+from apf_gunicorn.flowcontrol.suggest import unknown_field
 
 MAX_MATCHING_PRECEDENCE = 10000
 MAX_QUEUES = 10 * 1000 * 1000
@@ -331,7 +332,7 @@ class _Struct(_Schema):
         if self.strict:
             for key in value:
                 if key not in self.fields:
-                    errs.add(f"{path}.{key}", "unknown field")
+                    errs.add(f"{path}.{key}", unknown_field(str(key), self.fields))
         return out
 
 

@@ -123,11 +123,13 @@ class ServerAutoLimit:
             ``(old, new)`` when the server limit changed, else None.
         """
         lock = lock if lock is not None else nullcontext()
-        gen = master.generation
-        levels = gen.configuration.priority_levels
-        exempt = {name for name, pl in levels.items() if pl.is_exempt}
         now = self.clock()
+        # The generation is read under the lock each time: on_reload replaces it (and
+        # reconfigures the ledger) under the same lock, so a HUP between two reads must not
+        # leave the old levels' shares written into the new ledger.
         with lock:
+            levels = master.generation.configuration.priority_levels
+            exempt = {name for name, pl in levels.items() if pl.is_exempt}
             tick = self.observe(master.ledger, exempt, now)
         if tick is not None:
             self.last_tick = tick
@@ -138,9 +140,11 @@ class ServerAutoLimit:
             return None
         if master.borrowing_states is None:
             master.borrowing_states = BorrowingStates()
-        triples = [(name, idx, levels[name].is_exempt)
-                   for name, idx in gen.level_index.items() if name in levels]
         with lock:
+            gen = master.generation
+            levels = gen.configuration.priority_levels
+            triples = [(name, idx, levels[name].is_exempt)
+                       for name, idx in gen.level_index.items() if name in levels]
             level_limits, granted = follow_server_limit(
                 master.ledger, levels.values(), triples, master.borrowing_states, new, now)
             gen.limits = level_limits

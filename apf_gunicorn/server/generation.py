@@ -6,6 +6,7 @@ ledger, at start and on every HUP.
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
     warning = thread_budget(gen, settings, workers, threads)
     before = level_seats(ledger, old_gen)      # on a reload, around configure_ledger:
+    config_change_lines(old_gen.configuration, gen.configuration)  # objects added/removed/changed
     seat_change_lines(before, level_seats(ledger, gen))   # each level's seats before/after
 
 Workers take the per-level request widths (``level_max_seats``) and the route cost table
@@ -14,7 +15,8 @@ Workers take the per-level request widths (``level_max_seats``) and the route co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.limits import compute_limits
@@ -26,6 +28,7 @@ from apf_gunicorn.server.settings import default_concurrency_limit
 from apf_gunicorn.server.state import Generation
 
 if TYPE_CHECKING:
+    from apf_gunicorn.flowcontrol.configuration import Configuration
     from apf_gunicorn.ledger.ledger import Ledger
     from apf_gunicorn.server.settings import Settings
 
@@ -116,6 +119,64 @@ def seat_change_lines(before: dict[str, tuple[int, int]],
             (n0, c0), (n1, c1) = before[name], after[name]
             lines.append(f"level {name!r}: nominal {n0} -> {n1} seats, current {c0} -> {c1}")
     return lines
+
+
+#: The YAML name of an object attribute that is not its camelCase (config_change_lines).
+_FIELD_NAMES = {"priority_level": "priorityLevelConfiguration",
+                "distinguisher": "distinguisherMethod", "limit_response": "limitResponse.type",
+                "uid": "metadata.uid", "fairness": "annotation apf-gunicorn.io/fairness",
+                "max_seats": "annotation apf-gunicorn.io/max-seats"}
+#: Attributes that say where an object was read, not what it is: not a change.
+_NOT_COMPARED = ("name", "source")
+
+
+def _changed_fields(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The YAML names of the fields in which two versions of a FlowSchema or level differ
+    (``queuing.handSize`` inside a level's queuing)."""
+    out = []
+    for f in dataclasses.fields(old):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if f.name in _NOT_COMPARED or a == b:
+            continue
+        head, *rest = f.name.split("_")
+        name = prefix + _FIELD_NAMES.get(f.name, head + "".join(w.title() for w in rest))
+        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+            out += _changed_fields(a, b, name + ".")
+        else:
+            out.append(name)
+    return out
+
+
+def _object_changes(kind: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """One line naming the objects of ``kind`` added, removed and changed (with the fields)."""
+    parts = []
+    added = sorted(new.keys() - old.keys())
+    removed = sorted(old.keys() - new.keys())
+    changed = [f"{name!r} ({', '.join(fields)})" for name in sorted(old.keys() & new.keys())
+               if (fields := _changed_fields(old[name], new[name]))]
+    if added:
+        parts.append("added " + ", ".join(repr(n) for n in added))
+    if removed:
+        parts.append("removed " + ", ".join(repr(n) for n in removed))
+    if changed:
+        parts.append("changed " + ", ".join(changed))
+    return f"{kind}: " + ("; ".join(parts) if parts else "unchanged")
+
+
+def config_change_lines(old: Configuration, new: Configuration) -> list[str]:
+    """What a reload changes: the FlowSchemas and the priority levels added, removed and
+    changed (the fields that differ), compared by name.
+
+    Args:
+        old, new: the configuration in force and the one replacing it.
+    Returns:
+        Two lines, such as ``FlowSchemas: added 'extra'; changed 'work' (matchingPrecedence)``
+        and ``priority levels: removed 'batch'`` (``unchanged`` when nothing is); the file an
+        object was read from does not count.
+    """
+    return [_object_changes("FlowSchemas", {fs.name: fs for fs in old.flow_schemas},
+                            {fs.name: fs for fs in new.flow_schemas}),
+            _object_changes("priority levels", old.priority_levels, new.priority_levels)]
 
 
 def config_error_lines(exc: BaseException) -> list[str]:

@@ -39,6 +39,7 @@ from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import shm, startup, state, worker_setup
 from apf_gunicorn.server.channel import GrantSender, grant_token
 from apf_gunicorn.server.generation import (
+    config_change_lines,
     config_error_lines,
     configure_ledger,
     level_seats,
@@ -213,6 +214,7 @@ def on_reload(server) -> None:
     try:
         gen = load_generation(settings, m.generation.number + 1)
         with SERVICE_LOCK:
+            changes = config_change_lines(m.generation.configuration, gen.configuration)
             seats_before = level_seats(m.ledger, m.generation)
             configure_ledger(m.ledger, gen, time.monotonic_ns())
             m.generation = gen
@@ -230,7 +232,7 @@ def on_reload(server) -> None:
     server.log.info("apf: configuration generation %d applied: %d priority levels; /api/ and "
                     "/apis/ paths are %s", gen.number, len(gen.level_index),
                     path_parsing_note(settings, gen.configuration))
-    for line in seat_change_lines(seats_before, level_seats(m.ledger, gen)):
+    for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
         server.log.info("apf:   %s", line)
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:

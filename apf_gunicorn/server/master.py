@@ -205,9 +205,11 @@ class MasterServices(threading.Thread):
         m = self.state
         if m.borrowing_states is None:
             m.borrowing_states = BorrowingStates()
-        gen = m.generation
         try:
             with SERVICE_LOCK:
+                # read under the lock on_reload takes to replace it: a HUP in between would
+                # have the old levels' limits applied to the reconfigured ledger
+                gen = m.generation
                 levels = [(name, idx, gen.configuration.priority_levels[name].is_exempt)
                           for name, idx in gen.level_index.items()
                           if name in gen.configuration.priority_levels]

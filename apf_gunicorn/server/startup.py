@@ -8,7 +8,7 @@ The hooks call, in this order::
     startup.warn_unknown_variables(server.log)  # on_starting, once the settings are valid
     startup.warn_identity(server.log, settings) # on_starting: sources that never name anybody
     startup.log_ready(server.log, state.MASTER, server.cfg)   # when_ready, admin bound
-    startup.log_route_notes(worker.log, app, routes, max_seats, generation)
+    startup.log_route_notes(worker.log, app, routes, max_seats, generation, settings.paths)
                                                 # post_worker_init, first worker
 
 A misspelled setting (``APF_CONCURENCY_LIMIT=4``) would otherwise be ignored silently and the
@@ -20,13 +20,15 @@ known names are the variables :func:`~apf_gunicorn.server.settings.load_settings
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
+from apf_gunicorn.flowcontrol.requestinfo import path_parsing
+from apf_gunicorn.flowcontrol.routereach import reachable_levels
+from apf_gunicorn.flowcontrol.suggest import closest
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
 from apf_gunicorn.server.settings import SettingsError, load_settings
 
@@ -118,7 +120,7 @@ def known_variables(env: Mapping[str, str] | None = None) -> set[str]:
 
 def unknown_variable_warnings(env: Mapping[str, str] | None = None) -> list[str]:
     """A warning per ``APF_*`` variable of ``env`` that nothing reads, with the closest known
-    name when there is one (``difflib``).
+    name when there is one (:func:`apf_gunicorn.flowcontrol.suggest.closest`).
 
     Args:
         env: the environment (default ``os.environ``).
@@ -133,8 +135,8 @@ def unknown_variable_warnings(env: Mapping[str, str] | None = None) -> list[str]
     # compared without the common prefix, which would make every pair look alike
     suffixes = {k[len(PREFIX):]: k for k in sorted(known)}
     for name in sorted(k for k in env if k.startswith(PREFIX) and k not in known):
-        close = difflib.get_close_matches(name[len(PREFIX):], list(suffixes), n=1, cutoff=0.6)
-        hint = (f"did you mean {suffixes[close[0]]}?" if close
+        close = closest(name[len(PREFIX):], suffixes)
+        hint = (f"did you mean {suffixes[close]}?" if close
                 else "known: " + ", ".join(k for k in sorted(known)
                                            if not k.startswith("APF_TEST_")))
         out.append(f"unknown setting {name} is ignored; {hint}")
@@ -315,13 +317,38 @@ def declared_costs(app: Any, routes: Any) -> list[tuple[str, WorkEstimate]]:
     return out
 
 
+def cost_routes(app: Any, routes: Any) -> dict[str, str]:
+    """The route (URL path template) of each cost :func:`declared_costs` names."""
+    from apf_gunicorn.appcosts import declared_view_routes
+
+    out = declared_view_routes(app)
+    for i, route in enumerate(getattr(routes, "routes", None) or ()):
+        if route.cost is not None:
+            out[f"APF_ROUTES {routes.source}: routes[{i}] ({route.path})"] = route.path
+    return out
+
+
+def cost_levels(app: Any, routes: Any, flow_schemas: Any,
+                kubernetes_paths: bool) -> dict[str, set[str]]:
+    """The priority levels the requests of each declared cost can land in
+    (:func:`apf_gunicorn.flowcontrol.routereach.reachable_levels`); a cost whose route cannot
+    be read that way is left out (every level counts for it)."""
+    out = {}
+    for where, template in cost_routes(app, routes).items():
+        levels = reachable_levels(flow_schemas, template, kubernetes_paths)
+        if levels is not None:
+            out[where] = levels
+    return out
+
+
 def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, int],
-                exempt: set[str], annotated: set[str] = frozenset()) -> list[str]:
+                exempt: set[str], annotated: set[str] = frozenset(),
+                reachable: Mapping[str, set[str]] | None = None) -> list[str]:
     """A note for every declared cost some priority level clamps.
 
     Kubernetes clamps a request's seats to its level's widest request (``maxSeats``); which
     level a request lands in depends on who sends it, so each note names every level that
-    would clamp it, and to what.
+    would clamp it, and to what: every level its requests can reach.
 
     Args:
         costs: :func:`declared_costs`.
@@ -329,16 +356,19 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
         exempt: names of exempt levels (never limited; left out).
         annotated: names of levels whose max seats the ``apf-gunicorn.io/max-seats``
             annotation sets (the note says so; the others follow Kubernetes' 15% rule).
+        reachable: ``where`` -> the only levels its requests can land in (:func:`cost_levels`);
+            a cost not in it may land in any level.
 
     Returns:
         Messages such as ``"@cost on GET /reports/<int:year> asks for 4 seat(s): clamped to
         1 on priority levels anonymous, catch-all (their widest request)"``.
     """
     notes = []
+    reachable = reachable or {}
     for where, est in costs:
         by_result: dict[tuple[int, int], list[str]] = {}
         for level in sorted(max_seats):
-            if level in exempt:
+            if level in exempt or (where in reachable and level not in reachable[where]):
                 continue
             out = clamp(est, max_seats[level])
             if (out.initial_seats, out.final_seats) != (est.initial_seats, est.final_seats):
@@ -364,7 +394,7 @@ def route_notes(costs: list[tuple[str, WorkEstimate]], max_seats: Mapping[str, i
 
 
 def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, int],
-                    generation: Any) -> None:
+                    generation: Any, paths: str = "kubernetes") -> None:
     """Log :func:`route_notes` and the view costs that cannot take effect
     (:func:`apf_gunicorn.appcosts.unusable_costs`) as warnings (``post_worker_init``, first
     worker).
@@ -375,7 +405,9 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
         routes: the ``APF_ROUTES`` table or None.
         max_seats: level name -> widest request.
         generation: the loaded configuration (``server.state.Generation``): which levels are
-            exempt.
+            exempt, which FlowSchemas lead where.
+        paths: ``APF_PATHS`` (whether ``/api/`` paths may be Kubernetes API requests, whose
+            levels are not told from the route).
     """
     from apf_gunicorn.appcosts import unusable_costs
 
@@ -383,7 +415,10 @@ def log_route_notes(glog: Any, app: Any, routes: Any, max_seats: Mapping[str, in
         levels = generation.configuration.priority_levels
         exempt = {name for name, pl in levels.items() if pl.is_exempt}
         annotated = {name for name, pl in levels.items() if pl.max_seats is not None}
-        notes = route_notes(declared_costs(app, routes), max_seats, exempt, annotated)
+        schemas = generation.configuration.flow_schemas
+        kubernetes_paths, _ = path_parsing(paths, schemas)
+        notes = route_notes(declared_costs(app, routes), max_seats, exempt, annotated,
+                            cost_levels(app, routes, schemas, kubernetes_paths))
         notes += unusable_costs(app)
     except Exception:  # a note is never worth a worker that does not boot
         glog.exception("apf: could not read the declared costs")

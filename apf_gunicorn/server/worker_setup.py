@@ -75,7 +75,8 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
         worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
     if index == 0:
-        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen)
+        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen,
+                                m.settings.paths)
     middleware = APFMiddleware(worker.wsgi, ctx)
     worker.wsgi = middleware
     if isinstance(worker, ApfThreadWorker):

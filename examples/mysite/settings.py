@@ -10,3 +10,6 @@ INSTALLED_APPS: list[str] = []
 MIDDLEWARE = ["django.middleware.common.CommonMiddleware"]
 DATABASES: dict = {}
 USE_TZ = True
+# Django sets the process's TZ to TIME_ZONE (its default is America/Chicago): UTC keeps the
+# workers' log timestamps in the master's zone on a server that runs in UTC.
+TIME_ZONE = "UTC"

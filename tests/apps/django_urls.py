@@ -1,11 +1,15 @@
-"""The example project's URLs plus views whose costs cannot take effect or sit on a class."""
+"""The example project's URLs plus views whose costs cannot take effect or sit on a class, and
+the example's 4-seat report under ``i18n_patterns`` (``/en/localized/2024/``,
+``/fr/localized/2024/``)."""
 
+from django.conf.urls.i18n import i18n_patterns
 from django.http import HttpResponse
 from django.urls import include, path
 from django.views import View
 
 from apf_gunicorn import django as apf_django
 from apf_gunicorn import flask as apf_flask
+from examples.mysite import views
 
 
 @apf_flask.cost(seats=3)  # the Flask decorator: a Django app never reads it
@@ -26,4 +30,5 @@ urlpatterns = [
     path("", include("examples.mysite.urls")),
     path("misplaced/", misplaced),
     path("exports/", Exports.as_view()),
+    *i18n_patterns(path("localized/<int:year>/", views.report)),
 ]
