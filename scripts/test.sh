@@ -7,8 +7,9 @@
 #   args:    one pytest run with exactly those args, as `pytest "$@"` (e.g. a test file, -k,
 #            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
 # As root with apt-get available, also installs HAProxy for tests/test_haproxy.py, wrk for
-# tests/test_bench_storm.py and promtool (Debian's prometheus package) for tests/test_metrics.py
-# (each skipped, saying why, without it); set APF_NO_APT=1 to skip that.
+# tests/test_bench_storm.py and promtool (Debian's prometheus package) for the /metrics lint
+# (tests/promtool.py) (each skipped, saying why, without it; but under CI, CI=true, a missing
+# promtool fails those tests); set APF_NO_APT=1 to skip that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # apt_install COMMAND PACKAGE TEST: install PACKAGE (as root, with apt-get) when COMMAND is
@@ -24,7 +25,7 @@ apt_install() {
 }
 apt_install haproxy haproxy tests/test_haproxy.py
 apt_install wrk wrk tests/test_bench_storm.py
-apt_install promtool prometheus tests/test_metrics.py
+apt_install promtool prometheus "the promtool checks (tests/promtool.py; under CI they fail)"
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -24,6 +24,7 @@ from apf_gunicorn import flask as apf_flask
 from apf_gunicorn.appcosts import declared_view_costs, unusable_costs, view_costs_for_app
 from apf_gunicorn.cli import main
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from tests.apps.overload import scrape, total
 from tests.conftest import ROOT, free_port
 
 EXAMPLE_CONFIG = str(ROOT / "examples" / "mysite" / "apf.yaml")
@@ -296,8 +297,9 @@ def _report_rows(dump: str) -> list[dict]:
 @pytest.mark.server
 def test_example_project_admits_a_four_seat_report(server_factory):
     """Six concurrent reports on the 8-seat example server: each holds 4 seats (the level's
-    apf-gunicorn.io/max-seats), so they run one at a time on the level's 4 nominal seats and
-    dump_requests shows InitialSeats 4 for all six; explain --app says the same."""
+    apf-gunicorn.io/max-seats), so they run one at a time on the level's 4 nominal seats:
+    dump_requests shows InitialSeats 4 for each it lists, the level's work_estimated_seats
+    counts six of 4 seats; explain --app says the same."""
     aport = free_port()
     env = {"APF_CONCURRENCY_LIMIT": "8", "APF_ADMIN_BIND": f"127.0.0.1:{aport}",
            "APF_QUEUE_WAIT_LIMIT": "60", "DJANGO_SETTINGS_MODULE": "examples.mysite.settings"}
@@ -310,18 +312,28 @@ def test_example_project_admits_a_four_seat_report(server_factory):
             return srv.request("/reports/2024/?ms=1500", timeout=60)[0]
 
         with ThreadPoolExecutor(6) as pool:
-            statuses = pool.map(report, range(6))
+            futures = [pool.submit(report, i) for i in range(6)]
+            # every report the dump shows while they run (a report waiting, then executing,
+            # is one row: its arrival time)
+            seen: dict = {}
 
-            def six_reports():
-                rows = _report_rows(_get(aport, "/debug/api_priority_and_fairness/"
-                                               "dump_requests")[2].decode())
-                return rows if len(rows) == 6 else None
+            def all_answered() -> bool:
+                for r in _report_rows(_get(aport, "/debug/api_priority_and_fairness/"
+                                               "dump_requests")[2].decode()):
+                    seen[(r["FlowDistingsher"], r["ArriveTime"])] = r["InitialSeats"]
+                return all(f.done() for f in futures)
 
-            rows = srv.wait_for(six_reports, timeout=30)
-            statuses = list(statuses)
-        assert rows, srv.log()
-        assert [r["InitialSeats"] for r in rows] == ["4"] * 6
+            assert srv.wait_for(all_answered, timeout=120, step=0.02), srv.log()
+            statuses = [f.result() for f in futures]
+        print(f"{len(seen)} of the 6 reports seen in dump_requests while they ran")
         assert statuses == [200] * 6
+        assert seen and set(seen.values()) == {"4"}, seen
+        # all six were admitted with 4 seats: the level's work_estimated_seats (max(initial,
+        # final) per admit) counts 6 reports and 24 seats
+        samples = scrape(aport)
+        assert (total(samples, "apf_work_estimated_seats_count", priority_level="reports"),
+                total(samples, "apf_work_estimated_seats_sum", priority_level="reports")) \
+            == (6, 24), samples
         # REST paths of the example are classified like any other path (no resource rules)
         api = srv.request("/api/v1/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]
         assert api == srv.request("/items/")[1]["X-Kubernetes-PF-FlowSchema-UID"]

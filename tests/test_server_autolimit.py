@@ -1,6 +1,8 @@
 """APF_CONCURRENCY_LIMIT=auto on a real server: it starts low and says so, exports its gauges,
-grows past the knee of an app limited by a pool of 4 "connections", and comes down when the
-pool drops to 2."""
+looks below its start and comes back near the knee of an app limited by a pool of 4
+"connections", comes down when the pool drops to 2, and stays within its bounds. Real latency
+drives the controller, so the test asserts directions, bounds and where it ends up (printing
+the moves), not an exact sequence of moves."""
 
 from __future__ import annotations
 
@@ -53,18 +55,31 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
             for c in clients:
                 c.start()
 
+            limits: list[float] = []  # every value the limit gauge was scraped with
+
             def limit() -> float:
                 value = gauge(metrics(admin), "apf_server_concurrency_limit_seats")
-                return -1.0 if value is None else value
+                if value is None:
+                    return -1.0
+                limits.append(value)
+                return value
 
-            # the "work" level holds about half the server's seats: a pool of 4 is its knee
-            # near a server limit of 8, a pool of 2 near 4. From 8: a look below, then back.
-            # the first binding tick looks below the start; the seats above paid: back
-            assert srv.wait_for(lambda: "auto: 8 -> 4 seats (down: looking below the start"
-                                in srv.log(), timeout=120), srv.log()
-            assert srv.wait_for(lambda: "auto: 4 -> 8 seats (up: back to the start"
-                                in srv.log(), timeout=120), srv.log()
+            def moves() -> list[tuple[int, int, str]]:
+                """The controller's logged moves (those by more than a quarter)."""
+                return [(int(a), int(b), why) for a, b, why in re.findall(
+                    r"concurrency limit auto: (\d+) -> (\d+) seats \(([^;]*);", srv.log())]
+
+            def report(when: str) -> None:
+                print(f"{when}: limit samples {sorted(set(limits))}, moves {moves()}")
+
+            # What the controller must do, not the exact moves (real latency drives them): the
+            # "work" level holds about half the server's seats, so a pool of 4 is its knee near
+            # a server limit of 8, a pool of 2 near 4. From 8 it looks below the start once
+            # it binds, and with the pool at 4 it comes back to 7 or more.
+            assert srv.wait_for(lambda: any(b < a for a, b, _ in moves()), timeout=120), \
+                srv.log()
             assert srv.wait_for(lambda: limit() >= 7, timeout=120, step=0.5), srv.log()
+            report("pool of 4")
             for _ in range(2):  # the pool drops to 2: the test holds two connections
                 sem.acquire(60)
                 held += 1
@@ -73,6 +88,7 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
                 return 0 <= limit() <= 6
 
             assert srv.wait_for(lowered, timeout=120, step=0.5), srv.log()
+            report("pool of 2")
             served = [s for c in clients for s in list(c.statuses)]
             assert served and not [s for s in served if s >= 500]
             # a HUP reloads the configuration; the controller goes on from where it is (the
@@ -81,6 +97,10 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
             assert srv.wait_for(lambda: "configuration generation 2 applied" in srv.log(),
                                 timeout=60), srv.log()
             assert srv.wait_for(lowered, timeout=120, step=0.5), srv.log()
+            report("after the reload")
+            # every limit it set or exported stayed within auto:2-16
+            assert all(2 <= a <= 16 and 2 <= b <= 16 for a, b, _ in moves()), moves()
+            assert all(2 <= x <= 16 for x in limits), limits
             text = metrics(admin)
             assert re.search(r'^apf_adaptive_baseline_seconds\{flow_schema="work",'
                              r'priority_level="work"\} ', text, re.M), text

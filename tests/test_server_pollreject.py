@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import http.client
 import re
-import shutil
 import socket
-import subprocess
 import threading
 import time
 
 from tests.apps.overload import scrape, total
 from tests.conftest import APPS, free_port
+from tests.promtool import check_metrics
 
 OTHER = b"GET /other HTTP/1.1\r\nHost: t\r\nX-Remote-User: %s\r\n\r\n"
 HELLO = b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -205,15 +204,11 @@ def test_held_rejections_are_exported_with_their_level_flow_schema_and_reason(se
         assert total(samples, name, **mine) == held == delayed(srv)
         # held 429s are among the rejections counted for the same level and FlowSchema
         assert total(samples, "apf_rejected_requests_total", **mine) >= held + 1
-        promtool = shutil.which("promtool")
-        if promtool:
-            conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=10)
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-            conn.close()
-            out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                                 text=True, timeout=60)
-            assert out.returncode == 0, out.stdout + out.stderr
+        conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        check_metrics(text)  # last: without promtool it skips (fails under CI)
 
 
 def test_held_connections_are_bounded(server_factory):

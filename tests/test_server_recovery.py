@@ -217,9 +217,9 @@ def _start_long_requests(srv, n):
 
 @pytest.mark.server
 def test_prometheus_recipe_config_a_killed_workers_seats_come_back(server_factory, tmp_path):
-    """The recipe config: both workers SIGKILLed while they run requests; the seats come back
-    within 5 s (measured from the kill), the replaced hook was logged at start, the reclaim
-    too, and the level serves again."""
+    """The recipe config: both workers SIGKILLed while they run requests; the master's
+    periodic check reclaims each one's seats (logged, naming its pid; the time from the kill
+    is printed), the replaced hook was logged at start, and the level serves again."""
     mp = tmp_path / "prom"
     mp.mkdir()
     with server_factory(workers=2, threads=4, conf=RECIPE,
@@ -236,10 +236,13 @@ def test_prometheus_recipe_config_a_killed_workers_seats_come_back(server_factor
         killed = time.monotonic()
         back = srv.wait_for(lambda: _level(srv, "work").seats_in_use == 0, 30, step=0.02)
         took = time.monotonic() - killed
+        print(f"seats back {took:.2f} s after the kill (the master checks every second)")
         assert back, f"seats never came back:\n{srv.log()}"
-        print(f"seats back {took:.2f} s after the kill")
-        assert took <= 5.0, f"seats came back after {took:.2f} s"
-        assert "the master reclaimed its seats" in srv.log()
+        # the master's periodic check reclaimed each victim (the config's child_exit did not)
+        log = srv.log()
+        for pid in victims:
+            assert f"(pid {pid}) is gone and apf_gunicorn's child_exit did not run" in log, log
+        assert "the master reclaimed its seats" in log
         assert srv.wait_for(lambda: len(srv.workers()) == 2, 30)
 
         def serves():

@@ -17,9 +17,9 @@ fairness object is built once per ``Ledger`` (``KubernetesQueueSet(led)``,
 is handed the ledger as ``led`` (so there is no reference cycle, and a dropped ledger frees its
 buffer at once), and may use its ``..._locked`` helpers (alloc, link/unlink, log/commit,
 counters, the min-tree). Both fairnesses admit as Kubernetes does and start a chosen request
-alike, through the ledger's ``_wait_locked`` (queue choice, ``queue-full``, the waiting slot),
-``_start_locked`` (the final-seat cap and the counts of a dispatch) and ``_admitted`` (the
-outcome); what differs is the order.
+alike, through the ledger's ``_verdict_locked`` (queue choice, ``queue-full``), ``_wait_locked``
+(the waiting slot), ``_start_locked`` (the final-seat cap and the counts of a dispatch) and
+``_admitted`` (the outcome); what differs is the order.
 
 Two things a new fairness must also settle, outside this interface:
 
@@ -51,14 +51,14 @@ class Fairness(Protocol):
 
     name: str  # as selected in configuration, e.g. "kubernetes"
 
-    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
-                       granted: list) -> AdmitResult:
-        """A request of a queuing level that cannot run at once (the arrival is counted, a slot
-        is free, R is synced): pick its queue, reject it (``queue-full``, counting the
-        rejection and committing the event) or make it wait, then dispatch what fits.
-        ``req`` is ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``, ``eb``
-        its stats entry, ``ms`` max(initial, final), ``watch`` 0/1. Returns the outcome for
-        this request (EXECUTE if the dispatch picked it)."""
+    def enqueue_locked(self, led, lb: int, level: int, q: int, qa: int, req: tuple, eb: int,
+                       ms: int, watch: int, granted: list) -> AdmitResult:
+        """A request of a queuing level that cannot run at once and is not rejected (the
+        arrival is counted, a slot is free, R is synced; ``Ledger._verdict_locked`` picked
+        queue ``q`` at word address ``qa``): make it wait, then dispatch what fits. ``req``
+        is ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``, ``eb`` its stats
+        entry, ``ms`` max(initial, final), ``watch`` 0/1. Returns the outcome for this request
+        (EXECUTE if the dispatch picked it)."""
         ...
 
     def dispatch_all_locked(self, led, lb: int, now: int, granted: list) -> None:

@@ -353,11 +353,12 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
         """The fairness of the level at word address ``lb`` (its ``L_FAIRNESS``)."""
         return self._maxmin if self._w[lb + L.L_FAIRNESS] else self._queueset
 
-    def _enqueue_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
-                        granted: list) -> AdmitResult:
-        """A request of a queuing level that does not run at once: queue it (or reject it)."""
-        return self._fairness_locked(lb).enqueue_locked(self, lb, level, req, eb, ms, watch,
-                                                        granted)
+    def _enqueue_locked(self, lb: int, level: int, q: int, qa: int, req: tuple, eb: int, ms: int,
+                        watch: int, granted: list) -> AdmitResult:
+        """A request of a queuing level that does not run at once and waits in queue ``q``
+        (``_verdict_locked``): queue it, then dispatch what fits."""
+        return self._fairness_locked(lb).enqueue_locked(self, lb, level, q, qa, req, eb, ms,
+                                                        watch, granted)
 
     def _dispatch_all_locked(self, lb: int, now: int, granted: list) -> None:
         """Dispatch what fits in the level (seats were freed or the limit rose)."""

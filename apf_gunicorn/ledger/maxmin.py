@@ -89,7 +89,7 @@ from apf_gunicorn.ledger.layout import (
     XSLOT_WORDS,
 )
 from apf_gunicorn.ledger.maxmin_repair import MaxMinRepair
-from apf_gunicorn.ledger.records import REJECTED, AdmitResult
+from apf_gunicorn.ledger.records import AdmitResult
 from apf_gunicorn.ledger.seatseconds import U64
 from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 
@@ -127,19 +127,17 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         self._mv = led._mv
 
     # -- arrival ------------------------------------------------------------------------------
-    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
-                       granted: list) -> AdmitResult:
-        """``StartRequest`` of a maxmin level that the fast admit did not take: choose the queue
-        as Kubernetes does, reject ``queue-full`` as Kubernetes does, else wait in the queue and
-        in the flow's FIFO and dispatch what fits (this request too, when nothing else waits).
+    def enqueue_locked(self, led, lb: int, level: int, q: int, qa: int, req: tuple, eb: int,
+                       ms: int, watch: int, granted: list) -> AdmitResult:
+        """``StartRequest`` of a maxmin level that the fast admit did not take and that waits
+        (the queue chosen and ``queue-full`` decided as Kubernetes does, by
+        ``Ledger._verdict_locked``): wait in the queue and in the flow's FIFO and dispatch what
+        fits (this request too, when nothing else waits).
 
         Args and Returns: as :meth:`KubernetesQueueSet.enqueue_locked`.
         """
         w, u = self._w, self._u
-        got = led._wait_locked(lb, level, req, eb, ms, watch)
-        if got is None:
-            return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
-        s, sa, gen, q, qa = got
+        s, sa, gen = led._wait_locked(lb, level, q, qa, req, eb, ms, watch)
         h = req[0] & U64
         now = req[5]
         mm = self._mb + level * MM_WORDS

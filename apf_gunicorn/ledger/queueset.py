@@ -9,8 +9,8 @@ finish correction ``-initial*(G - S)`` of the queue's ``nextDispatchR``. What a 
 is :class:`~apf_gunicorn.ledger.fairness.Fairness`; each ``Ledger`` builds one
 (``Ledger._queueset``) and calls it through its routers only (``ledger.py``)::
 
-    led._enqueue_locked(lb, level, req, eb, ms, watch, granted)   # -> fairness.enqueue_locked
-    led._dispatch_all_locked(lb, now, granted)                    # -> fairness.dispatch_all_locked
+    led._enqueue_locked(lb, level, q, qa, req, eb, ms, watch, granted)  # -> .enqueue_locked
+    led._dispatch_all_locked(lb, now, granted)                 # -> .dispatch_all_locked
 
 Everything here runs with the ledger lock held (hence ``_locked``). The admit-at-once fast path
 (``fastpath.py`` and ``_fastpath.c``) implements this fairness's at-once case inline.
@@ -48,7 +48,6 @@ from apf_gunicorn.ledger.layout import (
     SLOT_WORDS,
 )
 from apf_gunicorn.ledger.records import (
-    REJECTED,
     AdmitResult,
 )
 from apf_gunicorn.ledger.seatseconds import (
@@ -71,25 +70,23 @@ class KubernetesQueueSet:
         self._qb = led._qb
         self._sb = led._sb
 
-    def enqueue_locked(self, led, lb: int, level: int, req: tuple, eb: int, ms: int, watch: int,
-                       granted: list) -> AdmitResult:
+    def enqueue_locked(self, led, lb: int, level: int, q: int, qa: int, req: tuple, eb: int,
+                       ms: int, watch: int, granted: list) -> AdmitResult:
         """``StartRequest`` of a queuing level for a request that does not run at once (the
-        fast path declined): the arrival is counted, a slot is free, R is synced.
+        fast path declined and ``Ledger._verdict_locked`` said it waits): the arrival is
+        counted, a slot is free, R is synced.
 
         Args:
             lb: the level's word address; ``level`` its index.
+            q, qa: the queue shuffle sharding picked, and its word address.
             req: ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``.
             eb: the request's stats entry; ``ms``: max(initial, final) seats; ``watch``: 0/1.
             granted: the operation's grants, appended to.
         Returns:
-            REJECTED ``queue-full`` (nothing else written but the counts), QUEUED, or EXECUTE
-            when the dispatch that follows the enqueue picked this request.
+            QUEUED, or EXECUTE when the dispatch that follows the enqueue picked this request.
         """
         w, u = self._w, self._u
-        got = led._wait_locked(lb, level, req, eb, ms, watch)
-        if got is None:
-            return AdmitResult(REJECTED, -1, 0, "queue-full", granted)
-        s, sa, gen, q, qa = got
+        s, sa, gen = led._wait_locked(lb, level, q, qa, req, eb, ms, watch)
         if w[qa + Q_WAITING] == 1 and w[qa + Q_EXECUTING] == 0:  # the queue was empty
             u[qa + Q_NDR] = u[lb + L_R]
         now = req[5]

@@ -99,6 +99,10 @@ from apf_gunicorn.ledger.stats import (
     WORK_BOUNDS,
 )
 
+# _verdict_locked's outcomes other than a rejection (whose verdict is the reason's index, >= 0)
+_RUN = -1  # a queueless level with room: the request runs at once
+_WAIT = -2  # a queuing level: the request waits in the queue picked
+
 
 class RequestPath:
     """The request operations of ``Ledger`` (a mixin: it uses the ledger's buffer views)."""
@@ -162,20 +166,19 @@ class RequestPath:
         self._log_locked(bw, eb + E_WORK_SUM)  # one event: this arrival and its outcome
         w[bw] += 1
         w[eb + E_WORK_SUM] += ms
-        if w[H_FREE_HEAD] == NIL:
+        verdict, q, qa = self._verdict_locked(lb, flow_hash, ms)
+        if verdict == _WAIT:
+            return self._enqueue_locked(lb, level, q, qa, (flow_hash, initial, final, al, owner,
+                                                           now, fs_index, detail),
+                                        eb, ms, watch, granted)
+        if verdict != _RUN:
+            if verdict == R_QUEUE_FULL:
+                w[lb + L_ENQUEUES] += 1  # Kubernetes' queue choice counts a rejected arrival
             self._count_rejection_locked(lb)
-            self._note_rejection_locked(eb, R_NO_SLOT, desired < 0)
+            self._note_rejection_locked(eb, verdict, desired < 0)
             self._commit_locked()
-            return AdmitResult(REJECTED, -1, 0, "no-slot", granted)
-        if desired > 0:
-            return self._enqueue_locked(lb, level, (flow_hash, initial, final, al, owner, now,
-                                                    fs_index, detail), eb, ms, watch, granted)
-        # queueless: exempt (always) or reject-type (concurrency-limit)
-        if not self._can_accommodate_locked(lb, ms):
-            self._count_rejection_locked(lb)
-            self._note_rejection_locked(eb, R_CONCURRENCY_LIMIT, False)
-            self._commit_locked()
-            return AdmitResult(REJECTED, -1, 0, "concurrency-limit", granted)
+            return AdmitResult(REJECTED, -1, 0, REASONS[verdict], granted)
+        # a queueless level with room: exempt (always) or reject-type
         s, sa, gen = self._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al,
                                         now, detail)
         self._log_locked(sa + S_STATE, lb + L_DISPATCHED,
@@ -196,32 +199,25 @@ class RequestPath:
         self._demand_locked(lb, now)
         return AdmitResult(EXECUTE, s, gen, "", granted)
 
-    def _wait_locked(self, lb: int, level: int, req: tuple, eb: int, ms: int,
-                     watch: int) -> tuple[int, int, int, int, int] | None:
-        """Kubernetes' admission of a request that waits, which both fairnesses use:
-        the queue chosen by shuffle sharding (the least waiting work in the flow's hand, visiting
-        from the rotating offset), ``queue-full`` when every seat is busy and that queue holds
-        its length limit, else a slot waiting at the queue's tail (the level's waiting counts
-        included; the seat demand is the caller's, after its own bookkeeping).
+    def _wait_locked(self, lb: int, level: int, q: int, qa: int, req: tuple, eb: int, ms: int,
+                     watch: int) -> tuple[int, int, int]:
+        """Kubernetes' admission of a request that waits, which both fairnesses use, once
+        :meth:`_verdict_locked` said it waits in queue ``q``: a slot waiting at the queue's
+        tail (the level's enqueue and waiting counts included; the seat demand is the
+        caller's, after its own bookkeeping).
 
         Args:
-            lb: the level's word address; ``level`` its index.
+            lb: the level's word address; ``level`` its index; ``q``, ``qa``: the queue and its
+                word address.
             req: ``(flow_hash, initial, final, al, owner, now, fs_index, detail)``.
             eb: the request's stats entry; ``ms``: max(initial, final) seats; ``watch``: 0/1.
         Returns:
-            ``(slot, slot address, gen, queue, queue address)``, or None after counting a
-            ``queue-full`` rejection (the event committed).
+            ``(slot, slot address, gen)``.
         """
         w, u = self._w, self._u
         flow_hash, initial, final, al, owner, now, fs_index, detail = req
         enq = w[lb + L_ENQUEUES]
         w[lb + L_ENQUEUES] = enq + 1
-        q, qa = self._choose_queue_locked(lb, flow_hash, enq)
-        if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
-            self._count_rejection_locked(lb)
-            self._note_rejection_locked(eb, R_QUEUE_FULL, False)
-            self._commit_locked()
-            return None
         s, sa, gen = self._alloc_locked(level, owner, flow_hash, fs_index, initial, final, al,
                                         now, detail)
         w[sa + S_STATS] = 2 * eb + watch
@@ -234,7 +230,35 @@ class RequestPath:
         self._link_tail_locked(lb, qa, s, sa)
         w[lb + L_WAITING] += 1
         w[lb + L_SEATS_WAITING] += ms
-        return s, sa, gen, q, qa
+        return s, sa, gen
+
+    def _verdict_locked(self, lb: int, flow_hash: int, ms: int) -> tuple[int, int, int]:
+        """What :meth:`admit` does with an arrival its fast path did not run, in admit's order,
+        reading only (R synced): the one copy of that decision, for ``admit``'s general path
+        and :meth:`reject_if_full`. No free slot: reject ``no-slot``. A queuing level: the
+        queue shuffle sharding picks; reject ``queue-full`` when every seat is busy and that
+        queue holds its length limit, else the request waits there. A queueless level: run it
+        when it fits (exempt: always), else reject ``concurrency-limit``.
+
+        Args:
+            lb: the level's word address; ``flow_hash``: the flow's hash; ``ms``:
+                max(initial, final) seats.
+        Returns:
+            ``(verdict, queue, queue address)``: ``verdict`` a rejection reason's index
+            (``R_NO_SLOT``, ``R_QUEUE_FULL``, ``R_CONCURRENCY_LIMIT``), ``_WAIT`` or ``_RUN``;
+            the queue is the one picked on a queuing level (-1, 0 when none was).
+        """
+        w = self._w
+        if w[H_FREE_HEAD] == NIL:
+            return R_NO_SLOT, -1, 0
+        if w[lb + L_DESIRED] > 0:
+            q, qa = self._choose_queue_locked(lb, flow_hash, w[lb + L_ENQUEUES])
+            if w[lb + L_SEATS_IN_USE] >= w[lb + L_C] and w[qa + Q_WAITING] >= w[lb + L_QLL]:
+                return R_QUEUE_FULL, q, qa
+            return _WAIT, q, qa
+        if self._can_accommodate_locked(lb, ms):
+            return _RUN, -1, 0
+        return R_CONCURRENCY_LIMIT, -1, 0
 
     def _choose_queue_locked(self, lb: int, flow_hash: int, enq: int) -> tuple[int, int]:
         """Kubernetes' queue choice for an arrival: the least waiting work in the flow's hand,
@@ -279,34 +303,19 @@ class RequestPath:
 
     def _reject_if_full_locked(self, level, flow_hash, initial, final, al, owner, now,
                                fs_index, detail, watch) -> str:
-        # admit's decision, in its order (tests/test_ledger_reject_if_full.py compares the two
-        # word for word): R synced; no free slot; exempt; queue-full (every seat busy and the
-        # queue shuffle sharding picks at its length limit); a Reject-type level without room
         w = self._w
         lb = self._lb(level)
         if now > w[lb + L_LAST_NS]:
             self._sync_locked(lb, now)
-        desired = w[lb + L_DESIRED]
         ms = initial if initial >= final else final
-        if w[H_FREE_HEAD] == NIL:
-            r = R_NO_SLOT
-        elif desired < 0:
+        verdict, _, _ = self._verdict_locked(lb, flow_hash, ms)
+        if verdict < 0:  # admit runs or queues it
             return ""
-        elif desired > 0:
-            if w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
-                return ""
-            enq = w[lb + L_ENQUEUES]
-            _, qa = self._choose_queue_locked(lb, flow_hash, enq)
-            if w[qa + Q_WAITING] < w[lb + L_QLL]:
-                return ""
-            w[lb + L_ENQUEUES] = enq + 1  # admit's queue choice counts a rejected arrival too
-            r = R_QUEUE_FULL
-        elif self._can_accommodate_locked(lb, ms):
-            return ""
-        else:
-            r = R_CONCURRENCY_LIMIT
-        self._reject_arrival_locked(lb, self._stats_entry_locked(lb, level, fs_index), ms, r)
-        return REASONS[r]
+        if verdict == R_QUEUE_FULL:
+            w[lb + L_ENQUEUES] += 1  # as admit's rejection
+        self._reject_arrival_locked(lb, self._stats_entry_locked(lb, level, fs_index), ms,
+                                    verdict)
+        return REASONS[verdict]
 
     def _start_locked(self, lb: int, qa: int, sa: int, now: int) -> int:
         """A waiting request, already out of its queue's FIFO, starts executing (what both
