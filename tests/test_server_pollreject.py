@@ -256,3 +256,74 @@ def test_a_connection_first_answered_by_the_poller_gets_its_next_request_served(
             s.sendall(HELLO)  # not rejected: the poller hands it to a thread
             assert read_response(s).startswith(b"HTTP/1.1 200 ")
         assert access_429s(log) == 1, "the new connection's 429 came from a thread"
+
+
+# -- the 429 path agrees with gunicorn's parser (a saturated level, a corpus of heads) ----------
+
+def _answer(sock: socket.socket, head_only: bool) -> str:
+    """The status line of one answer on ``sock`` (its body read), or "closed"."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return "closed" if not data else data.split(b"\r\n")[0].decode("latin-1")
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        want = 0 if head_only or length is None else int(length.group(1))
+        while len(body) < want:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except ConnectionResetError:
+        return "closed"
+    return head.split(b"\r\n")[0].decode("latin-1")
+
+
+def _replay(srv, corpus: dict[str, bytes]) -> dict[str, tuple[str, str]]:
+    """Each head on a new connection while the worker is rejecting: its answer's status line,
+    and what the connection does with a next request (its answer's status line, or
+    "closed")."""
+    got = {}
+    for name, head in corpus.items():
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as warm:
+            warm.sendall(OTHER % b"warm")  # a 429 just now: the worker asks its poller
+            assert read_response(warm).startswith(b"HTTP/1.1 429 ")
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(head)
+            first = _answer(s, head.startswith(b"HEAD "))
+            try:
+                s.sendall(HELLO)
+                then = _answer(s, False)
+            except (BrokenPipeError, ConnectionResetError):
+                then = "closed"
+        got[name] = (first, then)
+    return got
+
+
+def test_the_poller_answers_every_head_of_the_corpus_as_gunicorn_does(server_factory):
+    """On a saturated level, a head gunicorn answers 400 (an invalid header name, two
+    Content-Length fields, ...) got the poller's 429 with the connection kept alive, and a
+    ``CONNECT`` (which gunicorn closes after) kept alive too. The reference: the same server
+    with a request-info hook, where every head goes to a thread (``HOOKED``)."""
+    from tests.test_pollreject_corpus import CORPUS
+
+    # (not sent: heads a thread waits on for a body, or answered 100/101 first)
+    skip = {"a-body", "chunked", "expect-continue", "upgrade"}
+    corpus = {k: v for k, v in CORPUS.items() if k not in skip}
+    env = {"APF_HELD_REJECTIONS": "0"}  # the corpus is one flow, retrying at once
+    answers = {}
+    for name, conf in (("apf", TIGHT), ("reference", HOOKED)):
+        with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
+                            env={**conf, **env}) as srv:
+            hold_other(srv)
+            answers[name] = _replay(srv, corpus)
+    ref = answers["reference"]
+    assert ref["invalid-header-name"] == ("HTTP/1.1 400 Bad Request", "closed")
+    assert ref["two-content-lengths"] == ("HTTP/1.1 400 Bad Request", "closed")
+    assert ref["connect"] == ("HTTP/1.1 429 Too Many Requests", "closed")
+    assert ref["plain"] == ("HTTP/1.1 429 Too Many Requests", "HTTP/1.1 200 OK")
+    differ = {k: (answers["apf"][k], ref[k]) for k in corpus if answers["apf"][k] != ref[k]}
+    assert not differ, differ
