@@ -11,8 +11,13 @@ it, answered 429 here with the same bytes gunicorn would write for the middlewar
 HTTP version, keep-alive and second). Everything else goes to a thread as before::
 
     rejector = PollerRejector(middleware, cfg)      # None-equivalent: rejector.enabled False
-    verdict = rejector.answer(head_bytes, conn.client, keepalive_room=True)
-    if verdict is not None: data, keep_alive, hold_s, route, reason = verdict
+    answer = rejector.answer(head_bytes, conn.client, keepalive_room=True)
+    if answer is not None: ...send answer.data after answer.hold s, keep it if answer.keep...
+    rejector.log_access(worker.log, answer, conn.client, conn.server)   # once written
+
+The worker counts each answer towards gunicorn's ``max_requests`` and logs it in gunicorn's
+access log (:meth:`PollerRejector.log_access`: gunicorn's own ``Logger.access`` with the
+configured ``access_log_format``), as gthread does for a response a thread wrote.
 
 What a head must be for this (anything else goes to a thread, which decides as today): a
 whole head with nothing after it that gunicorn's own parser (``gunicorn.http.message.Request``,
@@ -38,10 +43,12 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from gunicorn import util
 from gunicorn.config import Config
+from gunicorn.http import wsgi
 from gunicorn.http.body import LengthReader
 from gunicorn.http.message import Request
 from gunicorn.http.unreader import IterUnreader
@@ -61,6 +68,8 @@ HOLD_CAP_S = 1.0
 #: Early returns in a row before a flow's 429s are held: one early retry is a client's normal
 #: race (its request was under way when the 429 came); a second one is a pattern.
 STRIKES = 2
+#: The environ key set (True) in the access log's environ of a 429 the poller wrote
+POLLER_KEY = "apf_gunicorn.poller"
 #: Flows remembered per worker (the book is cleared when full: a storm's flows return at once).
 BOOK_SIZE = 4096
 
@@ -219,30 +228,31 @@ class RejectionBytes:
         self._cache: dict[tuple, bytes] = {}
 
     def get(self, route: Any, retry: int, version: tuple[int, int], method: str,
-            keep: bool) -> bytes:
-        """The 429's bytes.
+            keep: bool) -> tuple[bytes, Any]:
+        """The 429's bytes, and the gunicorn ``Response`` that wrote them (what gunicorn's
+        access log reads of a response: ``status``, ``headers``, ``sent``; never change it).
 
         Args:
             route: the request's FlowSchema route (``middleware._Route``); retry: seconds.
             version: the request's HTTP version; method: its method (HEAD: no body).
             keep: the response keeps the connection alive (else ``Connection: close``).
         Returns:
-            The response, ready to send.
+            ``(the response ready to send, its Response)``.
         """
         second = int(time.time())
         if second != self._second:
             self._second = second
             self._cache.clear()
         key = (route, retry, version, method == "HEAD", keep)
-        data = self._cache.get(key)
-        if data is None:
+        got = self._cache.get(key)
+        if got is None:
             sink = _Capture()
             resp = Response(_Head(version, method, keep), sink, self._cfg)
             resp.start_response(REJECTED_STATUS, rejection_headers(route, retry))
             resp.write(TOO_MANY)
             resp.close()
-            data = self._cache[key] = bytes(sink.data)
-        return data
+            got = self._cache[key] = (bytes(sink.data), resp)
+        return got
 
 
 class Strikes:
@@ -282,6 +292,32 @@ class Strikes:
         return hold
 
 
+class Answer(NamedTuple):
+    """The poller's 429 for one head."""
+
+    data: bytes  # the response, ready to send
+    keep: bool  # keep the connection alive after it
+    hold: float  # seconds to hold it first (0: at once)
+    route: Any  # the request's FlowSchema route (``middleware._Route``: level, fs_index)
+    reason: str  # the reason its rejection was counted with (to count a held one)
+    req: Any  # gunicorn's parsed ``Request`` (for the access log)
+    resp: Any  # gunicorn's ``Response`` that wrote ``data`` (for the access log)
+    at: float  # when it was answered (monotonic seconds)
+
+
+class _NoSocket:
+    """The socket ``wsgi.create`` is given for a request it builds an environ for only: it
+    would write to it only for ``Expect: 100-continue``, which the poller never answers."""
+
+    def send(self, data: bytes) -> int:
+        return len(data)
+
+    sendall = send
+
+
+_NO_SOCK = _NoSocket()
+
+
 class PollerRejector:
     """The poller's side of rejecting without a thread: whether to ask, and the answer."""
 
@@ -293,6 +329,7 @@ class PollerRejector:
         self.mw = middleware
         self.enabled = bool(middleware.poller_classifies and not os.environ.get("SCRIPT_NAME")
                             and str(getattr(cfg, "proxy_protocol", "off") or "off") == "off")
+        self._cfg = cfg
         self.bytes = RejectionBytes(cfg)
         self.strikes = Strikes()
         self.read_head = HeadReader(getattr(middleware.ctx.resolver, "environ_keys", ()), cfg)
@@ -310,19 +347,16 @@ class PollerRejector:
             return True
         return bool(self._until) and time.monotonic() < self._until
 
-    def answer(self, buf: bytes, client: Any, keepalive_room: bool
-               ) -> tuple[bytes, bool, float, Any, str] | None:
+    def answer(self, buf: bytes, client: Any, keepalive_room: bool) -> Answer | None:
         """The poller's answer to a complete head, if it is a 429.
 
         Args:
             buf: the head's bytes; client: the peer address.
             keepalive_room: the worker would keep the connection alive after a response
-                (alive, keep-alive on, room among its kept-alive connections).
+                (alive, keep-alive on, room among its kept-alive connections, not its last
+                request before ``max_requests``).
         Returns:
-            ``(response bytes, keep the connection alive, seconds to hold it first, route,
-            reason)``: the request's FlowSchema route (``middleware._Route``: its ``level``
-            and ``fs_index``) and the reason its rejection was counted with, for counting
-            a held one; or None: hand the request to a thread (nothing was counted).
+            The answer, or None: hand the request to a thread (nothing was counted).
         Raises:
             Exception: classification or the ledger failed (the caller hands it to a thread).
         """
@@ -337,4 +371,28 @@ class PollerRejector:
         route, retry, flow_hash, reason = got
         keep = keep and keepalive_room
         hold = self.strikes.hold_for((flow_hash, client[0]), now / 1e9, retry)
-        return self.bytes.get(route, retry, version, method, keep), keep, hold, route, reason
+        data, resp = self.bytes.get(route, retry, version, method, keep)
+        return Answer(data, keep, hold, route, reason, parsed.req, resp, now / 1e9)
+
+    def log_access(self, log: Any, answer: Answer, client: Any, server: Any) -> None:
+        """Log a 429 written here in gunicorn's access log, as gthread logs a response: with
+        gunicorn's own ``Logger.access``, the configured ``access_log_format``, the request's
+        environ as gunicorn's ``wsgi.create`` builds it and the ``Response`` that wrote the
+        bytes; the request time runs from when the head was answered to now (a held 429's
+        hold included). The environ also holds ``apf_gunicorn.poller: True``, so a format with
+        ``%({apf_gunicorn.poller}e)s`` tells these lines apart (``-`` on a thread's).
+
+        Args:
+            log: the worker's gunicorn logger (``worker.log``).
+            answer: what :meth:`answer` returned; client, server: the connection's peer and
+                listener addresses (``conn.client``, ``conn.server``).
+        """
+        if not getattr(log, "access_log_enabled", True):
+            return  # (no access log: no environ built)
+        try:
+            _resp, environ = wsgi.create(answer.req, _NO_SOCK, client, server, self._cfg)
+            environ[POLLER_KEY] = True
+            took = timedelta(seconds=max(0.0, time.monotonic() - answer.at))
+            log.access(answer.resp, answer.req, environ, took)
+        except Exception:  # noqa: BLE001 - a log line must not cost the answer
+            log.exception("apf: logging a 429 answered by the poller failed")
