@@ -225,7 +225,7 @@ class RejectionBytes:
     def __init__(self, cfg: Any) -> None:
         self._cfg = cfg
         self._second = -1
-        self._cache: dict[tuple, bytes] = {}
+        self._cache: dict[tuple, tuple[bytes, Any]] = {}
 
     def get(self, route: Any, retry: int, version: tuple[int, int], method: str,
             keep: bool) -> tuple[bytes, Any]:
