@@ -17,6 +17,7 @@ from gunicorn.http.parser import RequestParser
 from apf_gunicorn.server.pollreject import HeadReader
 
 PEER = ("192.0.2.7", 5000)
+PROXY = ("127.0.0.1", 5000)
 KEYS = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR", "HTTP_X_REMOTE_USER",
         "HTTP_X_REMOTE_GROUP", "HTTP_USER_AGENT", "CONTENT_TYPE", "HTTP_X_A")
 
@@ -64,6 +65,8 @@ CORPUS = {
     "bare-lf-in-head": R + b"X-A: 1\nX-B: 2\r\n\r\n",
     "cr-in-value": R + b"X-A: a\rb\r\n\r\n",
     "two-empty-lines-first": b"\r\n\r\nGET /other HTTP/1.1\r\nHost: t\r\n\r\n",
+    # from a trusted proxy (127.0.0.1, gunicorn's forwarded_allow_ips) 400, from others ignored
+    "scheme-conflict": R + b"X-Forwarded-Proto: https\r\nX-Forwarded-Ssl: off\r\n\r\n",
     # heads gunicorn hands to the app: the poller may answer them, read as gunicorn reads them
     "plain": R + b"\r\n",
     "http10": b"GET /other HTTP/1.0\r\nX-Remote-User: m\r\n\r\n",
@@ -107,12 +110,13 @@ class _Sock:
     sendall = send
 
 
-def gunicorn_reads(head: bytes, cfg: Config) -> tuple[dict, bool] | None:
-    """What gunicorn makes of ``head``: None when it answers it with an error (or closes),
-    else the environ ``wsgi.create`` gives the app and whether it keeps the connection."""
+def gunicorn_reads(head: bytes, cfg: Config, peer: tuple = PEER) -> tuple[dict, bool] | None:
+    """What gunicorn makes of ``head`` from ``peer``: None when it answers it with an error
+    (or closes), else the environ ``wsgi.create`` gives the app and whether it keeps the
+    connection."""
     try:
-        req = next(RequestParser(cfg, iter([head]), PEER))
-        _resp, environ = wsgi.create(req, _Sock(), PEER, "127.0.0.1:8000", cfg)
+        req = next(RequestParser(cfg, iter([head]), peer))
+        _resp, environ = wsgi.create(req, _Sock(), peer, "127.0.0.1:8000", cfg)
     except Exception:  # noqa: BLE001 - any error: gunicorn answers it (400, 417, 501, ...)
         return None
     return environ, not req.should_close()
@@ -137,6 +141,16 @@ def test_the_poller_reads_only_what_gunicorn_accepts_and_as_gunicorn_reads_it(na
 
 def req_version(head: bytes) -> tuple[int, int]:
     return (1, 0) if b" HTTP/1.0\r\n" in head else (1, 1)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_from_a_trusted_proxy_too(name):
+    """Scheme and forwarder headers count only from ``forwarded_allow_ips``: the same head
+    can be gunicorn's 400 from there and fine from elsewhere."""
+    cfg = Config()
+    got = HeadReader(KEYS, cfg)(CORPUS[name], PROXY)
+    ref = gunicorn_reads(CORPUS[name], cfg, PROXY)
+    assert ref is not None or got is None, name
 
 
 def test_the_issues_heads_are_left_to_gunicorn_and_connect_closes():
