@@ -190,3 +190,16 @@ def test_a_flood_of_forged_datagrams_costs_one_batch_per_wake_up():
             flood.wait()
         inbox.close()
         sender.close()
+
+
+def test_the_longest_name_fits_a_unix_socket_address():
+    """APF_INSTANCE (40 characters at most), the largest pid Linux gives and a four-digit
+    worker index, with the random part: still under the 108 bytes of ``sun_path``."""
+    from apf_gunicorn.server.channel import grant_token
+
+    token = grant_token("i" * 40, 4_194_304)
+    inbox = GrantInbox(token, 9999)
+    try:
+        assert inbox.bound and len(address(token, 9999)) < 108
+    finally:
+        inbox.close()
