@@ -1,6 +1,7 @@
 """Grant channel: msgpack [slot, gen] datagrams on abstract Unix sockets."""
 
 import os
+import select
 import socket
 
 from apf_gunicorn.server.channel import GrantInbox, GrantSender, address
@@ -109,3 +110,96 @@ def test_send_errors_are_counted_and_logged_never_raised(caplog):
     sender.send_grants([(1, 1, 3), (2, 1, 4)])
     assert sender.dropped == 2
     assert caplog.text.count("could not be sent") == 1  # once per errno
+
+
+def test_grant_socket_names_cannot_be_known_before_the_master_starts():
+    """The name was ``\\0apf-<instance>_<master pid>-w<index>``: with the master as pid 1 in a
+    container, ``\\0apf-_1-w0`` was there for any process of the pod to bind first (the
+    worker then failed to boot) or to flood. The token now carries 128 random bits."""
+    from apf_gunicorn.server.channel import grant_token
+
+    first, second = grant_token("", 1), grant_token("", 1)
+    assert first != second
+    assert address(first, 0) != b"\0apf-_1-w0"
+    random_part = first.rsplit("_", 1)[1]
+    assert len(random_part) == 32 and int(random_part, 16) >= 0  # 128 bits, hex
+
+
+def test_a_worker_whose_name_is_taken_still_boots(caplog):
+    """Binding a worker's name first raised EADDRINUSE in the worker's setup (gunicorn then
+    halts). The worker now boots without an inbox and says so; its grants come from its
+    ledger scan."""
+    token = _token()
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(address(token, 0))
+    try:
+        inbox = GrantInbox(token, 0)
+        try:
+            assert inbox.bound is False
+            assert inbox.receive() == []
+            assert "grant socket name of worker 0 is taken" in caplog.text
+        finally:
+            inbox.close()
+    finally:
+        squatter.close()
+    inbox = GrantInbox(token, 0)  # the name is free again: bound as usual
+    assert inbox.bound is True
+    inbox.close()
+
+
+FLOOD = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+name = bytes.fromhex(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    s.sendto(b"\\x91\\x92\\x01\\x01", name)   # [[1, 1]]: well-formed, from a stranger
+"""
+
+
+def test_a_flood_of_forged_datagrams_costs_one_batch_per_wake_up():
+    """A flood from a process outside the server kept the dispatcher in one ``receive`` for as
+    long as it lasted (189k datagrams refused in a second): no lingering seats released, no
+    finishes, no backstop scan meanwhile. One call now reads at most ``BATCH`` datagrams."""
+    import subprocess
+    import sys
+
+    from apf_gunicorn.server.channel import BATCH, PeerCheck
+
+    token = _token()
+    me = os.getpid()
+    inbox = GrantInbox(token, 0, trusted=PeerCheck(me, lambda: {me}, refresh_s=0.0))
+    sender = GrantSender(token)
+    n = 20 * BATCH
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, address(token, 0).hex(), str(n)])
+    try:
+        while inbox.refused < n:
+            # wait for datagrams (the flood may be slower than this loop), or the flood's end
+            readable, _, _ = select.select([inbox], [], [], 1.0)
+            before = inbox.refused
+            assert inbox.receive() == []
+            assert inbox.refused - before <= BATCH
+            if not readable:
+                assert flood.poll() is None, f"the flood ended, {inbox.refused} of {n} came"
+        assert flood.wait(timeout=60) == 0
+        assert inbox.refused == n
+        assert sender.send(0, [[7, 3]])  # a real grant after the flood gets through
+        assert inbox.receive() == [(7, 3)]
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        inbox.close()
+        sender.close()
+
+
+def test_the_longest_name_fits_a_unix_socket_address():
+    """APF_INSTANCE (40 characters at most), the largest pid Linux gives and a four-digit
+    worker index, with the random part: still under the 108 bytes of ``sun_path``."""
+    from apf_gunicorn.server.channel import grant_token
+
+    token = grant_token("i" * 40, 4_194_304)
+    inbox = GrantInbox(token, 9999)
+    try:
+        assert inbox.bound and len(address(token, 9999)) < 108
+    finally:
+        inbox.close()

@@ -13,7 +13,7 @@ read = HeadReader(("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR",
 
 
 def test_a_plain_head_gives_the_resolvers_keys_as_gunicorn_sets_them() -> None:
-    env, ver, keep, method = read(
+    env, ver, keep, method, _req = read(
         b"GET /a%20b?x=1 HTTP/1.1\r\nHost: h\r\nX-Remote-User:  alice \r\n"
         b"X-Remote-Group: a\r\nx-remote-group: b\r\nContent-Length: 0\r\n\r\n", PEER)
     assert env == {"REQUEST_METHOD": "GET", "PATH_INFO": "/a b", "QUERY_STRING": "x=1",
@@ -38,7 +38,6 @@ def test_keep_alive_follows_gunicorn(head: bytes, keep: bool) -> None:
     b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",  # pipelined
     b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
     b"GET / HTTP/1.1\r\nUpgrade: h2c\r\n\r\n",
-    b"GET / HTTP/1.1\r\nX_Remote_User: a\r\n\r\n",  # gunicorn drops or maps it
     b"GET / HTTP/1.1\r\nX-A: 1\r\n folded\r\n\r\n",
     b"GET / HTTP/1.1\r\nX-A: \x01\r\n\r\n",
     b"GET http://h/ HTTP/1.1\r\n\r\n",  # absolute form

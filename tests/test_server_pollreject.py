@@ -3,7 +3,8 @@ Retry-After (``server/pollreject.py``), on real servers over real sockets.
 
 A configuration the poller cannot classify (``APF_REQUEST_INFO``) answers every 429 from the
 middleware on a thread: the reference the poller's answers are compared with. gunicorn's
-access log tells the two apart: it logs what a thread answered, never the poller's 429s.
+access log lists both; the environ key ``apf_gunicorn.poller`` (``True`` in the poller's
+lines, ``-`` in a thread's) tells them apart.
 """
 
 from __future__ import annotations
@@ -65,8 +66,26 @@ def hold_other(srv) -> threading.Thread:
     return t
 
 
+#: gunicorn's default access log format, and whether the poller wrote the response
+FORMAT = ('%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" '
+          '%({apf_gunicorn.poller}e)s')
+
+
+def logged(path) -> tuple[str, ...]:
+    """gunicorn's arguments for an access log in ``path`` with :data:`FORMAT`."""
+    return ("--access-logfile", str(path), "--access-logformat", FORMAT)
+
+
 def access_429s(path) -> int:
-    return sum(1 for line in path.read_text().splitlines() if '" 429 ' in line)
+    """The 429s a thread wrote, in the access log."""
+    return sum(1 for line in path.read_text().splitlines()
+               if '" 429 ' in line and not line.endswith(" True"))
+
+
+def poller_429s(path) -> int:
+    """The 429s the poller wrote, in the access log."""
+    return sum(1 for line in path.read_text().splitlines()
+               if '" 429 ' in line and line.endswith(" True"))
 
 
 def rejected_stats(srv) -> dict:
@@ -81,7 +100,7 @@ def storm_of_three(server_factory, tmp_path, env: dict) -> tuple[list[bytes], by
     GET /hello on it: the responses, the 429s in the access log, the ledger's counts."""
     log = tmp_path / f"access-{len(env)}.log"
     with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"), env=env,
-                        args=("--access-logfile", str(log))) as srv:
+                        args=logged(log)) as srv:
         hold_other(srv)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
             answers = []
@@ -91,7 +110,7 @@ def storm_of_three(server_factory, tmp_path, env: dict) -> tuple[list[bytes], by
             s.sendall(HELLO)
             hello = read_response(s)
         stats = rejected_stats(srv)
-        assert srv.wait_for(lambda: access_429s(log) >= 1)
+        assert srv.wait_for(lambda: access_429s(log) + poller_429s(log) >= 3)
         return answers, hello, access_429s(log), stats
 
 
@@ -114,7 +133,7 @@ def test_poller_429_is_the_middleware_429_and_the_connection_lives_on(server_fac
 def test_connection_close_and_http10_are_answered_as_gunicorn_does(server_factory, tmp_path):
     log = tmp_path / "access.log"
     with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
-                        env=TIGHT, args=("--access-logfile", str(log))) as srv:
+                        env=TIGHT, args=logged(log)) as srv:
         hold_other(srv)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
             for _ in range(2):  # the second comes to a worker that just rejected
@@ -130,8 +149,9 @@ def test_connection_close_and_http10_are_answered_as_gunicorn_does(server_factor
             assert head.startswith(b"HTTP/1.0 429 Too Many Requests\r\n")
             assert head.endswith(b"\r\n\r\n")  # no body for HEAD
             assert s.recv(10) == b""
-        assert srv.wait_for(lambda: access_429s(log) >= 1)
+        assert srv.wait_for(lambda: access_429s(log) + poller_429s(log) >= 4)
         assert access_429s(log) == 1  # the poller answered all but the first
+        assert poller_429s(log) == 3
 
 
 def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
@@ -139,7 +159,7 @@ def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
     # 4 threads, 2 kept for exempt requests: two /work requests take the others
     with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"),
                         env={"APF_CONCURRENCY_LIMIT": "4"},
-                        args=("--access-logfile", str(log))) as srv:
+                        args=logged(log)) as srv:
         for _ in range(2):
             in_background(srv, "/work?ms=6000")
         assert srv.wait_for(lambda: srv.level("work").requests_executing == 2)
@@ -148,6 +168,7 @@ def test_thread_reserve_is_answered_by_the_poller(server_factory, tmp_path):
         with srv.attached_ledger() as led:
             st = next(s for s in led.request_stats() if s.level == "other")
         assert st.rejected["thread-reserve"] == 1
+        assert srv.wait_for(lambda: poller_429s(log) == 1)
         assert access_429s(log) == 0  # no thread answered it
 
 
@@ -237,7 +258,7 @@ def test_a_connection_first_answered_by_the_poller_gets_its_next_request_served(
     "Remote end closed connection without response")."""
     log = tmp_path / "access.log"
     with server_factory(workers=1, threads=4, config=str(APPS / "tight.yaml"), env=TIGHT,
-                        args=("--access-logfile", str(log))) as srv:
+                        args=logged(log)) as srv:
         hold_other(srv)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as warm:
             warm.sendall(OTHER % b"mallory")  # a thread rejects it: the worker is now "hot"
@@ -250,4 +271,136 @@ def test_a_connection_first_answered_by_the_poller_gets_its_next_request_served(
             assert b"\r\nConnection: keep-alive\r\n" in first
             s.sendall(HELLO)  # not rejected: the poller hands it to a thread
             assert read_response(s).startswith(b"HTTP/1.1 200 ")
+        assert srv.wait_for(lambda: poller_429s(log) == 1)
         assert access_429s(log) == 1, "the new connection's 429 came from a thread"
+
+
+# -- the 429 path agrees with gunicorn's parser (a saturated level, a corpus of heads) ----------
+
+def _answer(sock: socket.socket, head_only: bool) -> str:
+    """The status line of one answer on ``sock`` (its body read), or "closed"."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return "closed" if not data else data.split(b"\r\n")[0].decode("latin-1")
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        want = 0 if head_only or length is None else int(length.group(1))
+        while len(body) < want:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except ConnectionResetError:
+        return "closed"
+    return head.split(b"\r\n")[0].decode("latin-1")
+
+
+def _replay(srv, corpus: dict[str, bytes]) -> dict[str, tuple[str, str]]:
+    """Each head on a new connection while the worker is rejecting: its answer's status line,
+    and what the connection does with a next request (its answer's status line, or
+    "closed")."""
+    got = {}
+    for name, head in corpus.items():
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as warm:
+            warm.sendall(OTHER % b"warm")  # a 429 just now: the worker asks its poller
+            assert read_response(warm).startswith(b"HTTP/1.1 429 ")
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(head)
+            first = _answer(s, head.startswith(b"HEAD "))
+            try:
+                s.sendall(HELLO)
+                then = _answer(s, False)
+            except (BrokenPipeError, ConnectionResetError):
+                then = "closed"
+        got[name] = (first, then)
+    return got
+
+
+def test_the_poller_answers_every_head_of_the_corpus_as_gunicorn_does(server_factory):
+    """On a saturated level, a head gunicorn answers 400 (an invalid header name, two
+    Content-Length fields, ...) got the poller's 429 with the connection kept alive, and a
+    ``CONNECT`` (which gunicorn closes after) kept alive too. The reference: the same server
+    with a request-info hook, where every head goes to a thread (``HOOKED``)."""
+    from tests.test_pollreject_corpus import CORPUS
+
+    # (not sent: heads a thread waits on for a body, or answered 100/101 first)
+    skip = {"a-body", "chunked", "expect-continue", "upgrade"}
+    corpus = {k: v for k, v in CORPUS.items() if k not in skip}
+    env = {"APF_HELD_REJECTIONS": "0"}  # the corpus is one flow, retrying at once
+    # (8 threads: a worker over its room closes connections after a response, whoever wrote
+    # it, and a closed warm connection is counted until the worker reads its end)
+    answers = {}
+    for name, conf in (("apf", TIGHT), ("reference", HOOKED)):
+        with server_factory(workers=1, threads=8, config=str(APPS / "tight.yaml"),
+                            env={**conf, **env}) as srv:
+            hold_other(srv)
+            answers[name] = _replay(srv, corpus)
+    ref = answers["reference"]
+    assert ref["invalid-header-name"] == ("HTTP/1.1 400 Bad Request", "closed")
+    assert ref["two-content-lengths"] == ("HTTP/1.1 400 Bad Request", "closed")
+    assert ref["connect"] == ("HTTP/1.1 429 Too Many Requests", "closed")
+    assert ref["plain"] == ("HTTP/1.1 429 Too Many Requests", "HTTP/1.1 200 OK")
+    differ = {k: (answers["apf"][k], ref[k]) for k in corpus if answers["apf"][k] != ref[k]}
+    assert not differ, differ
+
+
+# -- the poller's 429s in gunicorn's access log and max_requests -----------------------------
+
+def test_poller_429s_are_in_the_access_log_as_a_threads_are(server_factory):
+    """Operators grep access logs for 429s: the poller's were missing. Now each is logged
+    with gunicorn's own Logger.access and the configured format, the same line a thread
+    writes for the middleware's 429 but for the mark."""
+    fmt = ('ACCESS %(h)s "%(r)s" %(s)s %(b)s %(m)s %(U)s %(q)s %(H)s %({x-remote-user}i)s '
+           '%({retry-after}o)s %({content-type}o)s %({apf_gunicorn.poller}e)s')
+    with server_factory(workers=1, threads=8, config=str(APPS / "tight.yaml"),
+                        env={**TIGHT, "APF_HELD_REJECTIONS": "0"},
+                        args=("--access-logfile", "-", "--access-logformat", fmt)) as srv:
+        hold_other(srv)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(3):
+                s.sendall(b"GET /other?x=1 HTTP/1.1\r\nHost: t\r\nX-Remote-User: mallory\r\n\r\n")
+                assert read_response(s).startswith(b"HTTP/1.1 429 ")
+
+        def lines() -> list[str]:
+            return [ln[ln.index("ACCESS "):] for ln in srv.log().splitlines()
+                    if "ACCESS " in ln and '" 429 ' in ln]
+
+        assert srv.wait_for(lambda: len(lines()) >= 3), srv.log()[-3000:]
+    got = lines()
+    thread = ('ACCESS 127.0.0.1 "GET /other?x=1 HTTP/1.1" 429 43 GET /other x=1 HTTP/1.1 '
+              'mallory 1 text/plain; charset=utf-8 -')
+    assert got == [thread] + [thread[:-1] + "True"] * 2, got
+
+
+def test_poller_429s_count_towards_max_requests(server_factory):
+    """A worker answering a storm from its poller never reached ``max_requests``: the 429s it
+    wrote were not counted, and it kept every connection alive. Now each counts as gthread
+    counts a request: the one that reaches the limit is answered ``Connection: close`` and the
+    worker restarts."""
+    limit = 12
+    with server_factory(workers=1, threads=8, config=str(APPS / "tight.yaml"),
+                        env={**TIGHT, "APF_HELD_REJECTIONS": "0"},
+                        args=("--max-requests", str(limit), "--max-requests-jitter", "0")
+                        ) as srv:
+        hold_other(srv)
+        answers = []
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            for _ in range(3 * limit):
+                s.sendall(OTHER % b"mallory")
+                try:
+                    answer = read_response(s)
+                except (AssertionError, ConnectionResetError):
+                    break  # closed after the previous answer
+                answers.append(answer)
+                if b"\r\nConnection: close\r\n" in answer:
+                    assert s.recv(10) == b""  # and closed
+                    break
+        assert answers and b"\r\nConnection: close\r\n" in answers[-1], (
+            f"{len(answers)} answers on one connection, none closing it")
+        assert all(a.startswith(b"HTTP/1.1 429 ") for a in answers)
+        assert len(answers) < limit  # (the seat holder and the server's probes counted too)
+        assert srv.wait_for(lambda: "Autorestarting worker after current request." in srv.log())

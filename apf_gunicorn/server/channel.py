@@ -5,6 +5,14 @@ must wake the parked request thread. Each worker binds one ``SOCK_DGRAM`` socket
 ``\\0apf-<token>-w<index>`` in the Linux abstract namespace (nothing to unlink; the name
 disappears with the process). A message is a msgpack list of ``[slot, gen]`` pairs.
 
+The token holds 128 random bits drawn by the master at start (:func:`grant_token`), so a
+process outside the server cannot bind a worker's name before it does (the worker would fail
+to boot) nor send to it without first reading the name from ``/proc/net/unix``. Should a name
+be taken all the same, the worker boots without an inbox (:attr:`GrantInbox.bound` False, a
+warning logged) and its grants reach it through the backstop scan. One wake-up of the
+dispatcher reads at most ``BATCH`` datagrams (:meth:`GrantInbox.receive`), so a flood cannot
+keep the thread from its other duties (lingering seats, finishes, the backstop scan).
+
 Anyone who shares the network namespace (another container of a Kubernetes pod) can send to an
 abstract name, so the inbox takes the sender's credentials from the kernel (``SO_PASSCRED``:
 each datagram carries ``SCM_CREDENTIALS``, which the kernel fills with the sender's real pid
@@ -31,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import socket
 import struct
 import time
@@ -47,13 +56,20 @@ _CRED_SPACE = socket.CMSG_SPACE(_UCRED.size)
 _ORDINARY = (errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT, errno.ENOBUFS)
 _MAX_LOGGED = 64  # distinct refused senders (and send errnos) logged; the rest only counted
 _PAIRS_PER_DATAGRAM = 4000  # 2 ints of at most 9 bytes each, plus framing: well under 60 KB
+#: Datagrams one :meth:`GrantInbox.receive` reads at most. The dispatcher's epoll is
+#: level-triggered: what is left wakes it again at once, after its other work of that pass.
+#: A real grant datagram carries every pair a ledger call dispatched to this worker, so
+#: real traffic rarely queues more than a few (the kernel queue holds
+#: ``net.unix.max_dgram_qlen``, 10 by default, or 1 MiB).
+BATCH = 64
 
 
 def grant_token(instance: str, master_pid: int) -> str:
-    """The per-server part of the socket names: one per master (USR2 runs two at once). The
-    pid is all digits and comes after the last ``_``, so two (instance, pid) pairs never give
-    the same token (``a`` + 1234 and ``a1`` + 234 did when they were simply concatenated)."""
-    return f"{instance}_{master_pid}"
+    """The per-server part of the socket names, drawn once per master (USR2 runs two at once):
+    the instance, the master's pid and 128 random bits, so no other process can know a
+    worker's name before the worker binds it (``\\0apf-_1-w0`` for a master of pid 1 in a
+    container was there for anyone to take first) and two servers never share one."""
+    return f"{instance}_{master_pid}_{secrets.token_hex(16)}"
 
 
 def address(token: str, index: int) -> bytes:
@@ -105,6 +121,11 @@ class GrantInbox:
 
     ``trusted(pid, uid)`` decides whom to accept datagrams from (None: anyone, for tests of the
     channel alone); refused ones are counted in ``refused`` and each sender pid is logged once.
+
+    Attributes:
+        bound: the name was bound. False when another process holds it (``EADDRINUSE``,
+            logged): the socket then never receives, and this worker's grants reach it
+            through the dispatcher's backstop scan (within 100 ms).
     """
 
     def __init__(self, token: str, index: int,
@@ -112,7 +133,17 @@ class GrantInbox:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         # before bind, so that no datagram is ever queued without its sender's credentials
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self.sock.bind(address(token, index))
+        self.bound = True
+        try:
+            self.sock.bind(address(token, index))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                self.sock.close()
+                raise
+            self.bound = False
+            log.warning("apf: the grant socket name of worker %d is taken by another process "
+                        "(%s); this worker gets its grants from its ledger scan instead, "
+                        "within 100 ms", index, e)
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         self.trusted = trusted
@@ -122,14 +153,16 @@ class GrantInbox:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def receive(self) -> list[tuple[int, int]]:
-        """Every pair waiting in the socket now (possibly none). Malformed datagrams and those
-        of senders ``trusted`` refuses are skipped."""
+    def receive(self, batch: int = BATCH) -> list[tuple[int, int]]:
+        """The pairs of at most ``batch`` datagrams waiting in the socket now (possibly none;
+        the rest stay queued for the next call). Malformed datagrams and those of senders
+        ``trusted`` refuses are skipped, and count towards ``batch``."""
         out: list[tuple[int, int]] = []
         trusted = self.trusted
-        while True:
+        recvmsg = self.sock.recvmsg
+        for _ in range(batch):
             try:
-                data, anc, _flags, _addr = self.sock.recvmsg(MAX_DATAGRAM, _CRED_SPACE)
+                data, anc, _flags, _addr = recvmsg(MAX_DATAGRAM, _CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 return out
             if trusted is not None and not self._accepted(trusted, anc):
@@ -140,6 +173,7 @@ class GrantInbox:
                     out.append((int(slot), int(gen)))
             except Exception:  # noqa: BLE001 - a bad datagram must not stop the dispatcher
                 continue
+        return out
 
     def _accepted(self, trusted: Callable[[int, int], bool], anc: list) -> bool:
         pid, uid = 0, -1

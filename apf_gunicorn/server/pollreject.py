@@ -11,15 +11,25 @@ it, answered 429 here with the same bytes gunicorn would write for the middlewar
 HTTP version, keep-alive and second). Everything else goes to a thread as before::
 
     rejector = PollerRejector(middleware, cfg)      # None-equivalent: rejector.enabled False
-    verdict = rejector.answer(head_bytes, conn.client, keepalive_room=True)
-    if verdict is not None: data, keep_alive, hold_s, route, reason = verdict
+    answer = rejector.answer(head_bytes, conn.client, keepalive_room=True)
+    if answer is not None: ...send answer.data after answer.hold s, keep it if answer.keep...
+    rejector.log_access(worker.log, answer, conn.client, conn.server)   # once written
+
+The worker counts each answer towards gunicorn's ``max_requests`` and logs it in gunicorn's
+access log (:meth:`PollerRejector.log_access`: gunicorn's own ``Logger.access`` with the
+configured ``access_log_format``), as gthread does for a response a thread wrote.
 
 What a head must be for this (anything else goes to a thread, which decides as today): a
-whole HTTP/1.0 or 1.1 head with nothing after it (no body: no ``Content-Length`` but 0, no
-``Transfer-Encoding``; no pipelined request), an origin-form target, no ``Expect`` or
-``Upgrade``, no folded lines, no header name with ``_``, a TCP peer. So a request with a body
-is never answered here: its body would have to be read or the connection closed, and the
-thread path already drains it and keeps the connection alive.
+whole head with nothing after it that gunicorn's own parser (``gunicorn.http.message.Request``,
+with the worker's config) accepts, so that gunicorn would have handed it to the app too: a
+head it answers 400, 417 or 501 (an invalid header name, two ``Content-Length`` fields, ...)
+or closes is answered by a thread, as gunicorn answers it. Beyond that: HTTP/1.0 or 1.1, no
+body (no ``Content-Length`` but 0, no ``Transfer-Encoding``; no pipelined request), an
+origin-form target, no ``Expect`` or ``Upgrade``, no header name with ``_`` left after
+gunicorn's ``header_map``, a TCP peer. So a request with a body is never answered here: its
+body would have to be read or the connection closed, and the thread path already drains it and
+keeps the connection alive. The connection is kept alive exactly when gunicorn's
+``should_close`` says so (``CONNECT`` and ``Connection: close`` close it).
 
 Holding (:class:`Strikes`): a flow, per client address, that comes back before the
 Retry-After of its previous 429 again and again (``STRIKES`` times in a row) gets its next 429
@@ -33,9 +43,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from datetime import timedelta
+from typing import Any, NamedTuple
 
 from gunicorn import util
+from gunicorn.config import Config
+from gunicorn.http import wsgi
+from gunicorn.http.body import LengthReader
+from gunicorn.http.message import Request
+from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response
 
 from apf_gunicorn.server.middleware import REJECTED_STATUS, TOO_MANY, rejection_headers
@@ -52,41 +68,87 @@ HOLD_CAP_S = 1.0
 #: Early returns in a row before a flow's 429s are held: one early retry is a client's normal
 #: race (its request was under way when the 429 came); a second one is a pattern.
 STRIKES = 2
+#: The environ key set (True) in the access log's environ of a 429 the poller wrote
+POLLER_KEY = "apf_gunicorn.poller"
 #: Flows remembered per worker (the book is cleared when full: a storm's flows return at once).
 BOOK_SIZE = 4096
 
 
-_REFUSED = frozenset(("HTTP_TRANSFER_ENCODING", "HTTP_EXPECT", "HTTP_UPGRADE"))
+#: Headers (as gunicorn's parser names them) whose request goes to a thread: gunicorn writes a
+#: ``100 Continue`` for an ``Expect``, may switch protocols for an ``Upgrade``
+_REFUSED = frozenset(("EXPECT", "UPGRADE"))
+#: Fields gunicorn's ``wsgi.create`` maps to other keys than ``HTTP_*``
+_SPECIAL = {"CONTENT-TYPE": "CONTENT_TYPE", "CONTENT-LENGTH": "CONTENT_LENGTH"}
+_VERSIONS = frozenset(((1, 0), (1, 1)))
 #: Heads remembered per worker with what they read (cleared when full), and the largest kept
 HEAD_CACHE_SIZE = 1024
 HEAD_CACHE_BYTES = 2048
 _UNREAD = object()
 
 
+class Head(NamedTuple):
+    """What the poller read of a request head it may answer."""
+
+    environ: dict  # the keys the resolver reads, as gunicorn sets them (shared: never change)
+    version: tuple[int, int]
+    keep_alive: bool  # the client's side: gunicorn's ``should_close`` is False
+    method: str
+    req: Any  # gunicorn's parsed ``Request`` (for the access log)
+
+
+class ParserConfig:
+    """A gunicorn config as its request parser reads it, every setting a plain attribute: each
+    read of a ``Config`` attribute goes through ``Config.__getattr__`` and the setting's
+    ``get`` (1.7 us measured here), and ``Request`` reads about 16 per head, which was 40 %
+    of the parse. The values are the worker's for its whole life (a reload starts new
+    workers); anything else is read from the config itself."""
+
+    def __init__(self, cfg: Any) -> None:
+        """Args:
+            cfg: a gunicorn ``Config``.
+        """
+        self._cfg = cfg
+        for name, setting in cfg.settings.items():
+            if not hasattr(type(cfg), name):  # (Config's properties, e.g. worker_class, stay its)
+                setattr(self, name, setting.get())
+        self.is_ssl = cfg.is_ssl
+        self.forwarded_allow_networks = cfg.forwarded_allow_networks
+        self.proxy_allow_networks = cfg.proxy_allow_networks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)
+
+
 class HeadReader:
     """Reads a complete request head into the environ keys the built-in resolver reads, as
     gunicorn would set them, when the head qualifies for an answer from the poller (see the
-    module docstring); one per worker, for the resolver's ``environ_keys``."""
+    module docstring); one per worker, for the resolver's ``environ_keys``.
 
-    def __init__(self, environ_keys: tuple[str, ...] | frozenset) -> None:
+    The head is parsed by gunicorn's own ``Request`` with the worker's config (its parser, its
+    limits, its header rules), so a head gunicorn answers 400, 417 or 501 is never answered 429
+    here, and ``Connection`` is decided by gunicorn's own ``should_close`` (``CONNECT`` closes).
+    """
+
+    def __init__(self, environ_keys: tuple[str, ...] | frozenset, cfg: Any = None) -> None:
         """Args:
             environ_keys: the keys the resolver reads (``RequestInfoResolver.environ_keys``);
                 of the ``HTTP_*`` ones, only these are read from the head.
+            cfg: the worker's gunicorn config (None: gunicorn's defaults).
         """
         self._wanted = frozenset(environ_keys)
+        self._cfg = ParserConfig(cfg if cfg is not None else Config())
         # (head, client address) -> what it reads: a storm repeats the same few heads
         self._cache: dict[tuple[bytes, str], Any] = {}
 
-    def __call__(self, buf: bytes, client: Any
-                 ) -> tuple[dict, tuple[int, int], bool, str] | None:
-        """The head's environ and what the answer needs (the environ is shared between calls
-        for the same head and address: read it, never change it).
+    def __call__(self, buf: bytes, client: Any) -> Head | None:
+        """What the answer needs of the head (its environ is shared between calls for the same
+        head and address: read it, never change it).
 
         Args:
             buf: the head's bytes (a whole head qualifies only with nothing after it).
             client: the peer address as gunicorn has it (a TCP ``(host, port)``).
         Returns:
-            ``(environ, version, client_keep_alive, method)``, or None: give it to a thread.
+            The head, or None: give it to a thread.
         """
         if type(client) is not tuple:
             return None
@@ -101,64 +163,32 @@ class HeadReader:
                 cache[key] = got
         return got
 
-    def _read(self, buf: bytes, client: tuple
-              ) -> tuple[dict, tuple[int, int], bool, str] | None:
-        n = len(buf)
-        if buf.find(b"\r\n\r\n") != n - 4:
+    def _read(self, buf: bytes, client: tuple) -> Head | None:
+        if buf.find(b"\r\n\r\n") != len(buf) - 4:
             return None  # bytes after the head (a body, a pipelined request), or no head
-        head = buf[2 if buf[:2] == b"\r\n" else 0:n - 4]
-        if not head.isascii():
-            return None  # gunicorn decodes latin-1: such rare heads go to a thread
-        lines = head.decode("ascii").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3:
+        try:
+            # req_number 2: no PROXY header (the poller is off with proxy_protocol)
+            req = Request(self._cfg, IterUnreader((buf,)), client, 2)
+        except Exception:  # noqa: BLE001 - gunicorn rejects it: a thread answers as gunicorn does
             return None
-        method, target, version = parts
-        if version == "HTTP/1.1":
-            ver = (1, 1)
-        elif version == "HTTP/1.0":
-            ver = (1, 0)
-        else:
+        version = req.version
+        reader = req.body.reader
+        if (version not in _VERSIONS or req.uri[:1] != "/"
+                or type(reader) is not LengthReader or reader.length):
+            # an absolute or asterisk target, a body (or a chunked one)
             return None
-        if not (3 <= len(method) <= 20 and method.isalpha() and method.isupper()):
-            return None
-        if target[:1] != "/" or "#" in target or not target.isprintable():
-            return None
-        path, _, query = target.partition("?")
-        if "%" in path:
-            path = util.unquote_to_wsgi_str(path)
-        environ = {"REQUEST_METHOD": method, "QUERY_STRING": query, "PATH_INFO": path,
-                   "REMOTE_ADDR": client[0]}
+        environ = {"REQUEST_METHOD": req.method, "QUERY_STRING": req.query,
+                   "PATH_INFO": util.unquote_to_wsgi_str(req.path), "REMOTE_ADDR": client[0]}
         wanted = self._wanted
-        connection = None
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or "_" in name or " " in name or "\t" in name:
-                return None  # a folded line, a header gunicorn maps or drops, an odd name
-            if not line.isprintable() and not line.replace("\t", " ").isprintable():
-                return None  # a control character: gunicorn answers 400
-            key = "HTTP_" + name.upper().replace("-", "_")
-            if key == "HTTP_CONTENT_LENGTH":
-                if value.strip(" \t") != "0":
-                    return None
-                continue
-            if key in _REFUSED:
+        for name, value in req.headers:
+            if name in _REFUSED or "_" in name:
+                # a 100-continue, an upgrade; a header gunicorn kept with "_" in its name
+                # (SCRIPT_NAME from a trusted proxy moves PATH_INFO; header_map "dangerous")
                 return None
-            if key == "HTTP_CONNECTION" and connection is None:
-                connection = value.strip(" \t").lower()
-            if key in wanted:
-                value = value.strip(" \t")
-                if key in environ:  # repeated fields joined as gunicorn joins them
-                    environ[key] = environ[key] + "," + value
-                else:
-                    environ[key] = value
-        if connection == "close":
-            keep = False
-        elif connection == "keep-alive":
-            keep = True
-        else:  # gunicorn: HTTP/1.1 keeps the connection, 1.0 closes it
-            keep = ver == (1, 1)
-        return environ, ver, keep, method
+            key = _SPECIAL.get(name) or "HTTP_" + name.replace("-", "_")
+            if key in wanted:  # repeated fields joined as gunicorn's wsgi.create joins them
+                environ[key] = environ[key] + "," + value if key in environ else value
+        return Head(environ, version, not req.should_close(), req.method, req)
 
 
 class _Head:
@@ -195,33 +225,34 @@ class RejectionBytes:
     def __init__(self, cfg: Any) -> None:
         self._cfg = cfg
         self._second = -1
-        self._cache: dict[tuple, bytes] = {}
+        self._cache: dict[tuple, tuple[bytes, Any]] = {}
 
     def get(self, route: Any, retry: int, version: tuple[int, int], method: str,
-            keep: bool) -> bytes:
-        """The 429's bytes.
+            keep: bool) -> tuple[bytes, Any]:
+        """The 429's bytes, and the gunicorn ``Response`` that wrote them (what gunicorn's
+        access log reads of a response: ``status``, ``headers``, ``sent``; never change it).
 
         Args:
             route: the request's FlowSchema route (``middleware._Route``); retry: seconds.
             version: the request's HTTP version; method: its method (HEAD: no body).
             keep: the response keeps the connection alive (else ``Connection: close``).
         Returns:
-            The response, ready to send.
+            ``(the response ready to send, its Response)``.
         """
         second = int(time.time())
         if second != self._second:
             self._second = second
             self._cache.clear()
         key = (route, retry, version, method == "HEAD", keep)
-        data = self._cache.get(key)
-        if data is None:
+        got = self._cache.get(key)
+        if got is None:
             sink = _Capture()
             resp = Response(_Head(version, method, keep), sink, self._cfg)
             resp.start_response(REJECTED_STATUS, rejection_headers(route, retry))
             resp.write(TOO_MANY)
             resp.close()
-            data = self._cache[key] = bytes(sink.data)
-        return data
+            got = self._cache[key] = (bytes(sink.data), resp)
+        return got
 
 
 class Strikes:
@@ -261,6 +292,32 @@ class Strikes:
         return hold
 
 
+class Answer(NamedTuple):
+    """The poller's 429 for one head."""
+
+    data: bytes  # the response, ready to send
+    keep: bool  # keep the connection alive after it
+    hold: float  # seconds to hold it first (0: at once)
+    route: Any  # the request's FlowSchema route (``middleware._Route``: level, fs_index)
+    reason: str  # the reason its rejection was counted with (to count a held one)
+    req: Any  # gunicorn's parsed ``Request`` (for the access log)
+    resp: Any  # gunicorn's ``Response`` that wrote ``data`` (for the access log)
+    at: float  # when it was answered (monotonic seconds)
+
+
+class _NoSocket:
+    """The socket ``wsgi.create`` is given for a request it builds an environ for only: it
+    would write to it only for ``Expect: 100-continue``, which the poller never answers."""
+
+    def send(self, data: bytes) -> int:
+        return len(data)
+
+    sendall = send
+
+
+_NO_SOCK = _NoSocket()
+
+
 class PollerRejector:
     """The poller's side of rejecting without a thread: whether to ask, and the answer."""
 
@@ -272,9 +329,10 @@ class PollerRejector:
         self.mw = middleware
         self.enabled = bool(middleware.poller_classifies and not os.environ.get("SCRIPT_NAME")
                             and str(getattr(cfg, "proxy_protocol", "off") or "off") == "off")
+        self._cfg = cfg
         self.bytes = RejectionBytes(cfg)
         self.strikes = Strikes()
-        self.read_head = HeadReader(getattr(middleware.ctx.resolver, "environ_keys", ()))
+        self.read_head = HeadReader(getattr(middleware.ctx.resolver, "environ_keys", ()), cfg)
         self._stats = middleware.stats
         self._seen = 0
         self._until = 0.0
@@ -289,26 +347,23 @@ class PollerRejector:
             return True
         return bool(self._until) and time.monotonic() < self._until
 
-    def answer(self, buf: bytes, client: Any, keepalive_room: bool
-               ) -> tuple[bytes, bool, float, Any, str] | None:
+    def answer(self, buf: bytes, client: Any, keepalive_room: bool) -> Answer | None:
         """The poller's answer to a complete head, if it is a 429.
 
         Args:
             buf: the head's bytes; client: the peer address.
             keepalive_room: the worker would keep the connection alive after a response
-                (alive, keep-alive on, room among its kept-alive connections).
+                (alive, keep-alive on, room among its kept-alive connections, not its last
+                request before ``max_requests``).
         Returns:
-            ``(response bytes, keep the connection alive, seconds to hold it first, route,
-            reason)``: the request's FlowSchema route (``middleware._Route``: its ``level``
-            and ``fs_index``) and the reason its rejection was counted with, for counting
-            a held one; or None: hand the request to a thread (nothing was counted).
+            The answer, or None: hand the request to a thread (nothing was counted).
         Raises:
             Exception: classification or the ledger failed (the caller hands it to a thread).
         """
         parsed = self.read_head(buf, client)
         if parsed is None:
             return None
-        environ, version, keep, method = parsed
+        environ, version, keep, method, _req = parsed
         now = time.monotonic_ns()
         got = self.mw.reject_early(environ, now)
         if got is None:
@@ -316,4 +371,28 @@ class PollerRejector:
         route, retry, flow_hash, reason = got
         keep = keep and keepalive_room
         hold = self.strikes.hold_for((flow_hash, client[0]), now / 1e9, retry)
-        return self.bytes.get(route, retry, version, method, keep), keep, hold, route, reason
+        data, resp = self.bytes.get(route, retry, version, method, keep)
+        return Answer(data, keep, hold, route, reason, parsed.req, resp, now / 1e9)
+
+    def log_access(self, log: Any, answer: Answer, client: Any, server: Any) -> None:
+        """Log a 429 written here in gunicorn's access log, as gthread logs a response: with
+        gunicorn's own ``Logger.access``, the configured ``access_log_format``, the request's
+        environ as gunicorn's ``wsgi.create`` builds it and the ``Response`` that wrote the
+        bytes; the request time runs from when the head was answered to now (a held 429's
+        hold included). The environ also holds ``apf_gunicorn.poller: True``, so a format with
+        ``%({apf_gunicorn.poller}e)s`` tells these lines apart (``-`` on a thread's).
+
+        Args:
+            log: the worker's gunicorn logger (``worker.log``).
+            answer: what :meth:`answer` returned; client, server: the connection's peer and
+                listener addresses (``conn.client``, ``conn.server``).
+        """
+        if not getattr(log, "access_log_enabled", True):
+            return  # (no access log: no environ built)
+        try:
+            _resp, environ = wsgi.create(answer.req, _NO_SOCK, client, server, self._cfg)
+            environ[POLLER_KEY] = True
+            took = timedelta(seconds=max(0.0, time.monotonic() - answer.at))
+            log.access(answer.resp, answer.req, environ, took)
+        except Exception:  # noqa: BLE001 - a log line must not cost the answer
+            log.exception("apf: logging a 429 answered by the poller failed")

@@ -34,7 +34,8 @@ complete head is first offered to ``server/pollreject.py``: a request the middle
 certainly reject is answered ``429`` here, without a thread, and the connection stays in the
 poller; a flow that keeps retrying before its Retry-After has its ``429`` held (a socket and a
 heap entry, at most ``APF_HELD_REJECTIONS``, not counted by the accept gate) until that is due,
-at most 1 s (``apf_reject_here``, ``_apf_release_held``).
+at most 1 s (``apf_reject_here``, ``_apf_release_held``). Each such ``429`` counts towards
+gunicorn's ``max_requests`` and is written to gunicorn's access log, as a thread's response is.
 
 It also stamps each connection when it is queued for a thread, so the middleware's wait limit
 counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``).
@@ -125,7 +126,7 @@ class ApfThreadWorker(ThreadWorker):
         # server/pollreject.PollerRejector (set by post_worker_init): answers 429 without a
         # thread; None: every request goes to a thread
         self.apf_rejector = None
-        # 429s held before they are written: a heap of (due, seq, conn, bytes, keep-alive)
+        # 429s held before they are written: a heap of (due, seq, conn, PollerRejector answer)
         self.apf_held: list = []
         self._apf_held_seq = 0
         # APF_HELD_REJECTIONS: past it, 429s are written at once (each held one costs a
@@ -419,7 +420,8 @@ class ApfThreadWorker(ThreadWorker):
         answered), False: it goes to a thread as usual. ``kept``: the connection is still
         registered and among the kept-alive ones (a kept-alive connection's next head)."""
         room = (self.alive and self._apf_keepalive_on
-                and len(self.keepalived_conns) - kept < self.max_keepalived)
+                and len(self.keepalived_conns) - kept < self.max_keepalived
+                and self.nr + 1 < self.max_requests)  # (the last one closes, as in gthread)
         try:
             verdict = self.apf_rejector.answer(data, conn.client, room)
         except Exception:
@@ -428,29 +430,37 @@ class ApfThreadWorker(ThreadWorker):
             return False
         if verdict is None:
             return False
-        out, keep, hold, route, reason = verdict
+        # a request answered, as gthread's handle_request counts it towards max_requests
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
         held = self.apf_held
-        if hold > 0 and len(held) < self.apf_held_max and self.alive:
+        if verdict.hold > 0 and len(held) < self.apf_held_max and self.alive:
             if kept:
                 self.poller.unregister(conn.sock)
                 self.keepalived_conns.remove(conn)
             self._apf_held_seq += 1
-            heapq.heappush(held, (time.monotonic() + hold, self._apf_held_seq, conn, out, keep))
+            heapq.heappush(held, (time.monotonic() + verdict.hold, self._apf_held_seq, conn,
+                                  verdict))
             count = self.apf_on_delayed
             if count is not None:
-                count(route.level, route.fs_index, reason)
+                count(verdict.route.level, verdict.route.fs_index, verdict.reason)
             return True
-        self._apf_answer(conn, out, keep, kept)
+        self._apf_answer(conn, verdict, kept)
         return True
 
-    def _apf_answer(self, conn, out: bytes, keep: bool, kept: bool = False) -> None:
-        """Write a 429 (a few hundred bytes: one send) and keep the connection alive as gthread
-        does after a response, or close it. ``kept``: it is registered and kept alive already
-        (then it stays registered: it moves to the end of the kept-alive ones)."""
+    def _apf_answer(self, conn, verdict, kept: bool = False) -> None:
+        """Write a 429 (``PollerRejector.answer``'s: a few hundred bytes, one send), log it in
+        gunicorn's access log, and keep the connection alive as gthread does after a response,
+        or close it. ``kept``: it is registered and kept alive already (then it stays
+        registered: it moves to the end of the kept-alive ones)."""
+        out, keep = verdict.data, verdict.keep
         try:
             sent = conn.sock.send(out)
         except OSError:
             sent = -1
+        self.apf_rejector.log_access(self.log, verdict, conn.client, conn.server)
         if sent != len(out):  # a client that does not read, or is gone
             keep = False
         if keep and self.alive:
@@ -478,8 +488,8 @@ class ApfThreadWorker(ThreadWorker):
         now = time.monotonic()
         alive = self.alive
         while held and (held[0][0] <= now or not alive):
-            _, _, conn, out, keep = heapq.heappop(held)
-            self._apf_answer(conn, out, keep)
+            _, _, conn, verdict = heapq.heappop(held)
+            self._apf_answer(conn, verdict)
 
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
