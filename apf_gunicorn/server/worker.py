@@ -19,7 +19,8 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
   knowledge and uWSGI connections keep gthread's own handling.
 * **Accepting stops at the thread count.** While the connections handed to threads (open
-  connections less those in the poller: kept alive, pending, or reading their head) reach
+  connections less those in the poller: kept alive, pending, or reading their head, but for
+  those accepted less than ``ACCEPT_GRACE_S`` ago) reach
   ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
   connections wait in the kernel's listen backlog shared by all workers, so the next worker
   with a free thread takes them. Kept-alive connections still come back to their worker.
@@ -69,9 +70,16 @@ from apf_gunicorn.server.settings import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_HELD_REJECTIONS,
 )
+from apf_gunicorn.server.threadshare import reserve_full
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 RESERVE_AFTER_S = 0.03
+# A connection still sending its head counts for the accept gate this long after its accept:
+# a burst of simultaneous connects is accepted before their heads arrive, and without it one
+# worker would take more of them than it has threads. Short, so connections that never send
+# (a pre-opened pool, a scan) stop counting at once: N such connections a second keep about
+# N x ACCEPT_GRACE_S of a worker's room.
+ACCEPT_GRACE_S = 0.1
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -97,10 +105,11 @@ class ApfThreadWorker(ThreadWorker):
         slack = settings.accept_slack if settings is not None else 0
         reserve = settings.exempt_threads if settings is not None else 0
         self.apf_accept_limit = self.cfg.threads + slack
-        # below this many busy threads a worker has room for a non-exempt request
+        # below this many busy threads a worker has room for a non-exempt request (the
+        # middleware's nonexempt_threads: worker_setup._thread_reserve)
         self.apf_room_limit = self.cfg.threads - reserve
         self._apf_room = None  # last published room flag
-        self._apf_load = 0  # connections wanting a thread, at the main loop's last pass
+        self._apf_load = 0  # connections wanting a thread, at the last apf_load()
         self._apf_all_full_since = 0.0  # when this worker last saw every worker out of room
         # set by post_worker_init to the ledger's worker table; alone, a worker has no peers
         self.apf_publish_room = _no_op
@@ -114,6 +123,9 @@ class ApfThreadWorker(ThreadWorker):
         # the reading connections that have sent nothing yet, in accept order: they cost a
         # socket and are the first dropped when the worker holds too many (never the gate)
         self.apf_silent: dict = {}
+        # the reading connections accepted less than ACCEPT_GRACE_S ago -> when that ends, in
+        # accept order: they count for the accept gate (apf_load)
+        self.apf_young: dict = {}
         self.apf_head_connections = (settings.head_connections if settings is not None
                                      else DEFAULT_HEAD_CONNECTIONS)
         self.apf_head_budget = (settings.head_buffer_limit if settings is not None
@@ -140,11 +152,35 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
 
+    def apf_load(self) -> int:
+        """Connections that want a thread now: handed to the executor (running or queued
+        there), kept alive (they come back to this worker), or accepted less than
+        ``ACCEPT_GRACE_S`` ago and still sending their head. Not counted: one reading its head
+        past that grace (it costs a socket, not a thread, until its head is complete), one
+        waiting for its first byte after a thread deferred it (``pending_conns``), a held
+        429. The one sum the accept gate and ``max_keepalived`` use; kept as ``_apf_load``."""
+        young = self.apf_young
+        if young:
+            self._apf_age_young()
+        load = self._apf_load = (self.nr_conns - len(self.pending_conns)
+                                 - len(self.apf_reading) + len(young) - len(self.apf_held))
+        return load
+
+    def _apf_age_young(self) -> None:
+        """Stop counting the connections whose accept grace is over."""
+        young = self.apf_young
+        now = time.monotonic()
+        while young:
+            first = next(iter(young))  # accept order is expiry order
+            if young[first] > now:
+                return
+            del young[first]
+
     @property
     def apf_busy(self) -> int:
-        """Connections handed to the executor and not yet back (running or queued there)."""
-        return (self.nr_conns - len(self.keepalived_conns) - len(self.pending_conns)
-                - len(self.apf_reading) - len(self.apf_held))
+        """Connections handed to the executor and not yet back (running or queued there), or
+        just accepted (:meth:`apf_load` less the kept-alive ones)."""
+        return self.apf_load() - len(self.keepalived_conns)
 
     # -- the accept gate ----------------------------------------------------------------------
 
@@ -154,10 +190,7 @@ class ApfThreadWorker(ThreadWorker):
         APF_EXEMPT_THREADS``), or, when every worker is out of room, while its reserve has a
         thread (then the exempt requests among new connections run, the others are answered
         429 at once). Publishes this worker's room flag when it changes."""
-        # connections that want a thread: in threads or kept alive (one still sending its
-        # head costs a socket, not a thread: it never closes the gate)
-        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
-                - len(self.apf_held))
+        load = self.apf_load()
         room = load < self.apf_room_limit and self.alive
         if room is not self._apf_room:
             self._apf_room = room
@@ -168,7 +201,7 @@ class ApfThreadWorker(ThreadWorker):
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
-        if self.apf_busy >= self.apf_accept_limit:
+        if load - len(self.keepalived_conns) >= self.apf_accept_limit:
             return False  # (every worker still out of room: no new grace period after this)
         # Every worker is out of room. Accept on the reserve only once that has lasted
         # RESERVE_AFTER_S: a flag another worker has not yet updated (it has not run since a
@@ -189,9 +222,7 @@ class ApfThreadWorker(ThreadWorker):
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
         held = self.apf_held
-        load = self._apf_load = (self.nr_conns - len(self.pending_conns) - len(reading)
-                                 - len(held))
-        if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
+        if self.apf_load() >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         if held:
             timeout = max(0.0, min(timeout, held[0][0] - time.monotonic()))
@@ -212,10 +243,13 @@ class ApfThreadWorker(ThreadWorker):
             return timeout
         if self._accepting:
             ThreadWorker.set_accept_enabled(self, False)
-        if self.apf_busy < self.apf_accept_limit:
+        if self._apf_load - len(self.keepalived_conns) < self.apf_accept_limit:
             # out of room with a free reserve thread: look again soon, so when the other
             # workers run out too, exempt requests are accepted within ~50 ms
             return min(timeout, 0.025)
+        young = self.apf_young
+        if young:  # look again when the first accept grace ends
+            return min(timeout, max(0.0, next(iter(young.values())) - time.monotonic()))
         return timeout
 
     @property
@@ -256,10 +290,13 @@ class ApfThreadWorker(ThreadWorker):
             self.enqueue_req(conn)
             return
         conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
-        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
+        now = time.monotonic()
+        self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
-        if conn in reading and not conn.apf_buf:  # nothing arrived yet
-            self.apf_silent[conn] = None
+        if conn in reading:
+            self.apf_young[conn] = now + ACCEPT_GRACE_S
+            if not conn.apf_buf:  # nothing arrived yet
+                self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
                         or self.nr_conns >= self.worker_connections):
             self._apf_drop_idle(conn)
@@ -386,6 +423,7 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_head_bytes -= len(buf)
         conn.apf_buf = conn.apf_scan = None
         if self.apf_reading.pop(conn, 0) is None:  # it was read over several polls
+            self.apf_young.pop(conn, None)
             try:
                 self.poller.unregister(conn.sock)
             except (KeyError, ValueError, OSError):
@@ -411,7 +449,7 @@ class ApfThreadWorker(ThreadWorker):
 
     def _apf_reserve_full(self) -> bool:
         """Every thread for non-exempt requests is taken (the thread reserve applies)."""
-        return len(self.apf_inflight) >= self.apf_room_limit
+        return reserve_full(len(self.apf_inflight), self.apf_room_limit)
 
     def apf_reject_here(self, conn, data: bytes, kept: bool = False) -> bool:
         """Answer the complete head ``data`` 429 from the poller when the middleware would
@@ -500,6 +538,7 @@ class ApfThreadWorker(ThreadWorker):
             conn.apf_buf = conn.apf_scan = None
         self.apf_reading.pop(conn, None)
         self.apf_silent.pop(conn, None)
+        self.apf_young.pop(conn, None)
         try:
             self.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
