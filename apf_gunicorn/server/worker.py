@@ -19,8 +19,7 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
   knowledge and uWSGI connections keep gthread's own handling.
 * **Accepting stops at the thread count.** While the connections handed to threads (open
-  connections less those in the poller: kept alive, pending, or reading their head, but for
-  those accepted less than ``ACCEPT_GRACE_S`` ago) reach
+  connections less those in the poller: kept alive, pending, or reading their head) reach
   ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
   connections wait in the kernel's listen backlog shared by all workers, so the next worker
   with a free thread takes them. Kept-alive connections still come back to their worker.
@@ -65,6 +64,7 @@ from apf_gunicorn.server import state
 from apf_gunicorn.server.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.server.middleware import hidden
 from apf_gunicorn.server.settings import (
+    DEFAULT_ACCEPT_GRACE_S,
     DEFAULT_HEAD_BUFFER_LIMIT,
     DEFAULT_HEAD_CONNECTIONS,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -74,12 +74,6 @@ from apf_gunicorn.server.threadshare import reserve_full
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 RESERVE_AFTER_S = 0.03
-# A connection still sending its head counts for the accept gate this long after its accept:
-# a burst of simultaneous connects is accepted before their heads arrive, and without it one
-# worker would take more of them than it has threads. Short, so connections that never send
-# (a pre-opened pool, a scan) stop counting at once: N such connections a second keep about
-# N x ACCEPT_GRACE_S of a worker's room.
-ACCEPT_GRACE_S = 0.1
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -105,6 +99,10 @@ class ApfThreadWorker(ThreadWorker):
         slack = settings.accept_slack if settings is not None else 0
         reserve = settings.exempt_threads if settings is not None else 0
         self.apf_accept_limit = self.cfg.threads + slack
+        # APF_ACCEPT_GRACE: how long a just-accepted connection still sending its head counts
+        # as wanting a thread (apf_load)
+        self.apf_accept_grace = (settings.accept_grace_s if settings is not None
+                                 else DEFAULT_ACCEPT_GRACE_S)
         # below this many busy threads a worker has room for a non-exempt request (the
         # middleware's nonexempt_threads: worker_setup._thread_reserve)
         self.apf_room_limit = self.cfg.threads - reserve
@@ -123,8 +121,8 @@ class ApfThreadWorker(ThreadWorker):
         # the reading connections that have sent nothing yet, in accept order: they cost a
         # socket and are the first dropped when the worker holds too many (never the gate)
         self.apf_silent: dict = {}
-        # the reading connections accepted less than ACCEPT_GRACE_S ago -> when that ends, in
-        # accept order: they count for the accept gate (apf_load)
+        # the reading connections accepted less than APF_ACCEPT_GRACE ago -> when that ends,
+        # in accept order: they count as wanting a thread (apf_load)
         self.apf_young: dict = {}
         self.apf_head_connections = (settings.head_connections if settings is not None
                                      else DEFAULT_HEAD_CONNECTIONS)
@@ -155,10 +153,12 @@ class ApfThreadWorker(ThreadWorker):
     def apf_load(self) -> int:
         """Connections that want a thread now: handed to the executor (running or queued
         there), kept alive (they come back to this worker), or accepted less than
-        ``ACCEPT_GRACE_S`` ago and still sending their head. Not counted: one reading its head
-        past that grace (it costs a socket, not a thread, until its head is complete), one
-        waiting for its first byte after a thread deferred it (``pending_conns``), a held
-        429. The one sum the accept gate and ``max_keepalived`` use; kept as ``_apf_load``."""
+        ``APF_ACCEPT_GRACE`` ago and still sending their head (a burst of connects is
+        accepted before its heads arrive: counting them spreads it over the workers). Not
+        counted: one reading its head past that grace (it costs a socket, not a thread, until
+        its head is complete), one waiting for its first byte after a thread deferred it
+        (``pending_conns``), a held 429. The one sum the accept gate, :attr:`apf_busy` and
+        ``max_keepalived`` use; kept as ``_apf_load``."""
         young = self.apf_young
         if young:
             self._apf_age_young()
@@ -178,9 +178,11 @@ class ApfThreadWorker(ThreadWorker):
 
     @property
     def apf_busy(self) -> int:
-        """Connections handed to the executor and not yet back (running or queued there), or
-        just accepted (:meth:`apf_load` less the kept-alive ones)."""
-        return self.apf_load() - len(self.keepalived_conns)
+        """Connections handed to the executor and not yet back (running or queued there):
+        :meth:`apf_load` less the kept-alive and the just-accepted ones. (Just-accepted ones
+        only move the room: connections that never send must not stop a worker whose every
+        peer is out of room from accepting on its reserve.)"""
+        return self.apf_load() - len(self.keepalived_conns) - len(self.apf_young)
 
     # -- the accept gate ----------------------------------------------------------------------
 
@@ -201,7 +203,7 @@ class ApfThreadWorker(ThreadWorker):
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
-        if load - len(self.keepalived_conns) >= self.apf_accept_limit:
+        if self.apf_busy >= self.apf_accept_limit:
             return False  # (every worker still out of room: no new grace period after this)
         # Every worker is out of room. Accept on the reserve only once that has lasted
         # RESERVE_AFTER_S: a flag another worker has not yet updated (it has not run since a
@@ -243,7 +245,7 @@ class ApfThreadWorker(ThreadWorker):
             return timeout
         if self._accepting:
             ThreadWorker.set_accept_enabled(self, False)
-        if self._apf_load - len(self.keepalived_conns) < self.apf_accept_limit:
+        if self.apf_busy < self.apf_accept_limit:
             # out of room with a free reserve thread: look again soon, so when the other
             # workers run out too, exempt requests are accepted within ~50 ms
             return min(timeout, 0.025)
@@ -294,7 +296,7 @@ class ApfThreadWorker(ThreadWorker):
         self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
         if conn in reading:
-            self.apf_young[conn] = now + ACCEPT_GRACE_S
+            self.apf_young[conn] = now + self.apf_accept_grace
             if not conn.apf_buf:  # nothing arrived yet
                 self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
