@@ -16,8 +16,11 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   client costs a socket, never a thread, nor the accept gate. A worker holds at most
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
-  (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
-  knowledge and uWSGI connections keep gthread's own handling.
+  (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
+  handshake is made here too, non-blocking, within the same deadline (``_apf_tls_event``), and
+  its head read decrypted: a TLS record that arrives in parts is "nothing yet", not the end
+  of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
+  does an HTTP/2 connection negotiated by ALPN once its handshake is done.
 * **Accepting stops at the thread count.** While the connections handed to threads (open
   connections less those in the poller: kept alive, pending, or reading their head) reach
   ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
@@ -51,11 +54,13 @@ import errno
 import heapq
 import logging
 import selectors
+import ssl
 import time
 from functools import partial
 from time import monotonic_ns
 
 from gunicorn import http
+from gunicorn import sock as gsock
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
@@ -115,6 +120,10 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_header_timeout = (settings.header_timeout_ns / 1e9 if settings is not None
                                    else DEFAULT_HEADER_TIMEOUT_S)
         self.apf_head_rules = HeadRules.of(self.cfg)
+        self.apf_tls = self.cfg.is_ssl
+        # reads what a reading or kept-alive connection has (a TLS one: decrypted)
+        self.apf_recv = _recv_tls if self.apf_tls else _recv
+        self.apf_tls_context = None  # set by init_process when apf_tls
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
@@ -149,6 +158,14 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
+
+    def init_process(self):
+        # The TLS context is made once per worker, here (stock gthread makes one per
+        # connection, in its thread): a bad certificate fails the worker's boot, saying so,
+        # rather than every connection; the files are read again when a worker starts (HUP).
+        if self.apf_tls:
+            self.apf_tls_context = gsock.ssl_context(self.cfg)
+        super().init_process()
 
     def apf_load(self) -> int:
         """Connections that want a thread now: handed to the executor (running or queued
@@ -273,8 +290,9 @@ class ApfThreadWorker(ThreadWorker):
 
     def _apf_reads_heads(self, client) -> bool:
         cfg = self.cfg
-        return (not cfg.is_ssl and getattr(cfg, "protocol", "http") == "http"
-                and not negotiation.prior_knowledge_allowed(cfg, client))
+        # (HTTP/2 prior knowledge is for cleartext connections only: gthread checks TLS first)
+        return (getattr(cfg, "protocol", "http") == "http"
+                and (self.apf_tls or not negotiation.prior_knowledge_allowed(cfg, client)))
 
     def accept(self, listener):
         if not self.apf_may_accept():  # a connection earlier in this poll took the last room
@@ -291,9 +309,12 @@ class ApfThreadWorker(ThreadWorker):
         if not self._apf_reads_heads(client_addr):
             self.enqueue_req(conn)
             return
-        conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
         now = time.monotonic()
-        self._apf_read_head(conn, now + self.apf_header_timeout)
+        if self.apf_tls:
+            self._apf_tls_accept(conn, now + self.apf_header_timeout)
+        else:
+            conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
+            self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
         if conn in reading:
             self.apf_young[conn] = now + self.apf_accept_grace
@@ -302,6 +323,75 @@ class ApfThreadWorker(ThreadWorker):
         if reading and (len(reading) > self.apf_head_connections
                         or self.nr_conns >= self.worker_connections):
             self._apf_drop_idle(conn)
+
+    # -- TLS: the handshake in the poller -------------------------------------------------------
+
+    def _apf_tls_accept(self, conn, deadline: float) -> None:
+        """Wrap a new connection for TLS and make its handshake in the poller, then read its
+        head there (:meth:`_apf_tls_event`); all within ``deadline``. Until its handshake is
+        done it is a reading connection that has sent nothing (``apf_silent``), so it is
+        among the first dropped past ``APF_HEAD_CONNECTIONS``."""
+        conn.sock = self.apf_tls_context.wrap_socket(
+            conn.sock, server_side=True, do_handshake_on_connect=False,
+            suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        conn.apf_buf = bytearray()
+        conn.apf_scan = None
+        conn.apf_handshake = True
+        conn.timeout = deadline
+        if self._apf_tls_event(conn):
+            return
+        self.apf_reading[conn] = None
+        self.poller.register(conn.sock, conn.apf_events, partial(self._apf_on_tls_event, conn))
+
+    def _apf_on_tls_event(self, conn, client) -> None:
+        if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
+            return
+        self._apf_tls_event(conn)
+
+    def _apf_tls_event(self, conn) -> bool:
+        """Advance the handshake while it lasts, then read the head; True when the connection
+        has left the reading state (handed to a thread or closed)."""
+        if conn.apf_handshake:
+            tls = conn.sock
+            try:
+                tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._apf_tls_wait(conn, selectors.EVENT_READ)
+                return False
+            except ssl.SSLWantWriteError:  # the kernel's send buffer is full: wait for room
+                self._apf_tls_wait(conn, selectors.EVENT_WRITE)
+                return False
+            except OSError as e:  # (ssl.SSLError among them) a failed handshake: no answer
+                self.log.debug("TLS handshake with %s failed: %s", conn.client, e)
+                self._apf_close(conn)
+                return True
+            conn.apf_handshake = False
+            self._apf_tls_wait(conn, selectors.EVENT_READ)
+            if gsock.is_http2_negotiated(tls):
+                # ALPN chose HTTP/2: its thread makes the HTTP/2 parser (_TlsConn.init)
+                self._apf_leave_reading(conn)
+                self.enqueue_req(conn)
+                return True
+            conn.parser = http.get_parser(self.cfg, tls, conn.client)
+        return self.apf_head_readable(conn)
+
+    def _apf_tls_wait(self, conn, events: int) -> None:
+        """Wait for ``events`` on a registered handshaking connection (a handshake that wants
+        to write waits for room in the send buffer, then reads again)."""
+        if conn in self.apf_reading and conn.apf_events != events:
+            self.poller.modify(conn.sock, events, partial(self._apf_on_tls_event, conn))
+        conn.apf_events = events
+
+    def _apf_leave_reading(self, conn) -> None:
+        """A connection leaves the reading state without closing (a TLS one whose ALPN chose
+        HTTP/2, before it sent a byte of a head)."""
+        buf = conn.apf_buf
+        self.apf_head_bytes -= len(buf)
+        conn.apf_buf = conn.apf_scan = None
+        self.apf_silent.pop(conn, None)
+        self.apf_young.pop(conn, None)
+        if self.apf_reading.pop(conn, 0) is None:
+            self.poller.unregister(conn.sock)
 
     def _apf_drop_idle(self, new) -> None:
         """The worker holds more reading connections than ``APF_HEAD_CONNECTIONS`` (or as many
@@ -326,7 +416,7 @@ class ApfThreadWorker(ThreadWorker):
 
     def on_client_socket_readable(self, conn, client):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
-        data = _recv(conn.sock)
+        data = self.apf_recv(conn.sock)
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
             rejector = self.apf_rejector
             # (a 429 answered here leaves the connection registered and kept alive)
@@ -364,7 +454,7 @@ class ApfThreadWorker(ThreadWorker):
         left the reading state (handed to a thread or closed)."""
         buf = conn.apf_buf
         if data is None:
-            data = _recv(conn.sock)
+            data = self.apf_recv(conn.sock)
             if data is None:
                 return False
         if not data:  # end of input (or reset): the parser reports what is incomplete
@@ -616,6 +706,28 @@ def _recv(sock) -> bytes | None:
         return b""
 
 
+def _recv_tls(sock) -> bytes | None:
+    """What a non-blocking TLS socket has, decrypted: None if nothing yet (also when only
+    part of a TLS record has arrived: ``SSLWantReadError``), b"" at its end or on an error.
+    Reads what the TLS layer holds decrypted too (``pending``): it would not make the socket
+    readable again."""
+    try:
+        data = sock.recv(RECV_BYTES)
+    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        return None
+    except OSError:  # (ssl.SSLError among them)
+        return b""
+    while data:
+        more = sock.pending()
+        if not more:
+            break
+        try:
+            data += sock.recv(more)
+        except OSError:
+            break
+    return data
+
+
 def _buffered(conn) -> int:
     return len(conn.apf_buf)
 
@@ -628,8 +740,28 @@ def _false() -> bool:
     return False
 
 
+class _TlsConn(TConn):
+    """A TLS connection whose handshake the poller made (``ApfThreadWorker._apf_tls_event``):
+    its socket is wrapped already, and its parser set (HTTP/1) or left to make here
+    (HTTP/2 chosen by ALPN), where stock gthread's ``init`` would wrap the socket again."""
+
+    def init(self):
+        if self.initialized:
+            return
+        self.initialized = True
+        self.sock.setblocking(True)
+        if self.parser is None:
+            self.is_http2 = True
+            self.parser = http.get_parser(self.cfg, self.sock, self.client,
+                                          http2_connection=True)
+            self.parser.initiate_connection()
+
+
 def _new_conn(worker, sock, client, server):
-    conn = TConn(worker.cfg, sock, client, server)  # non-blocking from here
+    # non-blocking from here
+    conn = (_TlsConn if worker.apf_tls else TConn)(worker.cfg, sock, client, server)
+    conn.apf_handshake = False
+    conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0
     conn.apf_scan = None
