@@ -13,7 +13,8 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
   kept-alive connection, not per read: a late head is answered ``408`` and closed (a
   connection that sent nothing is just closed) and counted in the ledger. So a slow or silent
-  client costs a socket, never a thread, nor the accept gate. A worker holds at most
+  client costs a socket, never a thread, and the accept gate only for its first
+  ``APF_ACCEPT_GRACE`` (``apf_load``: a burst of connects is spread over the workers). A worker holds at most
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
   (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
@@ -21,9 +22,11 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   its head read decrypted: a TLS record that arrives in parts is "nothing yet", not the end
   of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
   does an HTTP/2 connection negotiated by ALPN once its handshake is done.
-* **Accepting stops at the thread count.** While the connections handed to threads (open
-  connections less those in the poller: kept alive, pending, or reading their head) reach
-  ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
+* **Accepting stops at the thread count.** While the connections that want a thread
+  (``apf_load``) reach ``threads - APF_EXEMPT_THREADS`` and another worker has room, or the
+  connections handed to threads (open connections less those in the poller: kept alive,
+  pending, or reading their head) reach ``threads + APF_ACCEPT_SLACK`` (default 0), the
+  listening sockets leave the poller; extra
   connections wait in the kernel's listen backlog shared by all workers, so the next worker
   with a free thread takes them. Kept-alive connections still come back to their worker.
 * **Threads are kept for exempt requests.** ``apf_inflight`` holds one entry per thread that a
@@ -305,8 +308,10 @@ class ApfThreadWorker(ThreadWorker):
                 raise
             return
         self.nr_conns += 1
-        conn = _new_conn(self, client_sock, client_addr, listener.getsockname())
-        if not self._apf_reads_heads(client_addr):
+        reads = self._apf_reads_heads(client_addr)
+        conn = _new_conn(self, client_sock, client_addr, listener.getsockname(),
+                         reads and self.apf_tls)
+        if not reads:
             self.enqueue_req(conn)
             return
         now = time.monotonic()
@@ -757,9 +762,10 @@ class _TlsConn(TConn):
             self.parser.initiate_connection()
 
 
-def _new_conn(worker, sock, client, server):
-    # non-blocking from here
-    conn = (_TlsConn if worker.apf_tls else TConn)(worker.cfg, sock, client, server)
+def _new_conn(worker, sock, client, server, tls: bool = False):
+    """A gthread connection (non-blocking from here) with this worker's fields; ``tls``: one
+    whose handshake the poller makes."""
+    conn = (_TlsConn if tls else TConn)(worker.cfg, sock, client, server)
     conn.apf_handshake = False
     conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
