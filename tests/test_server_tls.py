@@ -113,3 +113,17 @@ def test_tls_head_buffer_budget_answers_431(server_factory, tls_args):
             client.close()
         status, _, _ = srv.request("/hello")
         assert status == 200
+
+
+def test_idle_tls_connections_hold_no_thread(server_factory, tls_args):
+    """8 TLS connections that finish their handshake and send nothing, against 1 worker with
+    2 threads: they cost sockets in the poller, so a TLS health check is still answered
+    (stock gthread's threads would each make a handshake and then wait for a head)."""
+    with server_factory(workers=1, threads=2, args=tls_args) as srv:
+        idle = [SplitClient(srv.port) for _ in range(8)]
+        try:
+            status, _, body = srv.request("/healthz", timeout=15)
+            assert (status, body) == (200, b"ok\n")
+        finally:
+            for client in idle:
+                client.close()
