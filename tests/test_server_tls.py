@@ -127,3 +127,14 @@ def test_idle_tls_connections_hold_no_thread(server_factory, tls_args):
         finally:
             for client in idle:
                 client.close()
+
+
+def test_a_bad_certificate_fails_the_boot_naming_the_files(server_factory, tmp_path):
+    """A certificate file that is not one: the worker cannot make its TLS context, says
+    which files, and the server stops (stock gthread would boot and fail every connection)."""
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    with server_factory(workers=1, threads=2, expect_fail=True, boot_timeout=60,
+                        args=("--certfile", str(bad), "--keyfile", str(bad))) as srv:
+        assert srv.proc.returncode not in (None, 0)
+        assert f"cannot make the TLS context from certfile {bad}, keyfile {bad}" in srv.log()

@@ -167,7 +167,13 @@ class ApfThreadWorker(ThreadWorker):
         # connection, in its thread): a bad certificate fails the worker's boot, saying so,
         # rather than every connection; the files are read again when a worker starts (HUP).
         if self.apf_tls:
-            self.apf_tls_context = gsock.ssl_context(self.cfg)
+            cfg = self.cfg
+            try:
+                self.apf_tls_context = gsock.ssl_context(cfg)
+            except Exception as e:
+                self.log.error("apf: cannot make the TLS context from certfile %s, keyfile %s "
+                               "(gunicorn's ssl_context): %s", cfg.certfile, cfg.keyfile, e)
+                raise
         super().init_process()
 
     def apf_load(self) -> int:
