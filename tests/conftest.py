@@ -33,6 +33,7 @@ class Server:
         self.instance = instance
         self.log_path = log_path
         self.counter_path = counter_path
+        self.tls = None  # an ssl.SSLContext for request() when the server serves TLS
 
     @property
     def pid(self) -> int:
@@ -50,7 +51,10 @@ class Server:
     def request(self, path: str, headers: dict | None = None, timeout: float = 30.0,
                 method: str = "GET"):
         """(status, headers dict, body bytes) of one request on a fresh connection."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = (http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                if self.tls is None else
+                http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout,
+                                            context=self.tls))
         try:
             conn.request(method, path, headers=headers or {})
             resp = conn.getresponse()
@@ -167,6 +171,9 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     server = Server(proc, port, instance, log_path, counter_path)
+    if "--certfile" in args:  # (a test's self-signed certificate: tests/apps/tlsclient.py)
+        from tests.apps.tlsclient import client_context
+        server.tls = client_context()
     try:
         if expect_fail:
             proc.wait(timeout=boot_timeout)

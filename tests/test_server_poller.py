@@ -1,7 +1,7 @@
 """The accept-gated worker's poller on a real gunicorn: connections that send nothing, or send
-a head slowly, cost a socket and a bounded buffer, never the accept gate or a thread; and what
-stock gthread answers at once (a bad request or PROXY line, a long line with no line limit), the
-poller answers the same.
+a head slowly, cost a socket and a bounded buffer, never a thread (and the accept gate only for
+their first APF_ACCEPT_GRACE); and what stock gthread answers at once (a bad request or PROXY
+line, a long line with no line limit), the poller answers the same.
 
 Outcomes only: every probe answered 200 (within a generous timeout), every user request
 served, the dropped counters, the workers' RSS. The latency figures are measured by

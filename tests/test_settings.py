@@ -55,6 +55,9 @@ def test_values(tmp_path):
     ("APF_SERVICE_ESTIMATE", "nan", "from 0 to 60s"),
     ("APF_FAIRNESS", "fifo", "'kubernetes'"),
     ("APF_FAIRNESS", "max-min", "or 'maxmin'"),
+    ("APF_ACCEPT_GRACE", "-0.1", "from 0 to 10"),
+    ("APF_ACCEPT_GRACE", "soon", "from 0 to 10"),
+    ("APF_ACCEPT_GRACE", "11", "from 0 to 10"),
 ])
 def test_bad_values_name_variable_value_and_allowed(var, value, allowed):
     with pytest.raises(SettingsError) as ei:

@@ -27,7 +27,8 @@ def test_misspelled_setting_gets_the_closest_known_name() -> None:
     assert startup.unknown_variable_warnings(env) == [
         "unknown setting APF_CONCURENCY_LIMIT is ignored; did you mean APF_CONCURRENCY_LIMIT?",
         "unknown setting APF_TRUSTED_PROXY is ignored; did you mean APF_TRUSTED_PROXIES?",
-        "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_SLACK, APF_ADAPTIVE_TICK, APF_ADMIN_BIND, "
+        "unknown setting APF_ZZZ is ignored; known: APF_ACCEPT_GRACE, APF_ACCEPT_SLACK, APF_ADAPTIVE_TICK, "
+        "APF_ADMIN_BIND, "
         "APF_AGENT_BIND, APF_AGENT_DRAIN_DELAY, APF_BORROWING_PERIOD, APF_CONCURRENCY_LIMIT, "
         "APF_CONFIG, APF_EXEMPT_THREADS, APF_FAIRNESS, APF_GROUP_HEADER, APF_HEADER_TIMEOUT, "
         "APF_HEAD_BUFFER_LIMIT, APF_HEAD_CONNECTIONS, APF_HELD_REJECTIONS, APF_INSTANCE, "

@@ -66,7 +66,7 @@ from apf_gunicorn.server.dispatcher import (
     Parking,
     finish_request,
 )
-from apf_gunicorn.server.threadshare import ThreadShare
+from apf_gunicorn.server.threadshare import ThreadShare, reserve_full
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -255,7 +255,7 @@ class APFMiddleware:
                 # The thread reserve: append first, then check, so racing threads can only
                 # both turn away, never both take the last non-exempt thread.
                 inflight.append(None)
-                if (len(inflight) > self._nonexempt_threads
+                if (reserve_full(len(inflight) - 1, self._nonexempt_threads)
                         and not self._take_parked_thread(inflight, level, flow_hash)):
                     inflight.pop()
                     return self._turn_away(start_response, route, fs_index,
@@ -366,7 +366,7 @@ class APFMiddleware:
             True when the request would be answered 429 for want of a thread.
         """
         inflight = route.inflight
-        if inflight is None or len(inflight) < self._nonexempt_threads:
+        if inflight is None or not reserve_full(len(inflight), self._nonexempt_threads):
             return False
         return self._share is None or not self._share.has_victim_for((level, flow_hash))
 

@@ -49,6 +49,9 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_EXEMPT_THREADS = 2
 # per worker: connections reading their head in the poller, and the bytes their heads buffer
 DEFAULT_HEAD_CONNECTIONS = 512
+# per worker: how long a just-accepted connection still sending its head counts as wanting a
+# thread (a burst of connects is spread over the workers)
+DEFAULT_ACCEPT_GRACE_S = 0.25
 DEFAULT_HEAD_BUFFER_LIMIT = 16 * 1024 * 1024
 # per worker: 429s held before they are written (a flow retrying before its Retry-After)
 DEFAULT_HELD_REJECTIONS = 256
@@ -115,6 +118,8 @@ class Settings:
     # APF_ADAPTIVE_TICK: seconds between the adaptive controller's ticks (1 s; shorter for tests)
     adaptive_tick_s: float = DEFAULT_ADAPTIVE_TICK_S
     accept_slack: int = 0  # connections accepted beyond the worker's threads
+    # APF_ACCEPT_GRACE: seconds a just-accepted connection sending its head counts for the gate
+    accept_grace_s: float = DEFAULT_ACCEPT_GRACE_S
     # APF_HEAD_CONNECTIONS: reading connections a worker holds (then the oldest idle dropped)
     head_connections: int = DEFAULT_HEAD_CONNECTIONS
     # APF_HEAD_BUFFER_LIMIT: bytes of incomplete heads a worker buffers (then the largest 431)
@@ -357,6 +362,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
     slack = _int_setting(get, "APF_ACCEPT_SLACK", 0, 0, 100_000,
                          "must be an integer from 0 to 100000 (connections a worker may "
                          "accept beyond its threads)")
+    grace_s = _number(get, "APF_ACCEPT_GRACE", DEFAULT_ACCEPT_GRACE_S, lambda x: 0 <= x <= 10,
+                      "must be a number of seconds from 0 to 10: how long a connection a "
+                      "worker just accepted counts as wanting a thread while its request head "
+                      "is on the way (0: never)")
     head_conns = _int_setting(get, "APF_HEAD_CONNECTIONS", DEFAULT_HEAD_CONNECTIONS, 1,
                               1_000_000, "must be an integer from 1 to 1000000: connections "
                               "per worker that may be sending their request head (then the "
@@ -422,6 +431,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         concurrency_auto=auto,
         adaptive_tick_s=tick_s,
         accept_slack=slack,
+        accept_grace_s=grace_s,
         head_connections=head_conns,
         head_buffer_limit=head_bytes,
         held_rejections=held,

@@ -69,6 +69,15 @@ def choose_victim(parked: Mapping[Flow, int], arrival: Flow) -> Flow | None:
     return best
 
 
+
+def reserve_full(held: int, nonexempt_threads: int) -> bool:
+    """The thread reserve's rule (``APF_EXEMPT_THREADS``): whether a worker whose non-exempt
+    requests hold ``held`` threads has none left for another one. ``nonexempt_threads`` is its
+    threads less the reserve; the reserve's threads are for exempt requests. The one copy the
+    middleware (on a thread and for the poller) and the worker ask."""
+    return held >= nonexempt_threads
+
+
 class Parked:
     """One parked request: its ledger slot, its waiter (``dispatcher.Waiter``), and the
     verdict once an arrival claimed it."""

@@ -13,14 +13,20 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
   kept-alive connection, not per read: a late head is answered ``408`` and closed (a
   connection that sent nothing is just closed) and counted in the ledger. So a slow or silent
-  client costs a socket, never a thread, nor the accept gate. A worker holds at most
+  client costs a socket, never a thread, and the accept gate only for its first
+  ``APF_ACCEPT_GRACE`` (``apf_load``: a burst of connects is spread over the workers). A worker holds at most
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
-  (past it the largest is answered ``431``); both counted in the ledger. TLS, HTTP/2 prior
-  knowledge and uWSGI connections keep gthread's own handling.
-* **Accepting stops at the thread count.** While the connections handed to threads (open
-  connections less those in the poller: kept alive, pending, or reading their head) reach
-  ``threads + APF_ACCEPT_SLACK`` (default 0), the listening sockets leave the poller; extra
+  (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
+  handshake is made here too, non-blocking, within the same deadline (``_apf_tls_event``), and
+  its head read decrypted: a TLS record that arrives in parts is "nothing yet", not the end
+  of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
+  does an HTTP/2 connection negotiated by ALPN once its handshake is done.
+* **Accepting stops at the thread count.** While the connections that want a thread
+  (``apf_load``) reach ``threads - APF_EXEMPT_THREADS`` and another worker has room, or the
+  connections handed to threads (open connections less those in the poller: kept alive,
+  pending, or reading their head) reach ``threads + APF_ACCEPT_SLACK`` (default 0), the
+  listening sockets leave the poller; extra
   connections wait in the kernel's listen backlog shared by all workers, so the next worker
   with a free thread takes them. Kept-alive connections still come back to their worker.
 * **Threads are kept for exempt requests.** ``apf_inflight`` holds one entry per thread that a
@@ -52,11 +58,13 @@ import errno
 import heapq
 import logging
 import selectors
+import ssl
 import time
 from functools import partial
 from time import monotonic_ns
 
 from gunicorn import http
+from gunicorn import sock as gsock
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
@@ -65,11 +73,13 @@ from apf_gunicorn.server import state
 from apf_gunicorn.server.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.server.middleware import hidden
 from apf_gunicorn.server.settings import (
+    DEFAULT_ACCEPT_GRACE_S,
     DEFAULT_HEAD_BUFFER_LIMIT,
     DEFAULT_HEAD_CONNECTIONS,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_HELD_REJECTIONS,
 )
+from apf_gunicorn.server.threadshare import reserve_full
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 RESERVE_AFTER_S = 0.03
@@ -98,10 +108,15 @@ class ApfThreadWorker(ThreadWorker):
         slack = settings.accept_slack if settings is not None else 0
         reserve = settings.exempt_threads if settings is not None else 0
         self.apf_accept_limit = self.cfg.threads + slack
-        # below this many busy threads a worker has room for a non-exempt request
+        # APF_ACCEPT_GRACE: how long a just-accepted connection still sending its head counts
+        # as wanting a thread (apf_load)
+        self.apf_accept_grace = (settings.accept_grace_s if settings is not None
+                                 else DEFAULT_ACCEPT_GRACE_S)
+        # below this many busy threads a worker has room for a non-exempt request (the
+        # middleware's nonexempt_threads: worker_setup._thread_reserve)
         self.apf_room_limit = self.cfg.threads - reserve
         self._apf_room = None  # last published room flag
-        self._apf_load = 0  # connections wanting a thread, at the main loop's last pass
+        self._apf_load = 0  # connections wanting a thread, at the last apf_load()
         self._apf_all_full_since = 0.0  # when this worker last saw every worker out of room
         # set by post_worker_init to the ledger's worker table; alone, a worker has no peers
         self.apf_publish_room = _no_op
@@ -109,12 +124,19 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_header_timeout = (settings.header_timeout_ns / 1e9 if settings is not None
                                    else DEFAULT_HEADER_TIMEOUT_S)
         self.apf_head_rules = HeadRules.of(self.cfg)
+        self.apf_tls = self.cfg.is_ssl
+        # reads what a reading or kept-alive connection has (a TLS one: decrypted)
+        self.apf_recv = _recv_tls if self.apf_tls else _recv
+        self.apf_tls_context = None  # set by init_process when apf_tls
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
         # the reading connections that have sent nothing yet, in accept order: they cost a
         # socket and are the first dropped when the worker holds too many (never the gate)
         self.apf_silent: dict = {}
+        # the reading connections accepted less than APF_ACCEPT_GRACE ago -> when that ends,
+        # in accept order: they count as wanting a thread (apf_load)
+        self.apf_young: dict = {}
         self.apf_head_connections = (settings.head_connections if settings is not None
                                      else DEFAULT_HEAD_CONNECTIONS)
         self.apf_head_budget = (settings.head_buffer_limit if settings is not None
@@ -141,11 +163,53 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
 
+    def init_process(self):
+        # The TLS context is made once per worker, here (stock gthread makes one per
+        # connection, in its thread): a bad certificate fails the worker's boot, saying so,
+        # rather than every connection; the files are read again when a worker starts (HUP).
+        if self.apf_tls:
+            cfg = self.cfg
+            try:
+                self.apf_tls_context = gsock.ssl_context(cfg)
+            except Exception as e:
+                self.log.error("apf: cannot make the TLS context from certfile %s, keyfile %s "
+                               "(gunicorn's ssl_context): %s", cfg.certfile, cfg.keyfile, e)
+                raise
+        super().init_process()
+
+    def apf_load(self) -> int:
+        """Connections that want a thread now: handed to the executor (running or queued
+        there), kept alive (they come back to this worker), or accepted less than
+        ``APF_ACCEPT_GRACE`` ago and still sending their head (a burst of connects is
+        accepted before its heads arrive: counting them spreads it over the workers). Not
+        counted: one reading its head past that grace (it costs a socket, not a thread, until
+        its head is complete), one waiting for its first byte after a thread deferred it
+        (``pending_conns``), a held 429. The one sum the accept gate, :attr:`apf_busy` and
+        ``max_keepalived`` use; kept as ``_apf_load``."""
+        young = self.apf_young
+        if young:
+            self._apf_age_young()
+        load = self._apf_load = (self.nr_conns - len(self.pending_conns)
+                                 - len(self.apf_reading) + len(young) - len(self.apf_held))
+        return load
+
+    def _apf_age_young(self) -> None:
+        """Stop counting the connections whose accept grace is over."""
+        young = self.apf_young
+        now = time.monotonic()
+        while young:
+            first = next(iter(young))  # accept order is expiry order
+            if young[first] > now:
+                return
+            del young[first]
+
     @property
     def apf_busy(self) -> int:
-        """Connections handed to the executor and not yet back (running or queued there)."""
-        return (self.nr_conns - len(self.keepalived_conns) - len(self.pending_conns)
-                - len(self.apf_reading) - len(self.apf_held))
+        """Connections handed to the executor and not yet back (running or queued there):
+        :meth:`apf_load` less the kept-alive and the just-accepted ones. (Just-accepted ones
+        only move the room: connections that never send must not stop a worker whose every
+        peer is out of room from accepting on its reserve.)"""
+        return self.apf_load() - len(self.keepalived_conns) - len(self.apf_young)
 
     # -- the accept gate ----------------------------------------------------------------------
 
@@ -155,10 +219,7 @@ class ApfThreadWorker(ThreadWorker):
         APF_EXEMPT_THREADS``), or, when every worker is out of room, while its reserve has a
         thread (then the exempt requests among new connections run, the others are answered
         429 at once). Publishes this worker's room flag when it changes."""
-        # connections that want a thread: in threads or kept alive (one still sending its
-        # head costs a socket, not a thread: it never closes the gate)
-        load = (self.nr_conns - len(self.pending_conns) - len(self.apf_reading)
-                - len(self.apf_held))
+        load = self.apf_load()
         room = load < self.apf_room_limit and self.alive
         if room is not self._apf_room:
             self._apf_room = room
@@ -190,9 +251,7 @@ class ApfThreadWorker(ThreadWorker):
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
         held = self.apf_held
-        load = self._apf_load = (self.nr_conns - len(self.pending_conns) - len(reading)
-                                 - len(held))
-        if load >= self.apf_room_limit or not (self._accepting and self._apf_room):
+        if self.apf_load() >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         if held:
             timeout = max(0.0, min(timeout, held[0][0] - time.monotonic()))
@@ -217,6 +276,9 @@ class ApfThreadWorker(ThreadWorker):
             # out of room with a free reserve thread: look again soon, so when the other
             # workers run out too, exempt requests are accepted within ~50 ms
             return min(timeout, 0.025)
+        young = self.apf_young
+        if young:  # look again when the first accept grace ends
+            return min(timeout, max(0.0, next(iter(young.values())) - time.monotonic()))
         return timeout
 
     @property
@@ -238,8 +300,9 @@ class ApfThreadWorker(ThreadWorker):
 
     def _apf_reads_heads(self, client) -> bool:
         cfg = self.cfg
-        return (not cfg.is_ssl and getattr(cfg, "protocol", "http") == "http"
-                and not negotiation.prior_knowledge_allowed(cfg, client))
+        # (HTTP/2 prior knowledge is for cleartext connections only: gthread checks TLS first)
+        return (getattr(cfg, "protocol", "http") == "http"
+                and (self.apf_tls or not negotiation.prior_knowledge_allowed(cfg, client)))
 
     def accept(self, listener):
         if not self.apf_may_accept():  # a connection earlier in this poll took the last room
@@ -252,18 +315,95 @@ class ApfThreadWorker(ThreadWorker):
                 raise
             return
         self.nr_conns += 1
-        conn = _new_conn(self, client_sock, client_addr, listener.getsockname())
-        if not self._apf_reads_heads(client_addr):
+        reads = self._apf_reads_heads(client_addr)
+        conn = _new_conn(self, client_sock, client_addr, listener.getsockname(),
+                         reads and self.apf_tls)
+        if not reads:
             self.enqueue_req(conn)
             return
-        conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
-        self._apf_read_head(conn, time.monotonic() + self.apf_header_timeout)
+        now = time.monotonic()
+        if self.apf_tls:
+            self._apf_tls_accept(conn, now + self.apf_header_timeout)
+        else:
+            conn.parser = http.get_parser(self.cfg, conn.sock, client_addr)
+            self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
-        if conn in reading and not conn.apf_buf:  # nothing arrived yet
-            self.apf_silent[conn] = None
+        if conn in reading:
+            self.apf_young[conn] = now + self.apf_accept_grace
+            if not conn.apf_buf:  # nothing arrived yet
+                self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
                         or self.nr_conns >= self.worker_connections):
             self._apf_drop_idle(conn)
+
+    # -- TLS: the handshake in the poller -------------------------------------------------------
+
+    def _apf_tls_accept(self, conn, deadline: float) -> None:
+        """Wrap a new connection for TLS and make its handshake in the poller, then read its
+        head there (:meth:`_apf_tls_event`); all within ``deadline``. Until its handshake is
+        done it is a reading connection that has sent nothing (``apf_silent``), so it is
+        among the first dropped past ``APF_HEAD_CONNECTIONS``."""
+        conn.sock = self.apf_tls_context.wrap_socket(
+            conn.sock, server_side=True, do_handshake_on_connect=False,
+            suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        conn.apf_buf = bytearray()
+        conn.apf_scan = None
+        conn.apf_handshake = True
+        conn.timeout = deadline
+        if self._apf_tls_event(conn):
+            return
+        self.apf_reading[conn] = None
+        self.poller.register(conn.sock, conn.apf_events, partial(self._apf_on_tls_event, conn))
+
+    def _apf_on_tls_event(self, conn, client) -> None:
+        if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
+            return
+        self._apf_tls_event(conn)
+
+    def _apf_tls_event(self, conn) -> bool:
+        """Advance the handshake while it lasts, then read the head; True when the connection
+        has left the reading state (handed to a thread or closed)."""
+        if conn.apf_handshake:
+            tls = conn.sock
+            try:
+                tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._apf_tls_wait(conn, selectors.EVENT_READ)
+                return False
+            except ssl.SSLWantWriteError:  # the kernel's send buffer is full: wait for room
+                self._apf_tls_wait(conn, selectors.EVENT_WRITE)
+                return False
+            except OSError as e:  # (ssl.SSLError among them) a failed handshake: no answer
+                self.log.debug("TLS handshake with %s failed: %s", conn.client, e)
+                self._apf_close(conn)
+                return True
+            conn.apf_handshake = False
+            self._apf_tls_wait(conn, selectors.EVENT_READ)
+            if gsock.is_http2_negotiated(tls):
+                # ALPN chose HTTP/2: its thread makes the HTTP/2 parser (_TlsConn.init)
+                self._apf_leave_reading(conn)
+                self.enqueue_req(conn)
+                return True
+            conn.parser = http.get_parser(self.cfg, tls, conn.client)
+        return self.apf_head_readable(conn)
+
+    def _apf_tls_wait(self, conn, events: int) -> None:
+        """Wait for ``events`` on a registered handshaking connection (a handshake that wants
+        to write waits for room in the send buffer, then reads again)."""
+        if conn in self.apf_reading and conn.apf_events != events:
+            self.poller.modify(conn.sock, events, partial(self._apf_on_tls_event, conn))
+        conn.apf_events = events
+
+    def _apf_leave_reading(self, conn) -> None:
+        """A connection leaves the reading state without closing (a TLS one whose ALPN chose
+        HTTP/2, before it sent a byte of a head)."""
+        buf = conn.apf_buf
+        self.apf_head_bytes -= len(buf)
+        conn.apf_buf = conn.apf_scan = None
+        self.apf_silent.pop(conn, None)
+        self.apf_young.pop(conn, None)
+        if self.apf_reading.pop(conn, 0) is None:
+            self.poller.unregister(conn.sock)
 
     def _apf_drop_idle(self, new) -> None:
         """The worker holds more reading connections than ``APF_HEAD_CONNECTIONS`` (or as many
@@ -288,7 +428,7 @@ class ApfThreadWorker(ThreadWorker):
 
     def on_client_socket_readable(self, conn, client):
         """A kept-alive connection has bytes: read its next head here, not in a thread."""
-        data = _recv(conn.sock)
+        data = self.apf_recv(conn.sock)
         if data and data.find(b"\r\n\r\n") >= 0:  # the usual case: the whole head at once
             rejector = self.apf_rejector
             # (a 429 answered here leaves the connection registered and kept alive)
@@ -326,7 +466,7 @@ class ApfThreadWorker(ThreadWorker):
         left the reading state (handed to a thread or closed)."""
         buf = conn.apf_buf
         if data is None:
-            data = _recv(conn.sock)
+            data = self.apf_recv(conn.sock)
             if data is None:
                 return False
         if not data:  # end of input (or reset): the parser reports what is incomplete
@@ -387,6 +527,7 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_head_bytes -= len(buf)
         conn.apf_buf = conn.apf_scan = None
         if self.apf_reading.pop(conn, 0) is None:  # it was read over several polls
+            self.apf_young.pop(conn, None)
             try:
                 self.poller.unregister(conn.sock)
             except (KeyError, ValueError, OSError):
@@ -412,7 +553,7 @@ class ApfThreadWorker(ThreadWorker):
 
     def _apf_reserve_full(self) -> bool:
         """Every thread for non-exempt requests is taken (the thread reserve applies)."""
-        return len(self.apf_inflight) >= self.apf_room_limit
+        return reserve_full(len(self.apf_inflight), self.apf_room_limit)
 
     def apf_reject_here(self, conn, data: bytes, kept: bool = False) -> bool:
         """Answer the complete head ``data`` 429 from the poller when the middleware would
@@ -510,6 +651,7 @@ class ApfThreadWorker(ThreadWorker):
             conn.apf_buf = conn.apf_scan = None
         self.apf_reading.pop(conn, None)
         self.apf_silent.pop(conn, None)
+        self.apf_young.pop(conn, None)
         try:
             self.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
@@ -585,6 +727,28 @@ def _recv(sock) -> bytes | None:
         return b""
 
 
+def _recv_tls(sock) -> bytes | None:
+    """What a non-blocking TLS socket has, decrypted: None if nothing yet (also when only
+    part of a TLS record has arrived: ``SSLWantReadError``), b"" at its end or on an error.
+    Reads what the TLS layer holds decrypted too (``pending``): it would not make the socket
+    readable again."""
+    try:
+        data = sock.recv(RECV_BYTES)
+    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        return None
+    except OSError:  # (ssl.SSLError among them)
+        return b""
+    while data:
+        more = sock.pending()
+        if not more:
+            break
+        try:
+            data += sock.recv(more)
+        except OSError:
+            break
+    return data
+
+
 def _buffered(conn) -> int:
     return len(conn.apf_buf)
 
@@ -597,8 +761,29 @@ def _false() -> bool:
     return False
 
 
-def _new_conn(worker, sock, client, server):
-    conn = TConn(worker.cfg, sock, client, server)  # non-blocking from here
+class _TlsConn(TConn):
+    """A TLS connection whose handshake the poller made (``ApfThreadWorker._apf_tls_event``):
+    its socket is wrapped already, and its parser set (HTTP/1) or left to make here
+    (HTTP/2 chosen by ALPN), where stock gthread's ``init`` would wrap the socket again."""
+
+    def init(self):
+        if self.initialized:
+            return
+        self.initialized = True
+        self.sock.setblocking(True)
+        if self.parser is None:
+            self.is_http2 = True
+            self.parser = http.get_parser(self.cfg, self.sock, self.client,
+                                          http2_connection=True)
+            self.parser.initiate_connection()
+
+
+def _new_conn(worker, sock, client, server, tls: bool = False):
+    """A gthread connection (non-blocking from here) with this worker's fields; ``tls``: one
+    whose handshake the poller makes."""
+    conn = (_TlsConn if tls else TConn)(worker.cfg, sock, client, server)
+    conn.apf_handshake = False
+    conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0
     conn.apf_scan = None

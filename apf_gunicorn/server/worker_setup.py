@@ -68,7 +68,7 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
         encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
         finish_later=dispatcher.finish_later,
-        **_thread_reserve(worker, m.settings))
+        **_thread_reserve(worker))
     if isinstance(worker, ApfThreadWorker):
         worker.apf_on_head_timeout = ledger.count_head_timeout
         worker.apf_on_drop = ledger.count_connection_dropped
@@ -130,12 +130,12 @@ def _close_grant_socket_in_child() -> None:
         w.inbox.close()
 
 
-def _thread_reserve(worker: Any, settings: Settings) -> dict:
-    """The middleware's view of the worker's thread reserve (ApfThreadWorker only)."""
+def _thread_reserve(worker: Any) -> dict:
+    """The middleware's view of the worker's thread reserve (ApfThreadWorker only): its
+    ``apf_inflight`` and how many threads non-exempt requests may hold (``apf_room_limit``)."""
     if not isinstance(worker, ApfThreadWorker):
         return {}
-    return {"inflight": worker.apf_inflight,
-            "nonexempt_threads": worker.cfg.threads - settings.exempt_threads}
+    return {"inflight": worker.apf_inflight, "nonexempt_threads": worker.apf_room_limit}
 
 
 def _work_estimator(settings: Settings):
