@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 
 import pytest
 from hypothesis import given
@@ -313,16 +314,22 @@ def test_identity_headers_from_an_untrusted_peer_are_warned_about(caplog, monkey
 def test_start_warning_when_proxy_can_never_answer():
     from apf_gunicorn.server import startup
 
-    (message,) = startup.identity_warnings(load_settings({}))
+    # the defaults: remote_user still names users, so a note at info, not a warning
+    ((level, message),) = startup.identity_notes(load_settings({}))
+    assert level == logging.INFO
     assert "APF_USER_FROM=proxy,remote_user (the default) never names anybody" in message
     assert "APF_TRUSTED_PROXIES is empty" in message and "X-Remote-User" in message
-    (message,) = startup.identity_warnings(load_settings({"APF_USER_FROM": "proxy"}))
+    ((level, message),) = startup.identity_notes(load_settings({"APF_USER_FROM": "proxy"}))
+    assert level == logging.WARNING
     assert "every request is system:anonymous" in message
-    assert startup.identity_warnings(load_settings({"APF_TRUSTED_PROXIES": "10.0.0.1"})) == []
-    assert startup.identity_warnings(load_settings({"APF_USER_FROM": "remote_user"})) == []
-    (message,) = startup.identity_warnings(load_settings({"APF_USER_FROM":
-                                                          "address,jwt-sub,header:X-Key"}))
+    ((level, _),) = startup.identity_notes(load_settings({"APF_USER_FROM": "proxy,jwt-sub"}))
+    assert level == logging.WARNING  # jwt-sub without a key names flows, nobody verified
+    assert startup.identity_notes(load_settings({"APF_TRUSTED_PROXIES": "10.0.0.1"})) == []
+    assert startup.identity_notes(load_settings({"APF_USER_FROM": "remote_user"})) == []
+    ((level, message),) = startup.identity_notes(load_settings({"APF_USER_FROM":
+                                                                "address,jwt-sub,header:X-Key"}))
+    assert level == logging.WARNING
     assert message.startswith("identity sources jwt-sub,header:X-Key of APF_USER_FROM="
                               "address,jwt-sub,header:X-Key are asked only for peers on a Unix "
                               "socket"), message
-    assert startup.identity_warnings(load_settings({"APF_USER_FROM": "jwt-sub,address"})) == []
+    assert startup.identity_notes(load_settings({"APF_USER_FROM": "jwt-sub,address"})) == []

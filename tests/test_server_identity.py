@@ -410,6 +410,8 @@ def test_identity_headers_from_an_untrusted_peer_are_logged(server_factory):
         start = ("identity source proxy of APF_USER_FROM=proxy,remote_user (the default) never "
                  "names anybody: APF_TRUSTED_PROXIES is empty")
         assert start in srv.log()  # logged before the server answered its first request
+        # a note, not a warning: REMOTE_USER still names users, and a default start is quiet
+        assert f"[INFO] apf: {start}" in srv.log()
         assert UNTRUSTED not in srv.log()
         status, headers = send(srv.port, "GET", "/hello", [("X-Remote-User", "alice")])
         assert status == 200 and headers[FS_UID] == derived_uid("FlowSchema", "anonymous")

@@ -111,7 +111,7 @@ def on_starting(server) -> None:
     except SettingsError as e:
         _fail(server, [str(e)])
     startup.warn_unknown_variables(server.log)
-    startup.warn_identity(server.log, settings)
+    startup.log_identity(server.log, settings)
     if settings.work_estimator:
         try:
             load_estimator_hook(settings.work_estimator)  # fail at start, not in the workers

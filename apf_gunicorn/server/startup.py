@@ -6,7 +6,7 @@ The hooks call, in this order::
 
     startup.route_logs(server.log)              # on_starting: apf_gunicorn.* loggers -> gunicorn
     startup.warn_unknown_variables(server.log)  # on_starting, once the settings are valid
-    startup.warn_identity(server.log, settings) # on_starting: sources that never name anybody
+    startup.log_identity(server.log, settings)  # on_starting: sources that never name anybody
     startup.log_ready(server.log, state.MASTER, server.cfg)   # when_ready, admin bound
     startup.log_route_notes(worker.log, app, routes, max_seats, generation, settings.paths)
                                                 # post_worker_init, first worker
@@ -151,49 +151,63 @@ def warn_unknown_variables(glog: Any, env: Mapping[str, str] | None = None) -> N
 
 # -- identity sources that can never answer --------------------------------------------------
 
-def identity_warnings(settings: Any) -> list[str]:
-    """What the settings' identity sources can never do, for a warning at start.
+def identity_notes(settings: Any) -> list[tuple[int, str]]:
+    """What the settings' identity sources can never do, for the log at start.
 
     ``proxy`` in ``APF_USER_FROM`` (it is in the default) with ``APF_TRUSTED_PROXIES`` empty
     never names anybody: identity headers are then ignored from every peer, and a proxy that
-    sends them for its users makes them one anonymous flow. (At run time the resolver warns,
-    rate-limited, when such headers arrive: ``RequestInfoResolver._untrusted_headers``.)
-    Sources after ``address`` are never asked for a TCP client, which ``address`` always
-    names.
+    sends them for its users makes them one anonymous flow. That is a warning when no other
+    listed source can name a verified user (``APF_USER_FROM=proxy``: every request is
+    anonymous), and a note at info when one can (the default ``proxy,remote_user``: a WSGI
+    layer's ``REMOTE_USER`` still names users, so a server started with the defaults starts
+    without a warning). At run time the resolver warns, rate-limited, whenever such headers
+    do arrive from an untrusted peer (``RequestInfoResolver._untrusted_headers``). Sources
+    after ``address`` are never asked for a TCP client, which ``address`` always names: a
+    warning.
 
     Args:
         settings: the validated :class:`~apf_gunicorn.server.settings.Settings`.
 
     Returns:
-        The messages (none when every source can answer).
+        ``(logging level, message)`` pairs (none when every source can answer).
     """
-    from apf_gunicorn.flowcontrol.identity import ADDRESS, DEFAULT_USER_FROM, PROXY
+    from apf_gunicorn.flowcontrol.identity import (
+        ADDRESS,
+        DEFAULT_USER_FROM,
+        JWT_SUB,
+        PROXY,
+        REMOTE_USER,
+    )
 
     sources = settings.user_from
     shown = ",".join(sources) + (" (the default)" if sources == DEFAULT_USER_FROM else "")
     out = []
     if PROXY in sources and not settings.trusted_proxies:
         others = [s for s in sources if s != PROXY]
+        verified = [s for s in others
+                    if s == REMOTE_USER or (s == JWT_SUB and settings.jwt_key is not None)]
         then = (f"requests are identified by {','.join(others)} or are anonymous" if others
                 else "every request is system:anonymous, one flow for all clients")
-        out.append(f"identity source proxy of APF_USER_FROM={shown} never names anybody: "
-                   f"APF_TRUSTED_PROXIES is empty, so {settings.user_header}/"
-                   f"{settings.group_header} are ignored from every peer and {then}; set "
-                   "APF_TRUSTED_PROXIES to your proxy's addresses (or unix), or leave proxy "
-                   "out of APF_USER_FROM")
+        out.append((logging.INFO if verified else logging.WARNING,
+                    f"identity source proxy of APF_USER_FROM={shown} never names anybody: "
+                    f"APF_TRUSTED_PROXIES is empty, so {settings.user_header}/"
+                    f"{settings.group_header} are ignored from every peer and {then}; set "
+                    "APF_TRUSTED_PROXIES to your proxy's addresses (or unix), or leave proxy "
+                    "out of APF_USER_FROM"))
     after = sources[sources.index(ADDRESS) + 1:] if ADDRESS in sources else ()
     if after:
-        out.append(f"identity source{'s' if len(after) > 1 else ''} {','.join(after)} of "
-                   f"APF_USER_FROM={shown} {'are' if len(after) > 1 else 'is'} asked only for "
-                   "peers on a Unix socket: address before them names every TCP client; put "
-                   "address last")
+        out.append((logging.WARNING,
+                    f"identity source{'s' if len(after) > 1 else ''} {','.join(after)} of "
+                    f"APF_USER_FROM={shown} {'are' if len(after) > 1 else 'is'} asked only for "
+                    "peers on a Unix socket: address before them names every TCP client; put "
+                    "address last"))
     return out
 
 
-def warn_identity(glog: Any, settings: Any) -> None:
-    """Log :func:`identity_warnings` as warnings on gunicorn's log (``server.log``)."""
-    for message in identity_warnings(settings):
-        glog.warning("apf: %s", message)
+def log_identity(glog: Any, settings: Any) -> None:
+    """Log :func:`identity_notes` on gunicorn's log (``server.log``), each at its level."""
+    for level, message in identity_notes(settings):
+        glog.log(level, "apf: %s", message)
 
 
 # -- the ready line ----------------------------------------------------------------------------
