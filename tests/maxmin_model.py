@@ -155,6 +155,7 @@ class MaxMinModel:
         self.f_child = [NIL] * n
         self.f_next = [NIL] * n  # heap sibling, or the parked list's next
         self.f_prev = [NIL] * n  # heap previous sibling or parent, or the parked list's prev
+        self.f_pace = [0] * n  # the lockstep hold's pace (kept when an entry is reused)
         self.f_free_head = 0
         self.f_free_next = list(range(1, n)) + [NIL]
         self.idle_head = self.idle_tail = NIL
@@ -175,6 +176,7 @@ class MaxMinModel:
         self._reserved_at: dict[int, int] = {}
         self.waiting_ns = 0  # seat-ns of capacity while something waited
         self.busy_waiting_seat_ns = 0  # of which busy
+        self.held_seat_ns = 0  # seat-ns held idle by the lockstep hold
 
     # -- configuration ---------------------------------------------------------------------
     def add_level(self, c: int, desired: int, hand: int, qll: int, now: int = 0,
@@ -709,8 +711,9 @@ class MaxMinModel:
         assert self.s_gen[s] == gen and self.s_state[s] == EXECUTING
         lv = self.levels[self.s_level[s]]
         granted: list = []
-        lv.executing -= 1
         f = self.s_flow[s]
+        hold = self._hold(lv, s, f, now) if self.s_al[s] <= 0 and lv.waiting else 0
+        lv.executing -= 1
         ran = now - self.s_start[s]
         held = self.s_held[s]
         corr = (held * (ran - self.s_est[s])) & U64
@@ -744,10 +747,33 @@ class MaxMinModel:
             linger = now + self.s_al[s]
             self.s_state[s] = LINGERING
             self.s_end[s] = linger
+        elif hold:
+            linger = hold
+            self.s_state[s] = LINGERING
+            self.s_end[s] = linger
         else:
             self._release_seats(lv, s, now)
         self._dispatch_all(lv, now, granted)
         return granted, linger
+
+    def _hold(self, lv: Level, s: int, f: int, now: int) -> int:
+        """The lockstep hold: seats handed straight back to the only waiting flow free at
+        least 0.9 x est x held / C apart (one spacing of tolerance), each held at most est / 2.
+        Returns the time until which they are held, or 0."""
+        if f == NIL or self.f_waiting[f] == 0 or self.f_waiting[f] != lv.waiting:
+            return 0
+        if not self.f_n[f]:
+            return 0
+        est = self.f_est[f]
+        gap = est * self.s_held[s] * 9 // (10 * lv.c)
+        pace = self.f_pace[f]
+        if pace - now <= gap:
+            self.f_pace[f] = max(pace, now) + gap
+            return 0
+        until = min(pace, now + est // 2)
+        self.f_pace[f] = until + gap
+        self.held_seat_ns += (until - now) * self.s_held[s]
+        return until
 
     def release(self, s: int, gen: int, now: int) -> list:
         self._advance(now)

@@ -43,6 +43,7 @@ from apf_gunicorn.ledger.layout import (
     F_LEVEL,
     F_N,
     F_NEXT,
+    F_PACE,
     F_SEATS,
     F_SEQ,
     F_TAG,
@@ -98,6 +99,11 @@ from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 _COUNTS = struct.Struct("<Q9q")  # tag, seq, waiting, exec, seats, head, tail, est, n, where
 _CHARGE = struct.Struct("<Q4q")  # tag, seq, waiting, exec, seats
 _LEARNT = struct.Struct("<Q8q")  # tag, seq, waiting, exec, seats, head, tail, est, n
+# The lockstep hold ("hold_locked"): a flow's seats handed straight back to it free at least
+# PACE_NUM / PACE_DEN x (its estimate x seats / the level's limit) apart, with one such spacing of
+# burst tolerance; a hold lasts at most 1 / HOLD_DEN of its estimate.
+PACE_NUM, PACE_DEN = 9, 10
+HOLD_DEN = 2
 if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F_WHERE)
         == tuple(range(F_TAG, F_TAG + 10))):
     raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
@@ -367,6 +373,43 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         return True
 
     # -- completion and removal ---------------------------------------------------------------
+    def hold_locked(self, lb: int, sa: int, now: int) -> int:
+        """Break a lockstep (docs/fairness.md, "Lockstep"): the request in slot ``sa`` is about
+        to end its main phase with no lingering seats, and its seats would go straight back to
+        its own flow. Decide whether they free now or are held (the slot lingers) until a
+        later time, so that the flow's seats free spread over its service time.
+
+        Only when the flow is the only one waiting in the level (any other waiting flow gets
+        the seats now, as the fairness orders it) and has a learnt estimate ``est``: with
+        ``gap = 0.9 * est * held / C``, the flow's pace (``F_PACE``) is the earliest time its
+        next seat may free unheld; a seat freeing more than one gap before the pace is held
+        until the pace (at most ``est / 2``), and the pace moves on by one gap per freed seat.
+        Seats that free at the pace or later are never held, so a flow whose completions are
+        already spread (or jittered) loses little or nothing.
+
+        Returns:
+            The time until which the seats are held (the slot lingers, ``X_END`` set), or 0.
+        """
+        w = self._w
+        xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
+        f = w[xa + X_FLOW]
+        if f == NIL:
+            return 0
+        fa = self._fb + f * FLOW_WORDS
+        waiting = w[fa + F_WAITING]
+        if waiting == 0 or waiting != w[lb + L_WAITING] or not w[fa + F_N]:
+            return 0
+        est = w[fa + F_EST]
+        gap = est * w[sa + S_HELD] * PACE_NUM // (PACE_DEN * w[lb + L_C])
+        pace = w[fa + F_PACE]
+        if pace - now <= gap:
+            w[fa + F_PACE] = (pace if pace > now else now) + gap
+            return 0
+        until = min(pace, now + est // HOLD_DEN)
+        w[fa + F_PACE] = until + gap
+        w[xa + X_END] = until
+        return until
+
     def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its
