@@ -177,6 +177,7 @@ class MaxMinModel:
         self.waiting_ns = 0  # seat-ns of capacity while something waited
         self.busy_waiting_seat_ns = 0  # of which busy
         self.held_seat_ns = 0  # seat-ns held idle by the lockstep hold
+        self.holds = 0
 
     # -- configuration ---------------------------------------------------------------------
     def add_level(self, c: int, desired: int, hand: int, qll: int, now: int = 0,
@@ -773,6 +774,7 @@ class MaxMinModel:
         until = min(pace, now + est // 2)
         self.f_pace[f] = until + gap
         self.held_seat_ns += (until - now) * self.s_held[s]
+        self.holds += 1
         return until
 
     def release(self, s: int, gen: int, now: int) -> list:

@@ -49,11 +49,15 @@ class Outcome:
 
 
 def run(fairness: str, jitter: float = 0.0, seconds: int = 40, flood: bool = True,
-        seed: int = 27) -> Outcome:
+        seed: int = 27, backend=None) -> Outcome:
     """The scenario for ``seconds`` of virtual time; returns what the light users waited
-    and what the flood completed (both after a 5 s warm-up)."""
-    be = LedgerBackend.create([("users", 64, 6, 50, SEATS, fairness)], slots=128)
-    level = be.levels["users"]
+    and what the flood completed (both after a 5 s warm-up). ``backend``: the simulator's
+    backend protocol over one level of 16 seats, instead of a fresh ledger (level 0)."""
+    if backend is None:
+        be = LedgerBackend.create([("users", 64, 6, 50, SEATS, fairness)], slots=128)
+        level = be.levels["users"]
+    else:
+        be, level = backend, 0
     loop = EventLoop()
     rnd = random.Random(seed)
     end = seconds * 1000 * MS

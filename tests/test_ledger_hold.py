@@ -1,0 +1,83 @@
+"""The ``maxmin`` lockstep hold, rule by rule, on the production ledger with an injected clock
+(``MaxMinFairness.hold_locked``; docs/fairness.md, "Lockstep"; the issue-27 scenario is in
+``test_simulate_lockstep.py``).
+
+One level of 4 seats; flow A learns a 100 ms estimate, then has 4 requests executing and 4
+waiting, and the 4 executing end at the same instant. The spacing is ``gap = 0.9 x 100 ms x 1
+/ 4 = 22.5 ms``, a hold lasts at most 100 ms / 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger, LevelSpec, NullLock
+
+MS = 1_000_000
+A, B = 11, 22
+GAP = 22_500_000
+
+
+def _ledger(fairness: str) -> tuple[Ledger, int]:
+    cap = Capacity(slots=32, levels=4, queues=64)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
+    names, _ = led.configure([LevelSpec("l", 8, 3, 50, 4, fairness)], ["fs"], 0)
+    return led, names["l"]
+
+
+def _burst(fairness: str, other_waits: bool = False) -> tuple[Ledger, list, list]:
+    """A learns 100 ms; at 100 ms 4 of its requests run and 4 wait (and one of B, if
+    asked); at 200 ms the 4 running end. Returns the ledger, the four ``(grants, linger)``
+    and the requests that waited."""
+    led, lv = _ledger(fairness)
+    first = led.admit(lv, A, 1, 0, 0, 0, 0)
+    assert first.outcome == EXECUTE
+    assert led.finish(first.slot, first.gen, 100 * MS) == ([], 0)  # nothing waits: fast path
+    running = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    assert all(r.outcome == EXECUTE for r in running)
+    waiting = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    if other_waits:
+        waiting.insert(0, led.admit(lv, B, 1, 0, 0, 0, 150 * MS))
+    assert all(r.outcome == QUEUED for r in waiting)
+    ends = [led.finish(r.slot, r.gen, 200 * MS) for r in running]
+    return led, ends, waiting
+
+
+def test_a_burst_of_ends_frees_one_gap_apart_under_maxmin() -> None:
+    led, ends, waiting = _burst("maxmin")
+    t = 200 * MS
+    # the first end sets the pace, the second is within one gap of tolerance; the third is
+    # held until the pace, the fourth until the cap (the pace would be 3 gaps = 67.5 ms away)
+    assert [linger for _g, linger in ends] == [0, 0, t + 2 * GAP, t + 50 * MS]
+    assert [len(g) for g, _l in ends] == [1, 1, 0, 0]
+    # two run, two seats are held (busy, lingering), two requests still wait
+    snap = led.snapshot(t).levels[0]
+    assert (snap.seats_in_use, snap.requests_executing, snap.requests_waiting) == (4, 2, 2)
+
+
+def test_a_held_seat_frees_at_its_time_and_dispatches() -> None:
+    led, lv = _ledger("maxmin")
+    first = led.admit(lv, A, 1, 0, 0, 0, 0)
+    led.finish(first.slot, first.gen, 100 * MS)
+    running = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    waiting = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    ends = [led.finish(r.slot, r.gen, 200 * MS) for r in running]
+    held = running[2]
+    assert ends[2][1] == 200 * MS + 2 * GAP
+    granted = led.release(held.slot, held.gen, ends[2][1])
+    assert [(g[0], g[1]) for g in granted] == [(waiting[2].slot, waiting[2].gen)]
+
+
+def test_no_hold_while_another_flow_waits() -> None:
+    """B waits: the first end's seat goes to B at once; only then does A alone wait."""
+    _led, ends, waiting = _burst("maxmin", other_waits=True)
+    grants, linger = ends[0]
+    assert linger == 0
+    assert [(g[0], g[1]) for g in grants] == [(waiting[0].slot, waiting[0].gen)]  # B's
+
+
+@pytest.mark.parametrize("fairness", ["kubernetes"])
+def test_kubernetes_never_holds(fairness) -> None:
+    _led, ends, _waiting = _burst(fairness)
+    assert [linger for _g, linger in ends] == [0, 0, 0, 0]
+    assert all(len(g) == 1 for g, _l in ends)
