@@ -178,6 +178,7 @@ class MaxMinModel:
         self.busy_waiting_seat_ns = 0  # of which busy
         self.held_seat_ns = 0  # seat-ns held idle by the lockstep hold
         self.holds = 0
+        self.ended_holds = 0  # holds ended early by another flow's arrival
 
     # -- configuration ---------------------------------------------------------------------
     def add_level(self, c: int, desired: int, hand: int, qll: int, now: int = 0,
@@ -490,6 +491,8 @@ class MaxMinModel:
             self._heap_insert(lv, f)
         self._note_demand(lv, now)
         self._dispatch_all(lv, now, granted)
+        if self.f_waiting[f] == 1 and self.s_state[s] == WAITING and lv.executing < lv.in_use:
+            self._end_holds(lv, level, s, now, granted)
         if self.s_state[s] == EXECUTING:
             me = (s, self.s_gen[s])
             granted = [g for g in granted if g != me]
@@ -757,6 +760,19 @@ class MaxMinModel:
         self._dispatch_all(lv, now, granted)
         return granted, linger
 
+    def _end_holds(self, lv: Level, level: int, s: int, now: int, granted: list) -> None:
+        """A flow started waiting (slot ``s``) with no seat free: held seats free, the soonest
+        to end first, until it runs or nothing is held."""
+        while self.s_state[s] == WAITING:
+            held = [(self.s_end[t], t) for t in range(self.slots)
+                    if self.s_state[t] == LINGERING and self.s_level[t] == level
+                    and self.s_al[t] <= 0]
+            if not held:
+                return
+            self._release_seats(lv, min(held)[1], now)
+            self.ended_holds += 1
+            self._dispatch_all(lv, now, granted)
+
     def _hold(self, lv: Level, s: int, f: int, now: int) -> int:
         """The lockstep hold: seats handed straight back to the only waiting flow free at
         least 0.9 x est x held / C apart (one spacing of tolerance), each held at most est / 2.
@@ -779,7 +795,8 @@ class MaxMinModel:
 
     def release(self, s: int, gen: int, now: int) -> list:
         self._advance(now)
-        assert self.s_gen[s] == gen and self.s_state[s] == LINGERING
+        if self.s_gen[s] != gen or self.s_state[s] != LINGERING:
+            return []  # stale: a hold that another flow's arrival ended (as the ledger: no-op)
         lv = self.levels[self.s_level[s]]
         granted: list = []
         self._release_seats(lv, s, now)

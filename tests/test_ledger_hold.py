@@ -25,10 +25,10 @@ def _ledger(fairness: str) -> tuple[Ledger, int]:
     return led, names["l"]
 
 
-def _burst(fairness: str, other_waits: bool = False) -> tuple[Ledger, list, list]:
+def _burst(fairness: str, other_waits: bool = False) -> tuple[Ledger, list, list, list]:
     """A learns 100 ms; at 100 ms 4 of its requests run and 4 wait (and one of B, if
-    asked); at 200 ms the 4 running end. Returns the ledger, the four ``(grants, linger)``
-    and the requests that waited."""
+    asked); at 200 ms the 4 running end. Returns the ledger, the four ``(grants, linger)``,
+    the requests that waited and the four that ran."""
     led, lv = _ledger(fairness)
     first = led.admit(lv, A, 1, 0, 0, 0, 0)
     assert first.outcome == EXECUTE
@@ -40,11 +40,11 @@ def _burst(fairness: str, other_waits: bool = False) -> tuple[Ledger, list, list
         waiting.insert(0, led.admit(lv, B, 1, 0, 0, 0, 150 * MS))
     assert all(r.outcome == QUEUED for r in waiting)
     ends = [led.finish(r.slot, r.gen, 200 * MS) for r in running]
-    return led, ends, waiting
+    return led, ends, waiting, running
 
 
 def test_a_burst_of_ends_frees_one_gap_apart_under_maxmin() -> None:
-    led, ends, waiting = _burst("maxmin")
+    led, ends, waiting, _running = _burst("maxmin")
     t = 200 * MS
     # the first end sets the pace, the second is within one gap of tolerance; the third is
     # held until the pace, the fourth until the cap (the pace would be 3 gaps = 67.5 ms away)
@@ -70,14 +70,31 @@ def test_a_held_seat_frees_at_its_time_and_dispatches() -> None:
 
 def test_no_hold_while_another_flow_waits() -> None:
     """B waits: the first end's seat goes to B at once; only then does A alone wait."""
-    _led, ends, waiting = _burst("maxmin", other_waits=True)
+    _led, ends, waiting, _running = _burst("maxmin", other_waits=True)
     grants, linger = ends[0]
     assert linger == 0
     assert [(g[0], g[1]) for g in grants] == [(waiting[0].slot, waiting[0].gen)]  # B's
 
 
+def test_another_flow_starting_to_wait_ends_the_holds() -> None:
+    """A hold lasts only while one flow waits: B arrives while two seats are held and runs at
+    once in the one that would free first; the other stays held; the ended hold's timer is
+    then a no-op."""
+    led, ends, waiting, running = _burst("maxmin")
+    t = 210 * MS
+    b = led.admit(0, B, 1, 0, 0, 0, t)
+    assert b.outcome == EXECUTE and b.granted == []
+    snap = led.snapshot(t).levels[0]
+    assert (snap.seats_in_use, snap.requests_executing, snap.requests_waiting) == (4, 3, 2)
+    # the third end's hold (until 245 ms) ended for B: its timer frees nothing
+    assert led.release(running[2].slot, running[2].gen, ends[2][1]) == []
+    # the fourth's (until 250 ms) still holds, and dispatches A's next request when it ends
+    granted = led.release(running[3].slot, running[3].gen, ends[3][1])
+    assert [(g[0], g[1]) for g in granted] == [(waiting[2].slot, waiting[2].gen)]
+
+
 @pytest.mark.parametrize("fairness", ["kubernetes"])
 def test_kubernetes_never_holds(fairness) -> None:
-    _led, ends, _waiting = _burst(fairness)
+    _led, ends, _waiting, _running = _burst(fairness)
     assert [linger for _g, linger in ends] == [0, 0, 0, 0]
     assert all(len(g) == 1 for g, _l in ends)

@@ -179,17 +179,19 @@ def test_ledger_matches_model_on_random_operations(learn):
 
 def test_ledger_matches_model_through_a_lockstep():
     """Issue 27's flood beside light users (``test_simulate_lockstep.py``), equal and
-    jittered: the lockstep hold decides the same linger times in both, and it does hold."""
+    jittered: the lockstep hold decides the same linger times in both, and it does hold, and
+    a light user's arrival ends holds."""
     from test_simulate_lockstep import SEATS, run
 
-    holds = 0
+    holds = ended = 0
     for jitter in (0.0, 0.2):
         be = PairBackend.__new__(PairBackend)
         be.pair = Pair([(SEATS, 64, 6, 50)], 128)
         run("maxmin", jitter=jitter, seconds=8, backend=be)
         assert be.pair.ops > 1000
         holds += be.pair.model.holds
-    assert holds > 16
+        ended += be.pair.model.ended_holds
+    assert holds > 16 and ended > 0
 
 
 def test_tags_wrap_around_2_64():

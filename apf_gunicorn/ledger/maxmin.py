@@ -83,6 +83,7 @@ from apf_gunicorn.ledger.layout import (
     S_START_NS,
     S_STATE,
     SLOT_WORDS,
+    WAITING,
     X_END,
     X_FLOW,
     X_FNEXT,
@@ -174,6 +175,8 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
             self._heap_insert(mm, f)
         led._demand_locked(lb, now)
         self.dispatch_all_locked(led, lb, now, granted)
+        if n == 1 and w[sa + S_STATE] == WAITING and w[lb + L_EXECUTING] < w[lb + L_SEATS_IN_USE]:
+            self._end_holds_locked(led, lb, level, sa, now, granted)
         return led._admitted(s, w[sa + S_STATE], gen, req[4], granted)
 
     def at_once_locked(self, lb: int, level: int, h: int, s: int, held: int, al: int) -> int:
@@ -409,6 +412,29 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         w[fa + F_PACE] = until + gap
         w[xa + X_END] = until
         return until
+
+    def _end_holds_locked(self, led, lb: int, level: int, sa: int, now: int,
+                          granted: list) -> None:
+        """A flow started waiting (its request in slot ``sa``) and no seat is free: a hold
+        lasts only while one flow waits, so free held seats (the soonest to end first) and
+        dispatch, until that request runs or nothing is held. Held slots are the level's
+        lingering ones without additional latency; found by a scan of the slot table, done
+        only when the level has fewer executing requests than seats in use (something
+        lingers, or a request holds several seats)."""
+        w = self._w
+        xb = self._xb
+        while w[sa + S_STATE] == WAITING:
+            states, levels, als = led._slot_columns_locked(S_STATE, S_LEVEL, S_AL)
+            best, best_end = NIL, 0
+            for t in range(self._nslots):
+                if states[t] == LINGERING and levels[t] == level and als[t] <= 0:
+                    end = w[xb + t * XSLOT_WORDS + X_END]
+                    if best == NIL or end < best_end:
+                        best, best_end = t, end
+            if best == NIL:
+                return
+            led._release_seats_locked(lb, level, best, self._sb + best * SLOT_WORDS, now)
+            self.dispatch_all_locked(led, lb, now, granted)
 
     def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
