@@ -36,7 +36,7 @@ WARMUP_NS = 5_000 * MS
 class Outcome:
     light_waits: list[int]  # ns, after the warm-up
     flood_per_s: float  # flood requests completed per second after the warm-up
-    held_seat_ns: int  # seat-ns the flood's finished requests lingered for the hold
+    held_seat_ns: int  # seat-ns of holds asked for (a hold ended early counts in full)
 
     def rank(self, q: float) -> float:
         """The light waits' nearest-rank ``q`` quantile, in ms."""
