@@ -422,18 +422,23 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         only when the level has fewer executing requests than seats in use (something
         lingers, or a request holds several seats)."""
         w = self._w
-        xb = self._xb
+        xb, sb = self._xb, self._sb
         while w[sa + S_STATE] == WAITING:
-            states, levels, als = led._slot_columns_locked(S_STATE, S_LEVEL, S_AL)
-            best, best_end = NIL, 0
-            for t in range(self._nslots):
-                if states[t] == LINGERING and levels[t] == level and als[t] <= 0:
+            (states,) = led._slot_columns_locked(S_STATE)
+            best, best_end, t = NIL, 0, -1
+            while True:  # lingering slots are few: list.index finds each at C speed
+                try:
+                    t = states.index(LINGERING, t + 1)
+                except ValueError:
+                    break
+                ta = sb + t * SLOT_WORDS
+                if w[ta + S_LEVEL] == level and w[ta + S_AL] <= 0:
                     end = w[xb + t * XSLOT_WORDS + X_END]
                     if best == NIL or end < best_end:
                         best, best_end = t, end
             if best == NIL:
                 return
-            led._release_seats_locked(lb, level, best, self._sb + best * SLOT_WORDS, now)
+            led._release_seats_locked(lb, level, best, sb + best * SLOT_WORDS, now)
             self.dispatch_all_locked(led, lb, now, granted)
 
     def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
