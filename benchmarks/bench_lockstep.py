@@ -9,10 +9,11 @@ so the clients name themselves (``X-Remote-User``: every client is a signed-in u
 kept-alive connection to ``GET /work?ms=1`` with 100 ms of thought after each answer; a flood
 (``flood``): 30 kept-alive connections re-sending ``GET /work?ms=200`` the moment each answer
 arrives, or with ``±20 %`` uniform jitter on the 200 ms. One server per fairness
-(``APF_FAIRNESS=maxmin``, then ``kubernetes``); per server three windows of ``--seconds``
+(``APF_FAIRNESS=maxmin`` and ``kubernetes``, both up at once and loaded in turns, so that
+a change in the machine's load hits both alike); per server three windows of ``--seconds``
 each: the light users alone, beside the flood, beside the jittered flood (the first
 ``--warmup`` seconds of each window are not counted: the flood starts all its connections at
-once, which is where a lockstep comes from). About 2 x (3 x (seconds + warmup) + boot) in all:
+once, which is where a lockstep comes from). About 6 x (seconds + warmup) + boot in all:
 ~80 s by default.
 
 Prints per window the light users' p50 and p99 latency and how many answers each stands on,
@@ -31,6 +32,7 @@ machine every latency grows. Traffic goes to 127.0.0.1 only; every server is sto
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import random
 import sys
@@ -130,23 +132,25 @@ def ms(seconds: float) -> str:
 
 
 def run(seconds: float, warmup: float) -> dict:
-    """Both fairnesses, three windows each; returns ``{fairness: {window: result}}``."""
-    results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for fairness in ("maxmin", "kubernetes"):
+    """Both fairnesses, three windows each, the two servers up together and loaded in turns
+    (each window under ``maxmin``, then the same under ``kubernetes``), so that a change in
+    the machine's load hits both alike; returns ``{fairness: {window: result}}``."""
+    results: dict = {"maxmin": {}, "kubernetes": {}}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = {}
+        for fairness in results:
             env = {"APF_CONCURRENCY_LIMIT": str(LIMIT), "APF_FAIRNESS": fairness}
-            res = results[fairness] = {}
-            with serve(Path(tmp), workers=WORKERS, threads=THREADS, env=env,
-                       config="builtin:webapp") as srv:
-                for name, flood, jitter in (("alone", False, 0.0), ("flood", True, 0.0),
-                                            ("jitter", True, JITTER)):
-                    srv.idle(60)
-                    res[name] = window(srv.port, seconds, warmup, flood, jitter)
-                    r = res[name]
-                    print(f"{fairness:10} {name:7} light p50 {ms(r['p50'])} p99 {ms(r['p99'])}"
-                          f" over {r['n']:5} answers (others {r['light_other'] or 0})  flood "
-                          f"{r['flood_per_s']:5.1f} 200s/s (others {r['flood_other'] or 0})",
-                          flush=True)
+            servers[fairness] = stack.enter_context(serve(
+                Path(tmp), workers=WORKERS, threads=THREADS, env=env, config="builtin:webapp"))
+        for name, flood, jitter in (("alone", False, 0.0), ("flood", True, 0.0),
+                                    ("jitter", True, JITTER)):
+            for fairness, srv in servers.items():
+                srv.idle(60)
+                r = results[fairness][name] = window(srv.port, seconds, warmup, flood, jitter)
+                print(f"{fairness:10} {name:7} light p50 {ms(r['p50'])} p99 {ms(r['p99'])}"
+                      f" over {r['n']:5} answers (others {r['light_other'] or 0})  flood "
+                      f"{r['flood_per_s']:5.1f} 200s/s (others {r['flood_other'] or 0})",
+                      flush=True)
     return results
 
 
