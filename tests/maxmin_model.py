@@ -779,7 +779,7 @@ class MaxMinModel:
         Returns the time until which they are held, or 0."""
         if f == NIL or self.f_waiting[f] == 0 or self.f_waiting[f] != lv.waiting:
             return 0
-        if not self.f_n[f]:
+        if not self.f_n[f] or lv.c <= 0:
             return 0
         est = self.f_est[f]
         gap = est * self.s_held[s] * 9 // (10 * lv.c)

@@ -14,7 +14,11 @@ In short, per level:
 * a flow that has finished nothing yet holds at most its equal share while others wait
   (parked until its first completion);
 * a head that does not fit is reserved; others run meanwhile only if, by the estimates, they
-  end before it could start or use seats it will not need.
+  end before it could start or use seats it will not need;
+* seats that would go straight back to the only waiting flow free at its pace, one every
+  ``0.9 x estimate x seats / C``, so that a flood of equal requests does not free its seats in
+  one burst per service time (the lockstep hold, :meth:`MaxMinFairness.hold_locked`); a flow
+  that starts waiting ends the holds.
 
 Everything runs under the ledger lock (``…_locked``); the ledger reaches this class
 through ``Ledger._fairness_locked`` for levels whose ``L_FAIRNESS`` is ``FAIRNESS_MAXMIN``. The
@@ -402,8 +406,11 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         waiting = w[fa + F_WAITING]
         if waiting == 0 or waiting != w[lb + L_WAITING] or not w[fa + F_N]:
             return 0
+        c = w[lb + L_C]
+        if c <= 0:  # a level lending all its seats: nothing to spread over
+            return 0
         est = w[fa + F_EST]
-        gap = est * w[sa + S_HELD] * PACE_NUM // (PACE_DEN * w[lb + L_C])
+        gap = est * w[sa + S_HELD] * PACE_NUM // (PACE_DEN * c)
         pace = w[fa + F_PACE]
         if pace - now <= gap:
             w[fa + F_PACE] = (pace if pace > now else now) + gap
