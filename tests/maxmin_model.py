@@ -775,7 +775,8 @@ class MaxMinModel:
 
     def _hold(self, lv: Level, s: int, f: int, now: int) -> int:
         """The lockstep hold: seats handed straight back to the only waiting flow free at
-        least 0.9 x est x held / C apart (one spacing of tolerance), each held at most est / 2.
+        least 0.9 x est x held / C apart (one spacing of tolerance), each held at most est / 2,
+        and only those of a request that ran within half a spacing of est.
         Returns the time until which they are held, or 0."""
         if f == NIL or self.f_waiting[f] == 0 or self.f_waiting[f] != lv.waiting:
             return 0
@@ -784,7 +785,7 @@ class MaxMinModel:
         est = self.f_est[f]
         gap = est * self.s_held[s] * 9 // (10 * lv.c)
         pace = self.f_pace[f]
-        if pace - now <= gap:
+        if pace - now <= gap or 2 * abs(now - self.s_start[s] - est) > gap:
             self.f_pace[f] = max(pace, now) + gap
             return 0
         until = min(pace, now + est // 2)

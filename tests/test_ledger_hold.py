@@ -4,7 +4,8 @@
 
 One level of 4 seats; flow A learns a 100 ms estimate, then has 4 requests executing and 4
 waiting, and the 4 executing end at the same instant. The spacing is ``gap = 0.9 x 100 ms x 1
-/ 4 = 22.5 ms``, a hold lasts at most 100 ms / 2.
+/ 4 = 22.5 ms``, a hold lasts at most 100 ms / 2, and only a request that ran within half a
+gap of its flow's estimate is held.
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ def test_a_burst_of_ends_frees_one_gap_apart_under_maxmin() -> None:
     # two run, two seats are held (busy, lingering), two requests still wait
     snap = led.snapshot(t).levels[0]
     assert (snap.seats_in_use, snap.requests_executing, snap.requests_waiting) == (4, 2, 2)
+
+
+def test_a_request_off_its_flows_usual_time_is_not_held() -> None:
+    """A request that ran 85 ms, 15 ms off its flow's 100 ms, more than half a gap (11.25 ms):
+    its end is not in step with the others (jitter spreads such ends by itself), so it frees
+    its seat though the pace is ahead; the next, on time, is held."""
+    led, lv = _ledger("maxmin")
+    first = led.admit(lv, A, 1, 0, 0, 0, 0)
+    led.finish(first.slot, first.gen, 100 * MS)
+    running = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(3)]
+    running.append(led.admit(lv, A, 1, 0, 0, 0, 115 * MS))  # will have run 85 ms
+    assert all(r.outcome == EXECUTE for r in running)
+    waiting = [led.admit(lv, A, 1, 0, 0, 0, 115 * MS) for _ in range(4)]
+    assert all(r.outcome == QUEUED for r in waiting)
+    t = 200 * MS
+    order = [running[0], running[1], running[3], running[2]]
+    lingers = [led.finish(r.slot, r.gen, t)[1] for r in order]
+    # held until the cap: half the estimate learnt from 100, 100, 100 and 85 ms
+    assert lingers == [0, 0, 0, t + (3 * 100 + 85) * MS // 4 // 2]
 
 
 def test_a_held_seat_frees_at_its_time_and_dispatches() -> None:

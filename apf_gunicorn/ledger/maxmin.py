@@ -391,8 +391,9 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         ``gap = 0.9 * est * held / C``, the flow's pace (``F_PACE``) is the earliest time its
         next seat may free unheld; a seat freeing more than one gap before the pace is held
         until the pace (at most ``est / 2``), and the pace moves on by one gap per freed seat.
-        Seats that free at the pace or later are never held, so a flow whose completions are
-        already spread (or jittered) loses little or nothing.
+        Seats that free at the pace or later are never held, nor those of a request that ran
+        more than half a gap off ``est``: a flow whose requests vary is not in step (its
+        jitter spreads its ends by itself), and holding its seats would only idle them.
 
         Returns:
             The time until which the seats are held (the slot lingers, ``X_END`` set), or 0.
@@ -412,7 +413,10 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         est = w[fa + F_EST]
         gap = est * w[sa + S_HELD] * PACE_NUM // (PACE_DEN * c)
         pace = w[fa + F_PACE]
-        if pace - now <= gap:
+        ran = now - w[sa + S_START_NS]
+        if pace - now <= gap or not -gap <= 2 * (ran - est) <= gap:
+            # at its pace, or a request that did not run the flow's usual time: the flow's
+            # ends are not in step (jitter spreads them by itself), so nothing is held
             w[fa + F_PACE] = (pace if pace > now else now) + gap
             return 0
         until = min(pace, now + est // HOLD_DEN)
