@@ -23,7 +23,11 @@ and the flood's 200s per second; then each "Done means" line of the issue as met
   >= 100 answers); the flood's 200s/s >= 0.95 x 16 seats / 200 ms;
 * maxmin, beside the jittered flood: p50 and p99 no worse than under ``kubernetes`` beside
   the same flood (Kubernetes' dispatch is unchanged, and behaved as ``maxmin`` did before the
-  lockstep hold: the issue's table), with 5 ms of slack for the machine's noise.
+  lockstep hold: the issue's table), with 5 ms of slack for the machine's noise. For the real
+  "before", copy this file into a checkout of the older commit (it needs only
+  ``tests/conftest.py`` and ``tests/apps/app.py``) and run it there: its ``maxmin`` rows are
+  the old code's. On a loaded machine a p99 of ~430 answers swings by tens of ms between
+  runs of the same code: rerun before reading a MISSED there.
 
 The load generators are Python threads sharing the machine's cores with the server: on a busy
 machine every latency grows. Traffic goes to 127.0.0.1 only; every server is stopped.
