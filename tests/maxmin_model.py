@@ -155,6 +155,7 @@ class MaxMinModel:
         self.f_child = [NIL] * n
         self.f_next = [NIL] * n  # heap sibling, or the parked list's next
         self.f_prev = [NIL] * n  # heap previous sibling or parent, or the parked list's prev
+        self.f_pace = [0] * n  # the lockstep hold's pace (kept when an entry is reused)
         self.f_free_head = 0
         self.f_free_next = list(range(1, n)) + [NIL]
         self.idle_head = self.idle_tail = NIL
@@ -175,6 +176,9 @@ class MaxMinModel:
         self._reserved_at: dict[int, int] = {}
         self.waiting_ns = 0  # seat-ns of capacity while something waited
         self.busy_waiting_seat_ns = 0  # of which busy
+        self.held_seat_ns = 0  # seat-ns held idle by the lockstep hold
+        self.holds = 0
+        self.ended_holds = 0  # holds ended early by another flow's arrival
 
     # -- configuration ---------------------------------------------------------------------
     def add_level(self, c: int, desired: int, hand: int, qll: int, now: int = 0,
@@ -487,6 +491,8 @@ class MaxMinModel:
             self._heap_insert(lv, f)
         self._note_demand(lv, now)
         self._dispatch_all(lv, now, granted)
+        if self.f_waiting[f] == 1 and self.s_state[s] == WAITING and lv.executing < lv.in_use:
+            self._end_holds(lv, level, s, now, granted)
         if self.s_state[s] == EXECUTING:
             me = (s, self.s_gen[s])
             granted = [g for g in granted if g != me]
@@ -709,8 +715,9 @@ class MaxMinModel:
         assert self.s_gen[s] == gen and self.s_state[s] == EXECUTING
         lv = self.levels[self.s_level[s]]
         granted: list = []
-        lv.executing -= 1
         f = self.s_flow[s]
+        hold = self._hold(lv, s, f, now) if self.s_al[s] <= 0 and lv.waiting else 0
+        lv.executing -= 1
         ran = now - self.s_start[s]
         held = self.s_held[s]
         corr = (held * (ran - self.s_est[s])) & U64
@@ -744,14 +751,53 @@ class MaxMinModel:
             linger = now + self.s_al[s]
             self.s_state[s] = LINGERING
             self.s_end[s] = linger
+        elif hold:
+            linger = hold
+            self.s_state[s] = LINGERING
+            self.s_end[s] = linger
         else:
             self._release_seats(lv, s, now)
         self._dispatch_all(lv, now, granted)
         return granted, linger
 
+    def _end_holds(self, lv: Level, level: int, s: int, now: int, granted: list) -> None:
+        """A flow started waiting (slot ``s``) with no seat free: held seats free, the soonest
+        to end first, until it runs or nothing is held."""
+        while self.s_state[s] == WAITING:
+            held = [(self.s_end[t], t) for t in range(self.slots)
+                    if self.s_state[t] == LINGERING and self.s_level[t] == level
+                    and self.s_al[t] <= 0]
+            if not held:
+                return
+            self._release_seats(lv, min(held)[1], now)
+            self.ended_holds += 1
+            self._dispatch_all(lv, now, granted)
+
+    def _hold(self, lv: Level, s: int, f: int, now: int) -> int:
+        """The lockstep hold: seats handed straight back to the only waiting flow free at
+        least 0.9 x est x held / C apart (one spacing of tolerance), each held at most est / 2,
+        and only those of a request that ran within half a spacing of est.
+        Returns the time until which they are held, or 0."""
+        if f == NIL or self.f_waiting[f] == 0 or self.f_waiting[f] != lv.waiting:
+            return 0
+        if not self.f_n[f] or lv.c <= 0:
+            return 0
+        est = self.f_est[f]
+        gap = est * self.s_held[s] * 9 // (10 * lv.c)
+        pace = self.f_pace[f]
+        if pace - now <= gap or 2 * abs(now - self.s_start[s] - est) > gap:
+            self.f_pace[f] = max(pace, now) + gap
+            return 0
+        until = min(pace, now + est // 2)
+        self.f_pace[f] = until + gap
+        self.held_seat_ns += (until - now) * self.s_held[s]
+        self.holds += 1
+        return until
+
     def release(self, s: int, gen: int, now: int) -> list:
         self._advance(now)
-        assert self.s_gen[s] == gen and self.s_state[s] == LINGERING
+        if self.s_gen[s] != gen or self.s_state[s] != LINGERING:
+            return []  # stale: a hold that another flow's arrival ended (as the ledger: no-op)
         lv = self.levels[self.s_level[s]]
         granted: list = []
         self._release_seats(lv, s, now)

@@ -21,6 +21,7 @@ from apf_gunicorn.ledger.layout import (
     F_EST,
     F_EXEC,
     F_N,
+    F_PACE,
     F_SEATS,
     F_TAG,
     F_WAITING,
@@ -108,9 +109,9 @@ class Pair:
                 assert lf != NIL
                 fa = mm._fa(lf)
                 assert (u[fa + F_TAG], w[fa + F_WAITING], w[fa + F_EXEC], w[fa + F_SEATS],
-                        w[fa + F_EST], w[fa + F_N]) == (
+                        w[fa + F_EST], w[fa + F_N], w[fa + F_PACE]) == (
                     m.f_tag[f], m.f_waiting[f], m.f_exec[f], m.f_seats[f], m.f_est[f],
-                    m.f_n[f]), f
+                    m.f_n[f], m.f_pace[f]), f
         if self.ops % 25 == 0:
             assert repair.verify(led) == []
             assert verify(m) == []
@@ -174,6 +175,23 @@ def test_ledger_matches_model_on_random_operations(learn):
         seen["backfills"] += m.backfills
         seen["evictions"] += m.evictions
     assert all(seen.values()), seen  # every mechanism was compared
+
+
+def test_ledger_matches_model_through_a_lockstep():
+    """Issue 27's flood beside light users (``test_simulate_lockstep.py``), equal and
+    jittered: the lockstep hold decides the same linger times in both, and it does hold, and
+    a light user's arrival ends holds."""
+    from test_simulate_lockstep import SEATS, run
+
+    holds = ended = 0
+    for jitter in (0.0, 0.2):
+        be = PairBackend.__new__(PairBackend)
+        be.pair = Pair([(SEATS, 64, 6, 50)], 128)
+        run("maxmin", jitter=jitter, seconds=8, backend=be)
+        assert be.pair.ops > 1000
+        holds += be.pair.model.holds
+        ended += be.pair.model.ended_holds
+    assert holds > 16 and ended > 0
 
 
 def test_tags_wrap_around_2_64():

@@ -286,10 +286,32 @@ def _dying_worker(led: Ledger, lv: dict) -> None:
     led.finish(exempt.slot, exempt.gen, t + 15)
 
 
-def _kill_at(line: int, fairness: str = "kubernetes") -> bool:
+def _dying_worker_in_a_lockstep(led: Ledger, lv: dict) -> None:
+    """What worker 1 does under ``maxmin`` with 4 seats in ``q`` (worker 0 holds one): its flow
+    A learns 100 ms, ends 3 requests at once while 3 more wait (two seats go straight back to
+    A, the third is held: docs/fairness.md, "Lockstep"), then B starts waiting and ends the
+    hold; it leaves A's requests running, held and waiting."""
+    q = lv["q"]
+    t = 10 * MS
+    first = led.admit(q, 1, 1, 0, 0, 1, t)
+    led.finish(first.slot, first.gen, t + 100 * MS)
+    t += 100 * MS
+    running = [led.admit(q, 1, 1, 0, 0, 1, t) for _ in range(3)]
+    waiting = [led.admit(q, 1, 1, 0, 0, 1, t) for _ in range(3)]
+    assert [r.outcome for r in running + waiting] == [EXECUTE] * 3 + [QUEUED] * 3
+    t += 100 * MS
+    lingers = [led.finish(r.slot, r.gen, t)[1] for r in running]
+    assert lingers[:2] == [0, 0] and lingers[2] > t  # the third is held
+    b = led.admit(q, 2, 1, 0, 0, 1, t + MS)
+    assert b.outcome == EXECUTE  # the hold ended for B
+    led.finish(b.slot, b.gen, t + 2 * MS)
+
+
+def _kill_at(line: int, fairness: str = "kubernetes", lockstep: bool = False) -> bool:
     """Run the dying worker until its ``line``-th line of ledger code under the lock, then
     repair as the next locker does when the lock reports its dead holder, and reap it as
-    child_exit does (level ``q`` running ``fairness``). Returns whether it died."""
+    child_exit does (level ``q`` running ``fairness``; ``lockstep``: 4 seats under
+    ``maxmin`` and :func:`_dying_worker_in_a_lockstep`). Returns whether it died."""
     import sys
 
     from apf_gunicorn.ledger import ledger as ledger_module
@@ -297,7 +319,8 @@ def _kill_at(line: int, fairness: str = "kubernetes") -> bool:
 
     lock = DeadHolderLock()
     led = Ledger.create(bytearray(Ledger.size(CAP)), CAP, lock=lock)
-    lv, _ = led.configure([LevelSpec("q", 2, 1, 1, 2, fairness), LevelSpec("r", 0, 0, 0, 1),
+    q = LevelSpec("q", 8, 2, 10, 4, "maxmin") if lockstep else LevelSpec("q", 2, 1, 1, 2, fairness)
+    lv, _ = led.configure([q, LevelSpec("r", 0, 0, 0, 1),
                            LevelSpec("x", -1, 0, 0, 0)], ["fs"], 0)
     led.register_worker(0, SURVIVOR, 0)
     led.register_worker(1, DYING, 0)
@@ -325,7 +348,7 @@ def _kill_at(line: int, fairness: str = "kubernetes") -> bool:
     died = False
     sys.settrace(tracer)
     try:
-        _dying_worker(led, lv)
+        (_dying_worker_in_a_lockstep if lockstep else _dying_worker)(led, lv)
     except _Killed:
         died = True
     finally:
@@ -362,6 +385,16 @@ def test_a_worker_killed_anywhere_in_a_maxmin_operation_leaves_whole_events() ->
     while _kill_at(line, "maxmin"):
         line += 1
     assert line > 500
+
+
+def test_a_worker_killed_anywhere_in_a_lockstep_hold_leaves_whole_events() -> None:
+    """The same through maxmin's lockstep hold and its early end (a finish that holds its
+    seats, an arrival that frees them): the counters stay whole, the ledger verifies, and
+    the reap frees the dead worker's held seats with the rest."""
+    line = 1
+    while _kill_at(line, "maxmin", lockstep=True):
+        line += 1
+    assert line > 300
 
 
 def test_the_c_fast_admit_logs_every_word_it_counts() -> None:

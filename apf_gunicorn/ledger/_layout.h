@@ -112,6 +112,7 @@ enum {
     F_CHILD = 12,
     F_NEXT = 13,
     F_PREV = 14,
+    F_PACE = 15,
     FLOW_WORDS = 16,
     FW_NOWHERE = 0,
     FW_HEAP = 1,
@@ -177,6 +178,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "39656e2357697b26"
+#define LAYOUT_DIGEST "2de3246c2577aa19"
 
 #endif

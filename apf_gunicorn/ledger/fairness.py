@@ -84,6 +84,13 @@ class Fairness(Protocol):
         S_START_NS``)."""
         ...
 
+    def hold_locked(self, lb: int, sa: int, now: int) -> int:
+        """The request in slot ``sa`` is about to end its main phase, with no lingering seats
+        of its own and requests waiting in the level: 0 to free its seats now, or a time until
+        which they are held (the slot lingers until then; ``maxmin`` breaks a lockstep this
+        way, docs/fairness.md)."""
+        ...
+
     def advance_epoch_locked(self, led, lb: int) -> None:
         """R reached ``HIGH_R`` (``vclock.r_after``): move the level's R and every virtual
         time the fairness keeps down by ``R_DECREMENT``."""

@@ -88,9 +88,11 @@ FLOW_HEADER_WORDS = 8
 # a flow entry (Layout.flow_base + entry * FLOW_WORDS); F_HASH and F_TAG are uint64
 (
     F_LEVEL, F_HASH, F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N,
-    F_WHERE, F_CHILD, F_NEXT, F_PREV,
-) = range(15)
+    F_WHERE, F_CHILD, F_NEXT, F_PREV, F_PACE,
+) = range(16)
 FLOW_WORDS = 16
+# F_PACE: the earliest time (monotonic ns) at which the flow's next seat handed straight back to
+# it may free without a hold (maxmin.py, "hold_locked"); written only on the general path
 # F_WHERE: nowhere (executing only), in the level's heap, parked, on the idle list
 FW_NOWHERE, FW_HEAP, FW_PARKED, FW_IDLE = range(4)
 # per slot (Layout.xslot_base + slot * XSLOT_WORDS): its flow entry, the flow FIFO's links, and

@@ -14,7 +14,11 @@ In short, per level:
 * a flow that has finished nothing yet holds at most its equal share while others wait
   (parked until its first completion);
 * a head that does not fit is reserved; others run meanwhile only if, by the estimates, they
-  end before it could start or use seats it will not need.
+  end before it could start or use seats it will not need;
+* seats that would go straight back to the only waiting flow free at its pace, one every
+  ``0.9 x estimate x seats / C``, so that a flood of equal requests does not free its seats in
+  one burst per service time (the lockstep hold, :meth:`MaxMinFairness.hold_locked`); a flow
+  that starts waiting ends the holds.
 
 Everything runs under the ledger lock (``…_locked``); the ledger reaches this class
 through ``Ledger._fairness_locked`` for levels whose ``L_FAIRNESS`` is ``FAIRNESS_MAXMIN``. The
@@ -43,6 +47,7 @@ from apf_gunicorn.ledger.layout import (
     F_LEVEL,
     F_N,
     F_NEXT,
+    F_PACE,
     F_SEATS,
     F_SEQ,
     F_TAG,
@@ -82,6 +87,7 @@ from apf_gunicorn.ledger.layout import (
     S_START_NS,
     S_STATE,
     SLOT_WORDS,
+    WAITING,
     X_END,
     X_FLOW,
     X_FNEXT,
@@ -98,6 +104,11 @@ from apf_gunicorn.ledger.service import SERVICE_WINDOW, learn_service
 _COUNTS = struct.Struct("<Q9q")  # tag, seq, waiting, exec, seats, head, tail, est, n, where
 _CHARGE = struct.Struct("<Q4q")  # tag, seq, waiting, exec, seats
 _LEARNT = struct.Struct("<Q8q")  # tag, seq, waiting, exec, seats, head, tail, est, n
+# The lockstep hold ("hold_locked"): a flow's seats handed straight back to it free at least
+# PACE_NUM / PACE_DEN x (its estimate x seats / the level's limit) apart, with one such spacing of
+# burst tolerance; a hold lasts at most 1 / HOLD_DEN of its estimate.
+PACE_NUM, PACE_DEN = 9, 10
+HOLD_DEN = 2
 if not ((F_TAG, F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_HEAD, F_TAIL, F_EST, F_N, F_WHERE)
         == tuple(range(F_TAG, F_TAG + 10))):
     raise ImportError("maxmin: the flow entry's struct formats do not match layout.py")
@@ -166,6 +177,8 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
             self._heap_insert(mm, f)
         led._demand_locked(lb, now)
         self.dispatch_all_locked(led, lb, now, granted)
+        if n == 1 and w[sa + S_STATE] == WAITING and w[lb + L_EXECUTING] < w[lb + L_SEATS_IN_USE]:
+            self._end_holds_locked(led, lb, level, sa, now, granted)
         return led._admitted(s, w[sa + S_STATE], gen, req[4], granted)
 
     def at_once_locked(self, lb: int, level: int, h: int, s: int, held: int, al: int) -> int:
@@ -365,6 +378,78 @@ class MaxMinFairness(FlowTable, FlowHeap, MaxMinRepair):
         return True
 
     # -- completion and removal ---------------------------------------------------------------
+    def hold_locked(self, lb: int, sa: int, now: int) -> int:
+        """Break a lockstep (docs/fairness.md, "Lockstep"): the request in slot ``sa`` is about
+        to end its main phase with no lingering seats, and its seats would go straight back to
+        its own flow. Decide whether they free now or are held (the slot lingers) until a
+        later time, so that the flow's seats free spread over its service time.
+
+        Only when the flow is the only one waiting in the level (any other waiting flow gets
+        the seats now, as the fairness orders it) and has a learnt estimate ``est``: with
+        ``gap = 0.9 * est * held / C``, the flow's pace (``F_PACE``) is the earliest time its
+        next seat may free unheld; a seat freeing more than one gap before the pace is held
+        until the pace (at most ``est / 2``), and the pace moves on by one gap per freed seat.
+        Seats that free at the pace or later are never held, nor those of a request that ran
+        more than half a gap off ``est``: a flow whose requests vary is not in step (its
+        jitter spreads its ends by itself), and holding its seats would only idle them.
+
+        Returns:
+            The time until which the seats are held (the slot lingers, ``X_END`` set), or 0.
+        """
+        w = self._w
+        xa = self._xb + (sa - self._sb) // SLOT_WORDS * XSLOT_WORDS
+        f = w[xa + X_FLOW]
+        if f == NIL:
+            return 0
+        fa = self._fb + f * FLOW_WORDS
+        waiting = w[fa + F_WAITING]
+        if waiting == 0 or waiting != w[lb + L_WAITING] or not w[fa + F_N]:
+            return 0
+        c = w[lb + L_C]
+        if c <= 0:  # a level lending all its seats: nothing to spread over
+            return 0
+        est = w[fa + F_EST]
+        gap = est * w[sa + S_HELD] * PACE_NUM // (PACE_DEN * c)
+        pace = w[fa + F_PACE]
+        ran = now - w[sa + S_START_NS]
+        if pace - now <= gap or not -gap <= 2 * (ran - est) <= gap:
+            # at its pace, or a request that did not run the flow's usual time: the flow's
+            # ends are not in step (jitter spreads them by itself), so nothing is held
+            w[fa + F_PACE] = (pace if pace > now else now) + gap
+            return 0
+        until = min(pace, now + est // HOLD_DEN)
+        w[fa + F_PACE] = until + gap
+        w[xa + X_END] = until
+        return until
+
+    def _end_holds_locked(self, led, lb: int, level: int, sa: int, now: int,
+                          granted: list) -> None:
+        """A flow started waiting (its request in slot ``sa``) and no seat is free: a hold
+        lasts only while one flow waits, so free held seats (the soonest to end first) and
+        dispatch, until that request runs or nothing is held. Held slots are the level's
+        lingering ones without additional latency; found by a scan of the slot table, done
+        only when the level has fewer executing requests than seats in use (something
+        lingers, or a request holds several seats)."""
+        w = self._w
+        xb, sb = self._xb, self._sb
+        while w[sa + S_STATE] == WAITING:
+            (states,) = led._slot_columns_locked(S_STATE)
+            best, best_end, t = NIL, 0, -1
+            while True:  # lingering slots are few: list.index finds each at C speed
+                try:
+                    t = states.index(LINGERING, t + 1)
+                except ValueError:
+                    break
+                ta = sb + t * SLOT_WORDS
+                if w[ta + S_LEVEL] == level and w[ta + S_AL] <= 0:
+                    end = w[xb + t * XSLOT_WORDS + X_END]
+                    if best == NIL or end < best_end:
+                        best, best_end = t, end
+            if best == NIL:
+                return
+            led._release_seats_locked(lb, level, best, sb + best * SLOT_WORDS, now)
+            self.dispatch_all_locked(led, lb, now, granted)
+
     def main_phase_ended_locked(self, led, lb: int, q: int, qa: int, sa: int, now: int,
                                 learn: bool = True) -> None:
         """The request in slot ``sa`` ended its main phase (``learn``: it finished; False: its

@@ -166,6 +166,10 @@ class KubernetesQueueSet:
         if w[qa + Q_WAITING]:  # else the floor is moot and the leaf stays empty
             self.touch_locked(led, lb, q)
 
+    def hold_locked(self, lb: int, sa: int, now: int) -> int:
+        """Kubernetes frees a finished request's seats at once."""
+        return 0
+
     def queues_moved_locked(self, led, lb: int) -> None:
         """The level's queues were renumbered or re-packed (a queue removed, a relayout):
         rebuild what is indexed by queue (the tree)."""

@@ -415,16 +415,19 @@ class RequestPath:
         w[hist + bisect_left(_DUR, ran)] += 1
         if ran > 0:
             self._f[hist + ND] += ran / 1e9
+        al = w[sa + S_AL]
+        # seats handed straight back to a flow in a burst may be held (docs/fairness.md)
+        hold = (self._fairness_locked(lb).hold_locked(lb, sa, now)
+                if al <= 0 and w[lb + L_WAITING] else 0)
         self._end_main_phase_locked(lb, sa, now)
         if w[H_SERVICE_ADAPT] and w[sa + S_QUEUE] != NIL:
             self._learn_locked(lb, ran)
-        al = w[sa + S_AL]
-        if al <= 0:
+        if al <= 0 and not hold:
             self._release_seats_locked(lb, level, s, sa, now)
             linger = 0
         else:
             w[sa + S_STATE] = LINGERING
-            linger = now + al
+            linger = now + al if al > 0 else hold
         if w[lb + L_WAITING] and w[lb + L_SEATS_IN_USE] < w[lb + L_C]:
             self._dispatch_all_locked(lb, now, granted)
         if w[lb + L_QUIESCING]:
