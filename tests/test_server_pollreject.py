@@ -59,9 +59,9 @@ def in_background(srv, path: str) -> threading.Thread:
     return t
 
 
-def hold_other(srv) -> threading.Thread:
-    """Take the "other" level's one seat with a long request; returns once it runs."""
-    t = in_background(srv, "/other?ms=8000")
+def hold_other(srv, ms: int = 8000) -> threading.Thread:
+    """Take the "other" level's one seat with a request of ``ms`` ms; returns once it runs."""
+    t = in_background(srv, f"/other?ms={ms}")
     assert srv.wait_for(lambda: srv.level("other").seats_in_use == 1)
     return t
 
@@ -305,6 +305,10 @@ def _replay(srv, corpus: dict[str, bytes]) -> dict[str, tuple[str, str]]:
     "closed")."""
     got = {}
     for name, head in corpus.items():
+        # HELLO's level ("catch-all", one seat, Reject) is free again: the previous HELLO's
+        # thread gives its seat back when gunicorn closes the response, after writing it, so
+        # the client may have read the 200 and sent the next HELLO before then (a 429 here)
+        assert srv.wait_for(lambda: srv.level("catch-all").seats_in_use == 0)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as warm:
             warm.sendall(OTHER % b"warm")  # a 429 just now: the worker asks its poller
             assert read_response(warm).startswith(b"HTTP/1.1 429 ")
@@ -337,7 +341,7 @@ def test_the_poller_answers_every_head_of_the_corpus_as_gunicorn_does(server_fac
     for name, conf in (("apf", TIGHT), ("reference", HOOKED)):
         with server_factory(workers=1, threads=8, config=str(APPS / "tight.yaml"),
                             env={**conf, **env}) as srv:
-            hold_other(srv)
+            hold_other(srv, ms=3_600_000)  # held until the server stops, however slow the replay
             answers[name] = _replay(srv, corpus)
     ref = answers["reference"]
     assert ref["invalid-header-name"] == ("HTTP/1.1 400 Bad Request", "closed")
