@@ -31,3 +31,25 @@ def test_the_untrusted_user_header_alone_is_only_present_or_not():
     a, b = _environ("alice"), _environ("bob")
     assert resolver(a).user == resolver(b).user == "system:anonymous"
     assert resolver.shape_key(a.get) == resolver.shape_key(b.get)
+
+
+def test_a_verified_token_in_the_user_header_is_still_its_identity_in_the_shape(tmp_path):
+    import time
+
+    import jwt
+
+    from apf_gunicorn.flowcontrol.jwtauth import JWTVerifier, load_jwt_key
+
+    secret = b"0123456789abcdef0123456789abcdef-test-secret"
+    path = tmp_path / "secret"
+    path.write_bytes(secret)
+    verifier = JWTVerifier(load_jwt_key(str(path)))
+    resolver = RequestInfoResolver(user_header="Authorization", user_from=("proxy", "jwt-sub"),
+                                   jwt_verifier=verifier)
+    token = jwt.encode({"sub": "alice", "exp": int(time.time()) + 3600}, secret,
+                       algorithm="HS256")
+    env = {"REQUEST_METHOD": "GET", "PATH_INFO": "/x", "QUERY_STRING": "",
+           "REMOTE_ADDR": "10.0.0.9", "HTTP_AUTHORIZATION": "Bearer " + token}
+    key = resolver.shape_key(env.get)
+    # the middleware classifies through resolve_shape with the key it cached the shape under
+    assert resolver.resolve_shape(env, key).user == resolver(env).user == "alice"
