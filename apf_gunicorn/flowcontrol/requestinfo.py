@@ -383,8 +383,10 @@ class RequestInfoResolver:
         self._sources = tuple(self._source(name) for name in self.user_from)
         self.environ_keys = self._environ_keys()
         transforms = self._secret_keys()
-        if sources.PROXY in self.user_from and not self.trusting:
-            # never read, but its presence is worth a warning (_from_proxy)
+        if (sources.PROXY in self.user_from and not self.trusting
+                and self.user_key not in transforms):
+            # never read, but its presence is worth a warning (_from_proxy); unless another
+            # source reads the same header (header:X-Remote-User): its digest stays the key's
             transforms[self.user_key] = operator.not_
         #: ``shape_key(environ.get)``: what the result depends on, as a tuple: the values of
         #: :attr:`environ_keys`, secret ones as digests and a verified token as its identity

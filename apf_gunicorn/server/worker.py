@@ -343,9 +343,18 @@ class ApfThreadWorker(ThreadWorker):
         head there (:meth:`_apf_tls_event`); all within ``deadline``. Until its handshake is
         done it is a reading connection that has sent nothing (``apf_silent``), so it is
         among the first dropped past ``APF_HEAD_CONNECTIONS``."""
-        conn.sock = self.apf_tls_context.wrap_socket(
-            conn.sock, server_side=True, do_handshake_on_connect=False,
-            suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        try:
+            conn.sock = self.apf_tls_context.wrap_socket(
+                conn.sock, server_side=True, do_handshake_on_connect=False,
+                suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        except OSError as e:
+            # A client that reset the connection before it was accepted: the wrap's own
+            # probe (getpeername ENOTCONN, then recv) raises ECONNRESET. gthread wraps in a
+            # thread for this reason; here, on the main thread, it closes this connection
+            # only (the wrap detached the socket: the fd closes with the lost SSLSocket).
+            self.log.debug("TLS wrap of %s failed: %s", conn.client, e)
+            self._apf_close(conn)
+            return
         conn.apf_buf = bytearray()
         conn.apf_scan = None
         conn.apf_handshake = True
