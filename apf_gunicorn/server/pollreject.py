@@ -57,8 +57,8 @@ from gunicorn.http.wsgi import Response
 from apf_gunicorn.server.middleware import REJECTED_STATUS, TOO_MANY, rejection_headers
 
 #: How long after this worker's last rejection the poller keeps asking about each head (each
-#: ask classifies the head and, unless a lock-free look says the level has room, takes the
-#: ledger's lock): a calm worker pays one dict read per request.
+#: ask classifies the head and takes the ledger's lock for ``reject_if_full``): a calm worker
+#: pays one dict read per request.
 HOT_S = 1.0
 #: The longest a 429 is held. Retry-After starts at 1 s and only a level that keeps rejecting
 #: raises it; holding longer than 1 s would hold more sockets (holds = storm rate x hold) and
