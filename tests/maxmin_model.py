@@ -155,7 +155,7 @@ class MaxMinModel:
         self.f_child = [NIL] * n
         self.f_next = [NIL] * n  # heap sibling, or the parked list's next
         self.f_prev = [NIL] * n  # heap previous sibling or parent, or the parked list's prev
-        self.f_pace = [0] * n  # the lockstep hold's pace (kept when an entry is reused)
+        self.f_pace = [0] * n  # the lockstep hold's pace (0 for a new flow)
         self.f_free_head = 0
         self.f_free_next = list(range(1, n)) + [NIL]
         self.idle_head = self.idle_tail = NIL
@@ -248,6 +248,7 @@ class MaxMinModel:
         self.f_head[f] = self.f_tail[f] = NIL
         self.f_est[f] = 0
         self.f_n[f] = 0
+        self.f_pace[f] = 0
         self.f_where[f] = NOWHERE
         self.f_child[f] = self.f_next[f] = self.f_prev[f] = NIL
         mask = self.index_mask

@@ -118,3 +118,32 @@ def test_kubernetes_never_holds(fairness) -> None:
     _led, ends, _waiting, _running = _burst(fairness)
     assert [linger for _g, linger in ends] == [0, 0, 0, 0]
     assert all(len(g) == 1 for g, _l in ends)
+
+
+@pytest.mark.parametrize("accelerated", [True, False], ids=["c", "python"])
+def test_a_reused_flow_entry_does_not_inherit_a_pace(accelerated: bool) -> None:
+    """A flow entry freed or evicted keeps its old flow's pace word; the flow that gets the
+    entry next must start without one, or its first burst is held for a flood it never was.
+    Every entry's pace word is set far in the future before any flow exists (what earlier
+    flows leave behind); flow A's burst then frees exactly as on a fresh ledger. On the C and
+    the Python allocation (``accelerated``)."""
+    from apf_gunicorn.ledger.layout import F_PACE, FLOW_WORDS
+
+    cap = Capacity(slots=32, levels=4, queues=64)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock(),
+                        accelerate=accelerated)
+    names, _ = led.configure([LevelSpec("l", 8, 3, 50, 4, "maxmin")], ["fs"], 0)
+    lv = names["l"]
+    if accelerated and not led.accelerated:
+        pytest.skip("the C fast paths are not built (or APF_NO_ACCELERATOR is set)")
+    base = led._maxmin._fb
+    for f in range(cap.slots):
+        led._w[base + f * FLOW_WORDS + F_PACE] = 10**15
+    first = led.admit(lv, A, 1, 0, 0, 0, 0)
+    assert led.finish(first.slot, first.gen, 100 * MS) == ([], 0)
+    running = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    waiting = [led.admit(lv, A, 1, 0, 0, 0, 100 * MS) for _ in range(4)]
+    assert all(r.outcome == QUEUED for r in waiting)
+    ends = [led.finish(r.slot, r.gen, 200 * MS) for r in running]
+    t = 200 * MS
+    assert [linger for _g, linger in ends] == [0, 0, t + 2 * GAP, t + 50 * MS]

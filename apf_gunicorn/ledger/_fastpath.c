@@ -340,7 +340,7 @@ mm_get(FastPath *self, int64_t mm, int64_t level, uint64_t h)
     u[fa + F_HASH] = h;
     u[fa + F_TAG] = u[mm + M_V];
     w[fa + F_SEQ] = w[fa + F_WAITING] = w[fa + F_EXEC] = w[fa + F_SEATS] = 0;
-    w[fa + F_EST] = w[fa + F_N] = 0;
+    w[fa + F_EST] = w[fa + F_N] = w[fa + F_PACE] = 0;
     w[fa + F_HEAD] = w[fa + F_TAIL] = w[fa + F_CHILD] = w[fa + F_NEXT] = w[fa + F_PREV] = NIL;
     w[fa + F_WHERE] = FW_NOWHERE;
     uint64_t i = mm_mix(level, h) & self->imask;

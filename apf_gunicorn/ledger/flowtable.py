@@ -23,6 +23,7 @@ from apf_gunicorn.ledger.layout import (
     F_LEVEL,
     F_N,
     F_NEXT,
+    F_PACE,
     F_PREV,
     F_SEATS,
     F_SEQ,
@@ -172,7 +173,7 @@ class FlowTable:
         w[fa + F_LEVEL] = level
         u[fa + F_HASH] = h
         u[fa + F_TAG] = u[mm + M_V]
-        for field in (F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_EST, F_N):
+        for field in (F_SEQ, F_WAITING, F_EXEC, F_SEATS, F_EST, F_N, F_PACE):
             w[fa + field] = 0
         for field in (F_HEAD, F_TAIL, F_CHILD, F_NEXT, F_PREV):
             w[fa + field] = NIL
