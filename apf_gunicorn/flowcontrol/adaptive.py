@@ -171,6 +171,10 @@ class AdaptiveLimit:
         r = self._inflation(self._curve[key].kinds)
         if not binding:
             self._floor_ticks = 0
+            if tick.concurrency <= 1 and r <= 1 + self.settings.tolerance / 2:
+                # at most one request at a time, nothing waiting: nothing to contend with, so
+                # the baselines (each kind's lowest mean yet) are no-load latencies
+                self._anchored = True
             new, reason, below = self._unbound(key, tick.concurrency)
             self._settling = self._clamp(new) != self.limit
             self._moved = (self.limit, r, False)
@@ -305,12 +309,20 @@ class AdaptiveLimit:
             self._curve[key] = _Point(merged, self._tick, conc, point.samples + 1, spread)
         else:
             self._curve[key] = _Point(fresh, self._tick, concurrency)
-        horizon = max(s.memory_above_ticks, s.memory_below_ticks)
+        horizon = max(s.memory_above_ticks, s.memory_above_steady_ticks, s.memory_below_ticks)
         self._curve = {c: p for c, p in self._curve.items() if self._tick - p.tick <= horizon}
+
+    def _recovering(self) -> bool:
+        """Whether the limit is below where it was before the last cut on lost capacity: the
+        capacity may come back, so a seat past the knee (the margin) and frequent probes pay
+        for a quick return there. At the high they would only make requests wait inside the
+        app."""
+        return self.limit < self._cut_from
 
     def _neighbour(self, key: int, lower: bool) -> int | None:
         s = self.settings
-        memory = s.memory_below_ticks if lower else s.memory_above_ticks
+        memory = s.memory_below_ticks if lower else (
+            s.memory_above_ticks if self._recovering() else s.memory_above_steady_ticks)
         best = None
         for c, p in self._curve.items():
             if self._tick - p.tick > memory:
@@ -393,7 +405,10 @@ class AdaptiveLimit:
         # the margin: with no-load baselines, hold a little past the knee (latency calm, or
         # one seat past what the backend serves at no-load speed, concurrency / r by Little's
         # law), where a capacity increase shows as latency falling back
-        margin = self._anchored and (calm or round(concurrency - concurrency / r) <= 1)
+        # only while recovering: at the high, the light user's latency wins over finding more
+        # capacity (a seat past a pool's knee makes one of her requests in a few wait a query)
+        margin = self._anchored and self._recovering() and (
+            calm or round(concurrency - concurrency / r) <= 1)
         if calm and gain_high_seen(below, above, s.gain_high):
             # a point below the knee (the seats above it paid in full): its latency is no-load
             self._anchored = True
@@ -435,6 +450,12 @@ class AdaptiveLimit:
                 return min(explore_down, math.floor(limit * (1 - s.step_down))), \
                     "down: seats above only queued", below, above
             return explore_down, "down: probe", below, above
+        if self._anchored and not calm and lo is not None and lo < explore_down:
+            # the seats above a far lower point paid on the whole, but latency here is past
+            # the calm band: the knee lies between them; step towards where it would be calm
+            target = math.floor(limit * (1 + s.tolerance / 2) / r)
+            return max(lo, min(explore_down, target)), "down: past the knee, towards calm", \
+                below, above
         return limit, "hold: at the knee", below, above
 
     def _look_below(self, key: int, hi: int | None, above: float | None
