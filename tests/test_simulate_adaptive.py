@@ -521,3 +521,20 @@ def test_past_the_knee_from_a_far_lower_point_it_steps_towards_calm() -> None:
     ctl.update(tick(5, 71.0, 10.1, count=160))  # the settle tick
     ctl.update(tick(6, 67.3, 10.0, count=160))  # two seats past the pool's 8 x 58/50
     assert ctl.limit == 9 and ctl.last.reason == "down: past the knee, towards calm"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_app_that_only_sleeps_ends_where_the_limit_does_not_bind(policy: str) -> None:
+    """Issue 26, decision 3: a cheap and a 200 ms route under one FlowSchema, no shared
+    resource; the kinds are routes (as on the server: server/routekinds.py). With auto:2-20
+    more seats always pay: the limit ends at its bound and stays there (moves of less than a
+    quarter a second once the flood has run 5 s). With plain auto the limit never binds."""
+    doc = raw("mixed-sleep")
+    out = run(doc, policy)
+    series = [v for t, v in out["concurrencyLimit"]["series"] if t >= 7]
+    assert series[-1] == 20
+    assert all(abs(b - a) < 0.25 * a for a, b in zip(series, series[1:], strict=False)), series
+    doc["queueSet"]["concurrencyLimit"] = "auto:1-128"
+    doc["controller"]["start"] = 64  # where the server starts for 2 x 64 threads
+    out = run(doc, policy)
+    assert {v for _, v in out["concurrencyLimit"]["series"]} == {64}
