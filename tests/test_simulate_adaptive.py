@@ -538,3 +538,19 @@ def test_an_app_that_only_sleeps_ends_where_the_limit_does_not_bind(policy: str)
     doc["controller"]["start"] = 64  # where the server starts for 2 x 64 threads
     out = run(doc, policy)
     assert {v for _, v in out["concurrencyLimit"]["series"]} == {64}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_busy_host_does_not_drag_the_limit_down_at_steady_state(policy: str) -> None:
+    """Issue 26, decision 3: another process stretches every request's Python by 1 to 9
+    every second (pool-busy.yaml), latency our seats do not cause. With nothing known around
+    the limit and latency within the tolerance, the limit holds instead of stepping down on
+    that noise; before, it drifted to 5-8 after the pool's return (R8's flood 0.75 of the
+    hand-tuned limit's on the same host). Still missed here, and documented: P4's p99 and the
+    flood in the 5 s after the return (docs/adaptive.md, failure modes)."""
+    doc = raw("pool-busy")
+    auto, hand = run(doc, policy), run(static(doc, 10), policy)
+    lines = dict((name, ok) for ok, name in _window_lines(auto, hand))
+    held = ["P8 p99", "P8 flood", "R8 p99", "R8 flood", "limit lower in P4",
+            "alice never rejected"]
+    assert [name for name in held if not lines[name]] == []

@@ -443,6 +443,10 @@ class AdaptiveLimit:
         if below is None and margin:
             return limit, "hold: the margin past the knee", below, above
         if below is None:
+            if above is None and not inflated and self._anchored:
+                # nothing known, latency within the tolerance of no-load baselines: a step
+                # down would buy nothing sure (on a busy host this is the host's noise)
+                return limit, "hold: nothing known, latency within the tolerance", below, above
             if above is None:  # inflated, nothing known: head for the tolerance at once
                 target = round(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
                 return min(explore_down, target), "down: inflated", below, above
