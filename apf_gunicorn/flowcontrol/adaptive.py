@@ -454,9 +454,11 @@ class AdaptiveLimit:
                 return min(explore_down, math.floor(limit * (1 - s.step_down))), \
                     "down: seats above only queued", below, above
             return explore_down, "down: probe", below, above
-        if self._anchored and not calm and lo is not None and lo < explore_down:
-            # the seats above a far lower point paid on the whole, but latency here is past
-            # the calm band: the knee lies between them; step towards where it would be calm
+        if self._anchored and not calm and lo is not None and lo < explore_down and \
+                above is not None and above < s.gain_low:
+            # the seats above a far lower point paid on the whole, those above here did not,
+            # and latency here is past the calm band: the knee lies between the lower point
+            # and here (not CPU's slope, where the seats above still pay); step towards calm
             target = math.floor(limit * (1 + s.tolerance / 2) / r)
             return max(lo, min(explore_down, target)), "down: past the knee, towards calm", \
                 below, above
