@@ -18,7 +18,7 @@ output says how many). Scenarios:
   threads / 2) and ``auto``.
 * **busy**: the same while another process burns one core throughout (a busy host).
 * **cpu**: 2 workers x 8 threads; each request runs 5 ms of Python (``/cpu?ms=5``: under the
-  GIL a worker runs one at a time); bob's 16 connections from the start; the window 2-14 s.
+  GIL a worker runs one at a time); bob's 16 connections from the start; the window 2-20 s.
   Limits: 2, 8 (also the default: 2 x 8 / 2) and ``auto``.
 * **mixed**: the newcomer's app: a cheap route (``/ok``) and one that only sleeps 200 ms
   (``/sleep?ms=200``) under one FlowSchema, no shared resource; 2 workers x 64 threads; the
@@ -78,8 +78,8 @@ def scenarios(quick: bool) -> dict:
             "limits": [("hand-tuned 10", "10"), ("default 20", None), ("auto", "auto")]}
     busy = dict(pool, busy=True)
     cpu = {"workers": 2, "threads": 8, "light_path": CPU, "path": CPU, "flood": 16,
-           "flood_start": 0.0, "duration": 14.0 * k, "drop": None, "busy": False,
-           "windows": [("2-14 s", 2.0 * k, 14.0 * k)],
+           "flood_start": 0.0, "duration": 20.0 * k, "drop": None, "busy": False,
+           "windows": [("2-20 s", 2.0 * k, 20.0 * k)],
            "limits": [("static 2", "2"), ("static 8 (default)", None), ("auto", "auto")]}
     mixed = {"workers": 2, "threads": 64, "light_path": CHEAP, "path": SLEEP, "flood": 30,
              "flood_start": 2.0 * k, "duration": 16.0 * k, "drop": None, "busy": False,
@@ -256,7 +256,7 @@ def verdicts(numbers: dict) -> list[tuple[bool, str]]:
               f"{key}: auto's limit P4 {means[1]} < P8 {means[0]} and R8 {means[2]}")
     cpu = numbers.get("cpu")
     if cpu and "auto" in cpu:
-        w = "2-14 s"
+        w = "2-20 s"
         statics = [cpu[k][w] for k in cpu if k.startswith("static")]
         a = cpu["auto"][w]
         best = max(st["flood_200_per_s"] for st in statics)
@@ -296,6 +296,45 @@ def verdicts(numbers: dict) -> list[tuple[bool, str]]:
                 check(light <= {"200"} and row["5xx"] == 0,
                       f"{key} {label}: light users only 200s ({sorted(light)}), 5xx {row['5xx']}")
     return out
+
+
+def tables(runs: list[dict]) -> str:
+    """Markdown tables of several full runs' numbers (``--json`` files), for docs/adaptive.md:
+    per scenario and limit, per window, the light users' p99 (ms, and how many requests it
+    stands on), the flood's 200s per second and the limit's mean; then every Done-means line
+    per run."""
+    out: list[str] = []
+    first = runs[0]
+    for key in ("pool", "busy", "cpu", "mixed"):
+        if key not in first:
+            continue
+        labels = list(first[key])
+        windows = [w for w in first[key][labels[0]] if isinstance(first[key][labels[0]][w], dict)
+                   and "light_p99_ms" in first[key][labels[0]][w]]
+        out.append(f"**{key}**: light p50 / p99 ms (requests) / flood 200s per s / limit mean, "
+                   "runs 1; 2; 3\n")
+        out.append("| limit | " + " | ".join(windows) + " |")
+        out.append("|---|" + "---|" * len(windows))
+        for label in labels:
+            cells = []
+            for w in windows:
+                parts = []
+                for run in runs:
+                    row = run[key][label][w]
+                    lim = "" if row["limit_mean"] is None or not label.startswith("auto") \
+                        else f" / {row['limit_mean']}"
+                    parts.append(f"{row['light_p50_ms']:.0f} / {row['light_p99_ms']:.0f} "
+                                 f"({row['light_requests']}) / {row['flood_200_per_s']:.0f}{lim}")
+                cells.append("; ".join(parts))
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("| Done-means line (run 1) | run 1 | run 2 | run 3 |")
+    out.append("|---|---|---|---|")
+    per_run = [run.get("verdicts") or verdicts(run) for run in runs]
+    for i, (_met, text) in enumerate(per_run[0]):
+        marks = ["met" if len(v) > i and v[i][0] else "**MISSED**" for v in per_run]
+        out.append(f"| {text} | " + " | ".join(marks) + " |")
+    return "\n".join(out)
 
 
 def plot(results: dict, shapes: dict, out: Path) -> None:
@@ -352,7 +391,12 @@ def main() -> int:
                         help="run these scenarios only")
     parser.add_argument("--out", default=str(ROOT / "docs" / "images" / "adaptive-server.png"))
     parser.add_argument("--json", help="also write the numbers (and every event) to this file")
+    parser.add_argument("--tables", nargs="+", metavar="JSON",
+                        help="print markdown tables of these runs' --json files and exit")
     args = parser.parse_args()
+    if args.tables:
+        print(tables([json.loads(Path(f).read_text())["numbers"] for f in args.tables]))
+        return 0
     shapes = scenarios(args.quick)
     if args.only:
         shapes = {k: v for k, v in shapes.items() if k in args.only}
