@@ -34,9 +34,13 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   fair queues); a step down
   when nothing is known below and the seats above did not pay (a quarter when they clearly
   did not), or when nothing is known at all and latency is inflated beyond ``1 + tolerance``
-  (towards the tolerance, at most a quarter); else hold: the knee. What a higher concurrency
-  said is believed for ``memory_above_ticks`` (so a capacity increase is found within a few
-  ticks by the next probe), a lower one for ``memory_below_ticks``. An elasticity impossible
+  (towards the tolerance, at most a quarter; with no-load baselines and latency within the
+  tolerance, hold: a busy host's noise is no reason to go down); past the knee from a far
+  lower point (the seats above here did not pay, latency not calm), a step towards calm;
+  else hold: the knee. What a higher concurrency said is believed for ``memory_above_ticks``
+  while recovering from a cut (a return of capacity is found within a few ticks) and for
+  ``memory_above_steady_ticks`` at the high (a probe past the knee makes the light user wait
+  inside the app: rare there), a lower one for ``memory_below_ticks``. An elasticity impossible
   for one backend, or a concurrency's inflation jumping by more than ``regime_change``, means
   the backend changed: the rest of the curve is forgotten.
 * **Fast moves, before the curve** (they need baselines that are no-load latencies: the
@@ -49,10 +53,13 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   ``jump_down``), and restored on the next tick when fewer seats brought no relief (a uniform
   slowdown, not lost capacity). *Falling back*: latency falling to calm by ``fall_back`` or
   more means capacity came back: the limit returns to where it was before the last cut (at
-  most twice) and slow start resumes. *The margin*: once the baselines are known to be
-  no-load (an elasticity >= ``gain_high`` seen while calm), the limit holds up to the
-  tolerance past the knee, or one seat past calm, instead of going down to the knee itself,
-  so a capacity increase shows as latency falling back rather than waiting for a probe.
+  most twice) and slow start resumes. *The margin*, only while recovering (the limit below
+  where it was before the last cut): once the baselines are known to be no-load (an
+  elasticity >= ``gain_high`` seen while calm, or a tick that ran at most one request at a
+  time), the limit holds up to the tolerance past the knee, or one seat past calm, instead of
+  going down to the knee itself, so a returning capacity shows as latency falling back
+  rather than waiting for a probe. At the high it sits at the knee itself: the light user's
+  latency wins over finding new capacity quickly (docs/adaptive.md).
 * **When the limit does not bind** (nothing waited, executing seats below
   ``binding_fraction`` of the limit): far below (demand under half the limit) it holds, so an
   idle server's limit does not drift; near it, the app's own bottleneck may still be
