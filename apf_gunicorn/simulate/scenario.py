@@ -329,7 +329,10 @@ def _parse_backend(raw: Any) -> BackendSpec:
                                                  f"must be a number >= 0, got {slowdown!r}"))
                 slowdown = 0.0
             period = errs.get(_duration, busy, "period", "backend.busy", default=period,
-                              minimum=1)
+                              minimum=0)
+            if period == 0:
+                errs.errors.append(ScenarioError("backend.busy.period", "must be positive"))
+                period = 500_000_000
     errs.check()
     return BackendSpec(kind, capacity, workers, changes, float(jitter), seed, float(slowdown),
                        period)
