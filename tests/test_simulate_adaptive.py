@@ -558,3 +558,13 @@ def test_a_busy_host_does_not_drag_the_limit_down_at_steady_state(policy: str) -
     held = ["P8 p99", "P8 flood", "R8 p99", "R8 flood", "limit lower in P4",
             "alice never rejected"]
     assert [name for name in held if not lines[name]] == []
+
+
+def test_a_few_light_users_anchor_the_baselines_too() -> None:
+    """Five light users run about 1.2 requests at a time: still no contention for a pool of
+    8. Without the anchor the margin and the fall back stay off after a drop, and on the real
+    server the limit drifted below a pool of 4 and came back 6 s after its return."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=40), start=20)
+    for n in range(1, 4):
+        ctl.update(tick(n, 52, 1.2, waiting=False, count=23))
+    assert ctl._anchored

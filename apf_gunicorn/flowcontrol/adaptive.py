@@ -95,6 +95,11 @@ from .adaptive_types import (
 __all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings", "Decision",
            "KindSample", "Tick", "parse_auto"]
 
+# light traffic: at most this many requests at a time on average (five light users of the
+# benchmark, one 50 ms query per 250 ms each, run 1.2)
+LIGHT_SEATS = 2.0
+
+
 @dataclass(slots=True)
 class _Point:
     """The smoothed per-kind ``[count, service ns]`` observed at one concurrency (rounded),
@@ -178,9 +183,9 @@ class AdaptiveLimit:
         r = self._inflation(self._curve[key].kinds)
         if not binding:
             self._floor_ticks = 0
-            if tick.concurrency <= 1 and r <= 1 + self.settings.tolerance / 2:
-                # at most one request at a time, nothing waiting: nothing to contend with, so
-                # the baselines (each kind's lowest mean yet) are no-load latencies
+            if tick.concurrency <= LIGHT_SEATS and r <= 1 + self.settings.tolerance / 2:
+                # a request or two at a time, nothing waiting: (almost) nothing to contend
+                # with, so the baselines (each kind's lowest mean yet) are no-load latencies
                 self._anchored = True
             new, reason, below = self._unbound(key, tick.concurrency)
             self._settling = self._clamp(new) != self.limit
