@@ -312,7 +312,7 @@ def tables(runs: list[dict]) -> str:
         windows = [w for w in first[key][labels[0]] if isinstance(first[key][labels[0]][w], dict)
                    and "light_p99_ms" in first[key][labels[0]][w]]
         out.append(f"**{key}**: light p50 / p99 ms (requests) / flood 200s per s / limit mean, "
-                   "runs 1; 2; 3\n")
+                   f"runs {'; '.join(str(i + 1) for i in range(len(runs)))}\n")
         out.append("| limit | " + " | ".join(windows) + " |")
         out.append("|---|" + "---|" * len(windows))
         for label in labels:
@@ -328,8 +328,9 @@ def tables(runs: list[dict]) -> str:
                 cells.append("; ".join(parts))
             out.append(f"| {label} | " + " | ".join(cells) + " |")
         out.append("")
-    out.append("| Done-means line (run 1) | run 1 | run 2 | run 3 |")
-    out.append("|---|---|---|---|")
+    out.append("| Done-means line (numbers of run 1) | "
+               + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |")
+    out.append("|---|" + "---|" * len(runs))
     per_run = [run.get("verdicts") or verdicts(run) for run in runs]
     for i, (_met, text) in enumerate(per_run[0]):
         marks = ["met" if len(v) > i and v[i][0] else "**MISSED**" for v in per_run]
