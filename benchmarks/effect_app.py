@@ -5,8 +5,9 @@ only a few things at once, as a database with a small connection pool.
 every worker process, named by ``EFFECT_SEMAPHORE``), holds it N ms, and answers. Requests
 beyond the pool wait for a connection inside the app, holding their worker thread, as they
 would on a real pool. ``GET /cpu?ms=N`` runs N ms of Python (thread CPU time: under the GIL,
-a worker runs one such request at a time). ``GET /ok`` answers at once (readiness). Plain
-WSGI: no Flask needed.
+a worker runs one such request at a time). ``GET /sleep?ms=N`` only waits N ms (no shared
+resource: more threads always serve more). ``GET /ok`` answers at once (readiness, and the
+cheap route). Plain WSGI: no Flask needed.
 
     EFFECT_SEMAPHORE=/effect-1 EFFECT_POOL=8 gunicorn -k gthread --pythonpath benchmarks \\
         effect_app:app
@@ -51,6 +52,11 @@ def app(environ, start_response):
         while time.thread_time() < end:
             spins += sum(range(100))
         body = f"computed {ms} ms\n".encode()
+    elif path == "/sleep":
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        ms = min(max(int(query.get("ms", ["200"])[0]), 0), 10_000)
+        time.sleep(ms / 1000)
+        body = f"slept {ms} ms\n".encode()
     elif path == "/ok":
         body = b"ok\n"
     else:

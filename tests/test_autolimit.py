@@ -171,3 +171,36 @@ def test_the_master_logs_a_move_by_more_than_a_quarter() -> None:
         log.lines
     assert [level for level, _ in log.lines].count("debug") >= 2  # every tick at debug
     assert not [line for level, line in log.lines if level == "exception"]
+
+
+def test_routes_of_one_flow_schema_are_kinds_of_their_own() -> None:
+    """Issue 26: a 2 ms route and a 200 ms one under one FlowSchema. Per FlowSchema the mean
+    swings with the mix of a tick (x7 here) and reads as overload; per route each kind keeps
+    its own baseline and the inflation stays 1."""
+    from apf_gunicorn.server.routekinds import RouteTimes, route_shape
+
+    assert route_shape("/items/42/edit") == "/items/*/edit"
+    assert route_shape("/slow") == "/slow"
+    m, clock = master("auto:2-20"), Clock()
+    table = RouteTimes.create(rows=4)
+    auto = ServerAutoLimit(m.settings.concurrency_auto, m.settings.concurrency_limit, clock,
+                           route_times=table)
+    exempt = {"exempt"}
+    fast = table.offset(0, "users", "users", "/")
+    slow = table.offset(1, "users", "users", "/slow")  # another worker's row
+    assert fast >= 0 and slow >= 0 and table.offset(99, "users", "users", "/") == -1
+    assert auto.observe(m.ledger, exempt, clock.now) is None  # records where counters stand
+    ratios = []
+    for n_fast, n_slow in [(90, 10), (10, 30)] * 4:
+        table.words[fast] += n_fast
+        table.words[fast + 1] += n_fast * 2 * MS
+        table.words[slow] += n_slow
+        table.words[slow + 1] += n_slow * 200 * MS
+        clock.now += S
+        tick = auto.observe(m.ledger, exempt, clock.now)
+        assert set(tick.kinds) == {("users", "users", "/"), ("users", "users", "/slow")}
+        assert tick.kinds[("users", "users", "/slow")].count == n_slow
+        auto.controller.update(tick)
+        ratios.append(auto.controller.last.inflation)
+    assert all(r is None or abs(r - 1) < 0.01 for r in ratios), ratios
+    assert table.label(slow // 2 % 256) == ("users", "users", "/slow")

@@ -284,7 +284,7 @@ def test_an_auto_limit_says_where_it_starts_and_its_bounds(capsys):
                              "--workers", "2", "--threads", "3")
     doc = json.loads(out)
     assert doc["concurrencyLimit"] == 3  # the default (2 x 3 / 2)
-    assert doc["concurrencyLimitAuto"] == {"start": 3, "min": 1, "max": 6}
+    assert doc["concurrencyLimitAuto"] == {"start": 3, "min": 1, "max": 3}  # plain auto: to the default
     with pytest.raises(SystemExit) as exc:
         main(["check", "builtin:webapp", "--concurrency-limit", "auto:9-3"])
     assert exc.value.code == 2 and "auto:MIN-MAX" in capsys.readouterr().err

@@ -88,7 +88,7 @@ def test_fairness_setting(value, fairness):
 
 
 @pytest.mark.parametrize("value,workers,threads,start,bounds", [
-    ("auto", 2, 20, 20, (1, 40)),  # plain auto: 1 to every thread, from the default
+    ("auto", 2, 20, 20, (1, 20)),  # plain auto: 1 to the default (half the threads)
     ("AUTO:2-64", 2, 20, 20, (2, 64)),
     ("auto:2-4", 2, 20, 4, (2, 4)),  # the default, within the bounds
     ("auto:30-64", 2, 20, 30, (30, 64)),

@@ -364,6 +364,10 @@ def test_parse_auto_refuses_bad_bounds(text: str) -> None:
     (lambda d: d["backend"].update(pool=0), "backend.pool"),
     (lambda d: d["backend"].update(workers=2), "backend.workers"),
     (lambda d: d["backend"].update(jitter=1.5), "backend.jitter"),
+    (lambda d: d["backend"].update(busy=3), "backend.busy"),
+    (lambda d: d["backend"].update(busy={"slowdown": -1}), "backend.busy.slowdown"),
+    (lambda d: d["backend"].update(busy={"slowdown": 1, "period": "0s"}), "backend.busy.period"),
+    (lambda d: d["backend"].update(busy={"speed": 1}), "backend.busy.speed"),
     (lambda d: d["backend"]["changes"].append({"at": "1s", "pool": 2}), "backend.changes[2].at"),
     (lambda d: d["backend"]["changes"].append({"at": "30s", "cores": 2}),
      "backend.changes[2].cores"),
@@ -452,3 +456,115 @@ def test_with_a_backend_clients_are_closed_loops_that_stop_at_the_last_window() 
     assert out["clients"]["a"]["dispatched"] == 7
     assert latency(out, 0, "a") == {"completed": 7, "throughput": 70.0, "p50": 0.01,
                                     "p99": 0.01, "max": 0.01}
+
+
+# -- issue 26: the knee, not past it; the light users first; a busy host; a mix of routes -------
+
+def _window_lines(auto: dict, hand: dict) -> list[tuple[bool, str]]:
+    """Issue 26's pool lines on its timeline (windows: 0-4, 4-12, 12-18 P8, 18-20, 20-28 P4,
+    28-33 R, 33-34, 34-40 R8), auto against the hand-tuned limit."""
+    def p99(out: dict, w: int) -> float:
+        return latency(out, w, "alice")["p99"]
+
+    def rate(out: dict, w: int) -> float:
+        return latency(out, w, "bob")["throughput"]
+
+    lines = []
+    for w, name in ((2, "P8"), (7, "R8")):
+        lines.append((p99(auto, w) <= 1.2 * p99(hand, w) + 0.005, f"{name} p99"))
+        lines.append((rate(auto, w) >= 0.9 * rate(hand, w), f"{name} flood"))
+    lines.append((p99(auto, 4) <= 0.8 * p99(hand, 4), "P4 p99"))
+    lines.append((rate(auto, 5) >= 0.85 * rate(hand, 5), "R flood"))
+    lines.append((limit_mean(auto, 4) < min(limit_mean(auto, 2), limit_mean(auto, 7)),
+                  "limit lower in P4"))
+    lines.append((sum(auto["clients"]["alice"]["rejected"].values()) == 0, "alice never rejected"))
+    return lines
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_at_the_high_it_sits_at_the_knee_not_past_it(policy: str) -> None:
+    """Issue 26, decision 1: at steady state the limit sits at the pool's knee (8: the level
+    gets the whole limit here), not a seat past it, where one of the light user's requests in
+    a few waits for a connection. The margin past the knee is kept only while recovering."""
+    out = run(raw("pool-long"), policy)
+    steady = [v for t, v in out["concurrencyLimit"]["series"] if 45 <= t < 60]
+    assert max(steady) <= 8, steady
+    during = [v for t, v in out["concurrencyLimit"]["series"] if 25 <= t < 40]
+    assert max(during) == 5  # recovering: the pool of 4 plus the margin
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_issue_26_timeline_meets_its_lines(policy: str) -> None:
+    """Light users alone for 4 s (their latency is the no-load one: the baselines are
+    anchored), then the flood; pool 8, 4 from 18 s to 28 s, 8 again."""
+    doc = raw("pool-timeline")
+    auto, hand = run(doc, policy), run(static(doc, 10), policy)
+    missed = [name for ok, name in _window_lines(auto, hand) if not ok]
+    assert missed == []
+
+
+def test_light_traffic_alone_anchors_the_baselines() -> None:
+    """A tick with at most one request at a time and nothing waiting saw no contention: its
+    latency is the no-load one. A later cut does not then undershoot a pool of 4 (without the
+    anchor the curve's far step took the limit to 3 with a pool of 4 and 5 seats calm)."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=40), start=20)
+    for n in range(1, 4):
+        ctl.update(tick(n, 54, 0.2, waiting=False, count=4))
+    assert ctl._anchored
+
+
+def test_past_the_knee_from_a_far_lower_point_it_steps_towards_calm() -> None:
+    """The look below lands at 10 for a pool of 8 plus a little Python: the seats above the
+    light traffic's single seat paid on the whole, but 10 is past the knee (latency x1.16):
+    the limit steps towards calm instead of holding there."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=40), start=20)
+    for n in range(1, 4):
+        ctl.update(tick(n, 58, 0.2, waiting=False, count=4))
+    ctl.update(tick(4, 129.0, 20.0, count=152))  # the flood: the look below, 20 -> 10
+    assert ctl.limit == 10
+    ctl.update(tick(5, 71.0, 10.1, count=160))  # the settle tick
+    ctl.update(tick(6, 67.3, 10.0, count=160))  # two seats past the pool's 8 x 58/50
+    assert ctl.limit == 9 and ctl.last.reason == "down: past the knee, towards calm"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_app_that_only_sleeps_ends_where_the_limit_does_not_bind(policy: str) -> None:
+    """Issue 26, decision 3: a cheap and a 200 ms route under one FlowSchema, no shared
+    resource; the kinds are routes (as on the server: server/routekinds.py). With auto:2-20
+    more seats always pay: the limit ends at its bound and stays there (moves of less than a
+    quarter a second once the flood has run 5 s). With plain auto the limit never binds."""
+    doc = raw("mixed-sleep")
+    out = run(doc, policy)
+    series = [v for t, v in out["concurrencyLimit"]["series"] if t >= 7]
+    assert series[-1] == 20
+    assert all(abs(b - a) < 0.25 * a for a, b in zip(series, series[1:], strict=False)), series
+    doc["queueSet"]["concurrencyLimit"] = "auto:1-128"
+    doc["controller"]["start"] = 64  # where the server starts for 2 x 64 threads
+    out = run(doc, policy)
+    assert {v for _, v in out["concurrencyLimit"]["series"]} == {64}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_busy_host_does_not_drag_the_limit_down_at_steady_state(policy: str) -> None:
+    """Issue 26, decision 3: another process stretches every request's Python by 1 to 9
+    every second (pool-busy.yaml), latency our seats do not cause. With nothing known around
+    the limit and latency within the tolerance, the limit holds instead of stepping down on
+    that noise; before, it drifted to 5-8 after the pool's return (R8's flood 0.75 of the
+    hand-tuned limit's on the same host). Still missed here, and documented: P4's p99 and the
+    flood in the 5 s after the return (docs/adaptive.md, failure modes)."""
+    doc = raw("pool-busy")
+    auto, hand = run(doc, policy), run(static(doc, 10), policy)
+    lines = dict((name, ok) for ok, name in _window_lines(auto, hand))
+    held = ["P8 p99", "P8 flood", "R8 p99", "R8 flood", "limit lower in P4",
+            "alice never rejected"]
+    assert [name for name in held if not lines[name]] == []
+
+
+def test_a_few_light_users_anchor_the_baselines_too() -> None:
+    """Five light users run about 1.2 requests at a time: still no contention for a pool of
+    8. Without the anchor the margin and the fall back stay off after a drop, and on the real
+    server the limit drifted below a pool of 4 and came back 6 s after its return."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=40), start=20)
+    for n in range(1, 4):
+        ctl.update(tick(n, 52, 1.2, waiting=False, count=23))
+    assert ctl._anchored

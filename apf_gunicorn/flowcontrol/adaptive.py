@@ -34,9 +34,13 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   fair queues); a step down
   when nothing is known below and the seats above did not pay (a quarter when they clearly
   did not), or when nothing is known at all and latency is inflated beyond ``1 + tolerance``
-  (towards the tolerance, at most a quarter); else hold: the knee. What a higher concurrency
-  said is believed for ``memory_above_ticks`` (so a capacity increase is found within a few
-  ticks by the next probe), a lower one for ``memory_below_ticks``. An elasticity impossible
+  (towards the tolerance, at most a quarter; with no-load baselines and latency within the
+  tolerance, hold: a busy host's noise is no reason to go down); past the knee from a far
+  lower point (the seats above here did not pay, latency not calm), a step towards calm;
+  else hold: the knee. What a higher concurrency said is believed for ``memory_above_ticks``
+  while recovering from a cut (a return of capacity is found within a few ticks) and for
+  ``memory_above_steady_ticks`` at the high (a probe past the knee makes the light user wait
+  inside the app: rare there), a lower one for ``memory_below_ticks``. An elasticity impossible
   for one backend, or a concurrency's inflation jumping by more than ``regime_change``, means
   the backend changed: the rest of the curve is forgotten.
 * **Fast moves, before the curve** (they need baselines that are no-load latencies: the
@@ -49,10 +53,13 @@ The control law (docs/adaptive.md has the reasoning and the simulator's numbers)
   ``jump_down``), and restored on the next tick when fewer seats brought no relief (a uniform
   slowdown, not lost capacity). *Falling back*: latency falling to calm by ``fall_back`` or
   more means capacity came back: the limit returns to where it was before the last cut (at
-  most twice) and slow start resumes. *The margin*: once the baselines are known to be
-  no-load (an elasticity >= ``gain_high`` seen while calm), the limit holds up to the
-  tolerance past the knee, or one seat past calm, instead of going down to the knee itself,
-  so a capacity increase shows as latency falling back rather than waiting for a probe.
+  most twice) and slow start resumes. *The margin*, only while recovering (the limit below
+  where it was before the last cut): once the baselines are known to be no-load (an
+  elasticity >= ``gain_high`` seen while calm, or a tick that ran at most one request at a
+  time), the limit holds up to the tolerance past the knee, or one seat past calm, instead of
+  going down to the knee itself, so a returning capacity shows as latency falling back
+  rather than waiting for a probe. At the high it sits at the knee itself: the light user's
+  latency wins over finding new capacity quickly (docs/adaptive.md).
 * **When the limit does not bind** (nothing waited, executing seats below
   ``binding_fraction`` of the limit): far below (demand under half the limit) it holds, so an
   idle server's limit does not drift; near it, the app's own bottleneck may still be
@@ -87,6 +94,11 @@ from .adaptive_types import (
 # the controller's inputs and settings, importable from here too
 __all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings", "Decision",
            "KindSample", "Tick", "parse_auto"]
+
+# light traffic: at most this many requests at a time on average (five light users of the
+# benchmark, one 50 ms query per 250 ms each, run 1.2)
+LIGHT_SEATS = 2.0
+
 
 @dataclass(slots=True)
 class _Point:
@@ -171,6 +183,10 @@ class AdaptiveLimit:
         r = self._inflation(self._curve[key].kinds)
         if not binding:
             self._floor_ticks = 0
+            if tick.concurrency <= LIGHT_SEATS and r <= 1 + self.settings.tolerance / 2:
+                # a request or two at a time, nothing waiting: (almost) nothing to contend
+                # with, so the baselines (each kind's lowest mean yet) are no-load latencies
+                self._anchored = True
             new, reason, below = self._unbound(key, tick.concurrency)
             self._settling = self._clamp(new) != self.limit
             self._moved = (self.limit, r, False)
@@ -305,12 +321,20 @@ class AdaptiveLimit:
             self._curve[key] = _Point(merged, self._tick, conc, point.samples + 1, spread)
         else:
             self._curve[key] = _Point(fresh, self._tick, concurrency)
-        horizon = max(s.memory_above_ticks, s.memory_below_ticks)
+        horizon = max(s.memory_above_ticks, s.memory_above_steady_ticks, s.memory_below_ticks)
         self._curve = {c: p for c, p in self._curve.items() if self._tick - p.tick <= horizon}
+
+    def _recovering(self) -> bool:
+        """Whether the limit is below where it was before the last cut on lost capacity: the
+        capacity may come back, so a seat past the knee (the margin) and frequent probes pay
+        for a quick return there. At the high they would only make requests wait inside the
+        app."""
+        return self.limit < self._cut_from
 
     def _neighbour(self, key: int, lower: bool) -> int | None:
         s = self.settings
-        memory = s.memory_below_ticks if lower else s.memory_above_ticks
+        memory = s.memory_below_ticks if lower else (
+            s.memory_above_ticks if self._recovering() else s.memory_above_steady_ticks)
         best = None
         for c, p in self._curve.items():
             if self._tick - p.tick > memory:
@@ -393,7 +417,10 @@ class AdaptiveLimit:
         # the margin: with no-load baselines, hold a little past the knee (latency calm, or
         # one seat past what the backend serves at no-load speed, concurrency / r by Little's
         # law), where a capacity increase shows as latency falling back
-        margin = self._anchored and (calm or round(concurrency - concurrency / r) <= 1)
+        # only while recovering: at the high, the light user's latency wins over finding more
+        # capacity (a seat past a pool's knee makes one of her requests in a few wait a query)
+        margin = self._anchored and self._recovering() and (
+            calm or round(concurrency - concurrency / r) <= 1)
         if calm and gain_high_seen(below, above, s.gain_high):
             # a point below the knee (the seats above it paid in full): its latency is no-load
             self._anchored = True
@@ -428,6 +455,10 @@ class AdaptiveLimit:
         if below is None and margin:
             return limit, "hold: the margin past the knee", below, above
         if below is None:
+            if above is None and not inflated and self._anchored:
+                # nothing known, latency within the tolerance of no-load baselines: a step
+                # down would buy nothing sure (on a busy host this is the host's noise)
+                return limit, "hold: nothing known, latency within the tolerance", below, above
             if above is None:  # inflated, nothing known: head for the tolerance at once
                 target = round(limit * max(1 - s.step_down, (1 + s.tolerance) / r))
                 return min(explore_down, target), "down: inflated", below, above
@@ -435,6 +466,14 @@ class AdaptiveLimit:
                 return min(explore_down, math.floor(limit * (1 - s.step_down))), \
                     "down: seats above only queued", below, above
             return explore_down, "down: probe", below, above
+        if self._anchored and not calm and lo is not None and lo < explore_down and \
+                above is not None and above < s.gain_low:
+            # the seats above a far lower point paid on the whole, those above here did not,
+            # and latency here is past the calm band: the knee lies between the lower point
+            # and here (not CPU's slope, where the seats above still pay); step towards calm
+            target = math.floor(limit * (1 + s.tolerance / 2) / r)
+            return max(lo, min(explore_down, target)), "down: past the knee, towards calm", \
+                below, above
         return limit, "hold: at the knee", below, above
 
     def _look_below(self, key: int, hi: int | None, above: float | None

@@ -79,7 +79,10 @@ class AdaptiveSettings:
     step_up: float = 0.25  # a confirmed move up: a quarter (at least one seat)
     step_explore: float = 0.1  # an exploratory move: a tenth (at least one seat)
     step_down: float = 0.25  # the largest move down per tick
-    memory_above_ticks: int = 4  # how long what a higher concurrency said is believed
+    memory_above_ticks: int = 4  # how long what a higher concurrency said is believed ...
+    # ... while recovering (the limit below where it was before the last cut); at the high, a
+    # probe past the knee costs the light user a wait inside the app, so it is rare
+    memory_above_steady_ticks: int = 60
     memory_below_ticks: int = 20  # ... and a lower one
     separation: float = 1.08  # two concurrencies compared differ by at least this ratio
     smoothing: float = 0.5  # weight of a new tick in a concurrency's smoothed sample

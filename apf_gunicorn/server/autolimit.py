@@ -5,9 +5,12 @@ Once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread calls
 what the simulator feeds it (``simulate/autolimit.py``), read from the ledger's per-request
 statistics (``ledger.request_stats()``, one short read under the ledger lock):
 
-* per kind of request, a ``(priority level, FlowSchema)`` pair of a non-exempt level: the
-  deltas of its ``request_execution_seconds{type="regular"}`` histogram's count and sum, i.e.
-  how many finished and their summed service time (dispatch to finish, queue wait excluded);
+* per kind of request, a route (``server/routekinds.py``: the path's shape within its level
+  and FlowSchema, counted by the workers): how many finished and their summed service time
+  (dispatch to the end of the response, queue wait excluded). Without that table (tests), a
+  ``(priority level, FlowSchema)`` pair of a non-exempt level: the deltas of its
+  ``request_execution_seconds{type="regular"}`` histogram's count and sum. Routes matter: a
+  FlowSchema holding a 2 ms and a 200 ms route has a mean that swings with the mix;
 * the average concurrency over the tick, by Little's law: the service time that finished in
   the tick over the tick's length (a request counts as one seat: the execution histogram does
   not weigh by seats);
@@ -57,7 +60,7 @@ class ServerAutoLimit:
 
     def __init__(self, bounds: tuple[int, int], start: int,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 settings: AdaptiveSettings | None = None) -> None:
+                 settings: AdaptiveSettings | None = None, route_times: Any = None) -> None:
         base = settings or AdaptiveSettings()
         self.controller = AdaptiveLimit(
             dataclasses.replace(base, minimum=bounds[0], maximum=bounds[1]), start)
@@ -66,6 +69,9 @@ class ServerAutoLimit:
         self.last_tick: Tick | None = None
         self._seen: dict[tuple[str, str], tuple[int, float, int, tuple[int, ...]]] | None = None
         self._seen_ns = 0
+        # server.routekinds.RouteTimes: the kinds are routes (None: (level, FlowSchema) pairs)
+        self.route_times = route_times
+        self._routes_seen: dict[int, tuple[int, int]] = {}
 
     @property
     def limit(self) -> int:
@@ -83,6 +89,7 @@ class ServerAutoLimit:
             The :class:`Tick` to feed, or None.
         """
         stats = ledger.request_stats()
+        routes = self.route_times.totals() if self.route_times is not None else None
         current: dict[tuple[str, str], tuple[int, float, int, tuple[int, ...]]] = {}
         for st in stats:
             if st.level in exempt:
@@ -93,6 +100,9 @@ class ServerAutoLimit:
                 st.wait_executed.counts)
         previous, since = self._seen, self._seen_ns
         self._seen, self._seen_ns = current, now
+        routes_before = self._routes_seen
+        if routes is not None:
+            self._routes_seen = routes
         if previous is None or now <= since:
             return None
         kinds: dict[tuple[str, str], KindSample] = {}
@@ -109,6 +119,15 @@ class ServerAutoLimit:
                 waited = True
         if not waited:
             waited = any(lv.requests_waiting > 0 for lv in ledger.load() if not lv.exempt)
+        if routes is not None:
+            by_route: dict[Any, KindSample] = {}
+            for slot, (count, total_ns) in routes.items():
+                old_n, old_ns = routes_before.get(slot, (0, 0))
+                if count > old_n and total_ns >= old_ns:
+                    by_route[self.route_times.label(slot)] = KindSample(count - old_n,
+                                                                         total_ns - old_ns)
+            if by_route:  # (requests the table does not count: watches, file responses)
+                kinds = by_route  # type: ignore[assignment]
         return Tick(now, kinds, busy_s / ((now - since) / 1e9), waited)
 
     def tick(self, master: Any, lock: AbstractContextManager | None = None

@@ -56,6 +56,7 @@ from apf_gunicorn.server.resolver import (
     build_resolver,
     path_parsing_note,
 )
+from apf_gunicorn.server.routekinds import RouteTimes
 from apf_gunicorn.server.settings import SettingsError, load_settings
 from apf_gunicorn.server.worker import ApfThreadWorker
 
@@ -148,7 +149,10 @@ def on_starting(server) -> None:
         _fail(server, [f"the configuration does not fit the ledger: {e}"])
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
-        resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid)
+        resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid,
+        # auto: service time per route, counted by the workers (forked after this)
+        route_times=(RouteTimes.create(capacity.workers)
+                     if getattr(settings, "concurrency_auto", None) is not None else None))
 
 
 def _build_resolver(server, settings, configuration):

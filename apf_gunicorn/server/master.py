@@ -107,7 +107,8 @@ class MasterServices(threading.Thread):
         bounds = getattr(settings, "concurrency_auto", None)
         # APF_CONCURRENCY_LIMIT=auto: the controller (None for a fixed limit)
         self.auto = (None if bounds is None else
-                     ServerAutoLimit(bounds, settings.concurrency_limit))
+                     ServerAutoLimit(bounds, settings.concurrency_limit,
+                                     route_times=getattr(master_state, "route_times", None)))
         if self.auto is not None:
             master_state.auto_limit = self.auto
 

@@ -359,10 +359,12 @@ def _server_limit_families(p: str, view: MasterView) -> list:
              "concurrency the controller observed over its last tick")
     conc.add_metric([], float(decision.concurrency))
     base = G(f"{p}_adaptive_baseline_seconds", "APF_CONCURRENCY_LIMIT=auto: the service time "
-             "without contention the controller learnt per kind of request",
-             labels=["priority_level", "flow_schema"])
-    for (level, schema), ns in sorted(auto.controller.baselines.items()):
-        base.add_metric([level, schema], ns / 1e9)
+             "without contention the controller learnt per kind of request (a route within "
+             "its priority level and FlowSchema)",
+             labels=["priority_level", "flow_schema", "route"])
+    for kind, ns in sorted(auto.controller.baselines.items()):
+        level, schema, route = (*kind, "")[:3]  # (level, FlowSchema[, route])
+        base.add_metric([level, schema, route], ns / 1e9)
     return [*out, ratio, conc, base]
 
 

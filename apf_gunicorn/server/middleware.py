@@ -114,6 +114,9 @@ class WorkerContext:
     # Finishes (slot, gen) on another thread without taking any lock here (the dispatcher's
     # finish_later): what a response body's finalizer calls. None: a finalizer returns nothing.
     finish_later: Callable[[int, int], None] | None = None
+    # server.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto (service time per route,
+    # this worker's row: ``owner``), else None
+    route_times: Any = None
 
 
 
@@ -141,6 +144,9 @@ class Shape(NamedTuple):
     route: _Route
     attrs: Any  # flowcontrol.requestinfo.RequestAttributes
     c: Any  # flowcontrol.matching.Classification
+    # with APF_CONCURRENCY_LIMIT=auto: the word offset of the route's counters in this
+    # worker's row of server.routekinds.RouteTimes; -1: not counted (exempt, or a fixed limit)
+    kind: int = -1
 
 
 class _Route:
@@ -229,6 +235,8 @@ class APFMiddleware:
         self._rejected_total = ctx.ledger.rejected_total
         self._reject_if_full = getattr(ctx.ledger, "reject_if_full", None)
         self._orca = ctx.load_report
+        self._route_times = ctx.route_times
+        self._rt = None if ctx.route_times is None else ctx.route_times.words
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
 
@@ -238,7 +246,8 @@ class APFMiddleware:
         try:
             shape = self.shape_of(environ)
             # Shape's fields, unpacked at once (cheaper than eleven attribute reads)
-            level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c = shape
+            (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
+             kind) = shape
             if self._hook is not None:
                 dynamic = self._hook(environ, attrs, c)
                 if dynamic is not None:
@@ -277,6 +286,8 @@ class APFMiddleware:
             answer = self._wait(environ, start_response, slot, gen, route, now, flow_hash)
             if answer is not None:
                 return answer
+            if kind >= 0:
+                now = self._clock()  # dispatched: the route's service time starts here
         # Run the app (inline rather than a method: one Python frame less per request).
         headers = route.headers
         if self._orca is not None:  # APF_LOAD_REPORT=orca: the cached ORCA header
@@ -316,6 +327,8 @@ class APFMiddleware:
         body._mw = self
         body._slot = slot
         body._gen = gen
+        body._kind = kind
+        body._t0 = now
         return body
 
     def shape_of(self, environ: dict) -> Shape:
@@ -387,7 +400,7 @@ class APFMiddleware:
             Exception: whatever classification or the ledger raise (the caller then hands
             the request to a thread, which decides as usual).
         """
-        level, flow_hash, initial, final, al, fs_index, detail, early, route, _, _ = (
+        level, flow_hash, initial, final, al, fs_index, detail, early, route, _, _, _ = (
             self.shape_of(environ))
         if route.exempt:
             return None
@@ -420,11 +433,16 @@ class APFMiddleware:
                 detail = b""
         est = self._shape_estimate(environ, attrs, c, route) if self._shape_costs else None
         early = attrs.verb == "watch" or (est is not None and est.long_running)
+        kind = -1
+        if self._route_times is not None and not route.exempt and not early:
+            path = wsgi_str(environ.get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
+            kind = self._route_times.offset(self._owner, route.level_name, route.fs_name, path)
         if est is None:  # one seat, no tail: the common case
             return Shape(route.level, c.flow_hash, 1, 0, 0, route.fs_index, detail, early,
-                         route, attrs, c)
+                         route, attrs, c, kind)
         return Shape(route.level, c.flow_hash, est.initial_seats, est.final_seats,
-                     est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c)
+                     est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c,
+                     kind)
 
     def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
         """The per-shape cost: a view's ``@cost`` > route file > ctx.estimator; None: one seat."""
@@ -620,10 +638,10 @@ class APFMiddleware:
 class _Body:
     """Wraps the app's response iterable; gives the seats back on close (exactly once).
 
-    Built without ``__init__`` (``_new_body`` plus four attribute stores: one Python call less
+    Built without ``__init__`` (``_new_body`` plus attribute stores: one Python call less
     per request); ``_mw`` is set to None once the seats are given back."""
 
-    __slots__ = ("_result", "_mw", "_slot", "_gen")
+    __slots__ = ("_result", "_mw", "_slot", "_gen", "_kind", "_t0")
 
     def __iter__(self):
         return iter(self._result)
@@ -639,8 +657,14 @@ class _Body:
                 self._mw = None
                 # APFMiddleware._finish inline: this runs once per request
                 slot, gen = self._slot, self._gen
+                end = mw._clock()
+                kind = self._kind
+                if kind >= 0:  # APF_CONCURRENCY_LIMIT=auto: the route's service time
+                    words = mw._rt
+                    words[kind] += 1
+                    words[kind + 1] += end - self._t0
                 try:
-                    granted, linger_until = mw._finish_ledger(slot, gen, mw._clock())
+                    granted, linger_until = mw._finish_ledger(slot, gen, end)
                 except Exception:
                     log.exception("apf: finish failed for slot %d", slot)
                 else:

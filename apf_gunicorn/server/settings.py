@@ -211,7 +211,10 @@ def auto_start(workers: int, threads: int, bounds: tuple[int, int]) -> int:
 
 def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
     """The bounds of ``APF_CONCURRENCY_LIMIT=auto`` or ``auto:MIN-MAX``. Plain ``auto`` is
-    bounded by 1 and ``workers x threads`` (more seats than threads cannot execute).
+    bounded by 1 and the default (half of all worker threads): a request waits in a fair
+    queue holding its thread, so seats beyond half the threads leave too few to queue on (the
+    thread reserve then turns requests away), and plain ``auto`` never sets more seats than
+    the default would; ``auto:MIN-MAX`` sets other bounds.
 
     Args:
         raw: the variable's value (starting with ``auto``).
@@ -232,7 +235,7 @@ def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
     if bounds is None or bounds[1] > 1_000_000:
         raise SettingsError("APF_CONCURRENCY_LIMIT", raw, allowed)
     if raw.strip().lower() == "auto":
-        return 1, max(1, workers * threads)
+        return 1, default_concurrency_limit(workers, threads)
     return bounds
 
 

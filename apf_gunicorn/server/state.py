@@ -52,6 +52,7 @@ class MasterState:
     borrowing_states: Any = None
     master_pid: int = 0
     auto_limit: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
+    route_times: Any = None  # server.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
 
 
 @dataclass

@@ -67,7 +67,7 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
         encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
-        finish_later=dispatcher.finish_later,
+        finish_later=dispatcher.finish_later, route_times=getattr(m, "route_times", None),
         **_thread_reserve(worker))
     if isinstance(worker, ApfThreadWorker):
         worker.apf_on_head_timeout = ledger.count_head_timeout

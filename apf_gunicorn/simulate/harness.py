@@ -388,6 +388,16 @@ class UniformHarness:
         self._tick_kinds: dict[Any, list[int]] = {}  # kind -> [finished, service ns]
         self._tickers = 0  # periodic functions still running (_every)
 
+    def _overhead(self, ns: int) -> int:
+        """A request's time in the app outside the backend, stretched on a busy host by the
+        factor of the current period (``BackendSpec.busy_slowdown``)."""
+        spec = self.model_spec
+        if spec is None or not spec.busy_slowdown:
+            return ns
+        period = self.loop.now // spec.busy_period_ns
+        factor = random.Random(spec.seed * 1_000_003 + period).uniform(1, 1 + spec.busy_slowdown)
+        return round(ns * factor)
+
     # -- client behaviour ---------------------------------------------------------------
     def _call(self, thread: _Thread, k: int) -> None:
         client = thread.client
@@ -441,7 +451,7 @@ class UniformHarness:
 
             def after_backend() -> None:
                 if spec.overhead_ns:
-                    loop.after(spec.overhead_ns, lambda: self._end(handle, client))
+                    loop.after(self._overhead(spec.overhead_ns), lambda: self._end(handle, client))
                 else:
                     self._end(handle, client)
 

@@ -108,6 +108,10 @@ class BackendSpec:
     random, seeded), each running Python one request at a time (the GIL), the processes
     sharing the cores. ``changes`` are ``(at ns, capacity)``; ``jitter`` multiplies each
     request's ``exec`` by a uniform factor in ``[1 - jitter, 1 + jitter]`` (seeded).
+    ``busy_slowdown`` > 0 models a busy host (another process taking CPU from the app): every
+    ``busy_period_ns`` the time requests spend in the app outside the backend (their
+    ``overhead``) is stretched by a new factor drawn uniformly from ``[1, 1 + busy_slowdown]``
+    (seeded), whatever the concurrency: latency that is not caused by our seats.
     """
 
     kind: str
@@ -116,6 +120,8 @@ class BackendSpec:
     changes: tuple[tuple[int, int], ...] = ()
     jitter: float = 0.0
     seed: int = 1
+    busy_slowdown: float = 0.0
+    busy_period_ns: int = 500_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +196,8 @@ _CLIENT_KEYS = {
     "additionalLatency", "split", "count", "start", "stagger", "overhead", "kind",
 }
 _BACKEND_KINDS = ("pool", "cores")
-_BACKEND_KEYS = {*_BACKEND_KINDS, "workers", "changes", "jitter", "seed"}
+_BACKEND_KEYS = {*_BACKEND_KINDS, "workers", "changes", "jitter", "seed", "busy"}
+_BUSY_KEYS = {"slowdown", "period"}
 _CONTROLLER_KEYS = {"start", "tick"}
 _ATTRIBUTE_KEYS = {
     "user", "groups", "verb", "path", "apiGroup", "apiVersion", "resource", "subresource",
@@ -307,8 +314,28 @@ def _parse_backend(raw: Any) -> BackendSpec:
                                          f"must be a number from 0 up to (not including) 1, "
                                          f"got {jitter!r}"))
     changes = errs.get(_parse_changes, raw.get("changes", []), kind)
+    slowdown, period = 0.0, 500_000_000
+    busy = raw.get("busy")
+    if busy is not None:
+        if not isinstance(busy, dict):
+            errs.errors.append(ScenarioError("backend.busy", "must be a mapping: slowdown, "
+                                                             "period"))
+        else:
+            errs.get(_no_unknown, busy, _BUSY_KEYS, "backend.busy")
+            slowdown = busy.get("slowdown", 0.0)
+            if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) \
+                    or slowdown < 0:
+                errs.errors.append(ScenarioError("backend.busy.slowdown",
+                                                 f"must be a number >= 0, got {slowdown!r}"))
+                slowdown = 0.0
+            period = errs.get(_duration, busy, "period", "backend.busy", default=period,
+                              minimum=0)
+            if period == 0:
+                errs.errors.append(ScenarioError("backend.busy.period", "must be positive"))
+                period = 500_000_000
     errs.check()
-    return BackendSpec(kind, capacity, workers, changes, float(jitter), seed)
+    return BackendSpec(kind, capacity, workers, changes, float(jitter), seed, float(slowdown),
+                       period)
 
 
 def _parse_changes(raw: Any, kind: str) -> tuple[tuple[int, int], ...]:
