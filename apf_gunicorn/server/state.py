@@ -45,7 +45,7 @@ class MasterState:
     sender: Any = None  # channel.GrantSender
     workers: dict[int, int] = field(default_factory=dict)  # worker index -> pid (0: booting)
     booting: dict[int, float] = field(default_factory=dict)  # worker index -> forked (monotonic)
-    # worker index -> gunicorn's Worker (pre_fork): server/reclaim.py finds dead ones by it
+    # worker index -> gunicorn's Worker (pre_fork): master/reclaim.py finds dead ones by it
     forked: dict[int, Any] = field(default_factory=dict)
     services: Any = None  # master.MasterServices
     reload_errors: int = 0

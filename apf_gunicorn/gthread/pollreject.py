@@ -1,6 +1,6 @@
 """Answering 429 from the worker's poller, without a thread, and holding a storm's 429s.
 
-The accept-gated worker (``server/worker.py``) reads request heads in its poller. While this
+The accept-gated worker (``gthread/worker.py``) reads request heads in its poller. While this
 worker has lately rejected something (or its thread reserve is reached), it asks
 :class:`PollerRejector` about each complete head before handing it to a thread: the head is
 turned into the few environ keys the built-in resolver reads (:class:`HeadReader`), classified
@@ -54,7 +54,7 @@ from gunicorn.http.message import Request
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response
 
-from apf_gunicorn.server.middleware import REJECTED_STATUS, TOO_MANY, rejection_headers
+from apf_gunicorn.gthread.wsgi import REJECTED_STATUS, TOO_MANY, rejection_headers
 
 #: How long after this worker's last rejection the poller keeps asking about each head (each
 #: ask classifies the head and takes the ledger's lock for ``reject_if_full``): a calm worker

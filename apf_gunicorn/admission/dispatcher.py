@@ -17,7 +17,7 @@ an outcome) and waits in :meth:`Parking.wait`. These wake it:
 * the worker stopping (``worker.alive`` false, or :meth:`Parking.stop_all` from
   ``worker_exit``): outcome ``STOPPING``, answered 503;
 * another request of its worker taking its thread (:meth:`Parking.evict`, outcome ``EVICTED``;
-  ``server/threadshare.py``: the ledger has already removed it);
+  ``gthread/threadshare.py``: the ledger has already removed it);
 * or its own wait limit running out.
 
 The dispatcher also releases lingering seats (Kubernetes' additional latency) when their time
@@ -173,7 +173,7 @@ class Parking:
 
     def evict(self, w: Waiter) -> None:
         """Wake ``w``'s thread with EVICTED: another request of this worker took its thread,
-        and the ledger no longer holds it (``server/threadshare.py``)."""
+        and the ledger no longer holds it (``gthread/threadshare.py``)."""
         with self._lock:
             self._wake(w, EVICTED)
 

@@ -16,7 +16,7 @@ A user config that defines its own hook of the same name should call ours from i
 ``on_starting`` logs each of ours that was replaced and what that loses: ``hookcheck.py``)::
 
     from apf_gunicorn.conf import *
-    from apf_gunicorn.server import hooks
+    from apf_gunicorn.master import hooks
 
     def post_fork(server, worker):
         hooks.post_fork(server, worker)
@@ -32,12 +32,18 @@ import time
 
 from gunicorn.util import load_class
 
+from apf_gunicorn.admission import boot
+from apf_gunicorn.admission.channel import GrantSender, grant_token
+from apf_gunicorn.admission.routekinds import RouteTimes
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
+from apf_gunicorn.gthread.worker import ApfThreadWorker
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.server import shm, startup, state, worker_setup
-from apf_gunicorn.server.channel import GrantSender, grant_token
+from apf_gunicorn.master.hookcheck import log_replaced_hooks
+from apf_gunicorn.master.master import SERVICE_LOCK, MasterServices
+from apf_gunicorn.master.reclaim import reclaim_worker
+from apf_gunicorn.server import shm, startup, state
 from apf_gunicorn.server.generation import (
     config_change_lines,
     config_error_lines,
@@ -47,18 +53,13 @@ from apf_gunicorn.server.generation import (
     seat_change_lines,
     thread_budget,
 )
-from apf_gunicorn.server.hookcheck import log_replaced_hooks
-from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
-from apf_gunicorn.server.reclaim import reclaim_worker
 from apf_gunicorn.server.resolver import (
     ResolverError,
     apply_path_parsing,
     build_resolver,
     path_parsing_note,
 )
-from apf_gunicorn.server.routekinds import RouteTimes
 from apf_gunicorn.server.settings import SettingsError, load_settings
-from apf_gunicorn.server.worker import ApfThreadWorker
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -89,7 +90,7 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
         except Exception:
             name = asked
     return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
-            "worker, a gthread (worker_class = 'apf_gunicorn.server.worker.ApfThreadWorker', "
+            "worker, a gthread (worker_class = 'apf_gunicorn.gthread.worker.ApfThreadWorker', "
             "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
             "with --threads > 1, lacks its protections); "
             "requests park a thread while they wait in a queue")
@@ -192,7 +193,7 @@ def pre_fork(server, worker) -> None:
     m.forked[index] = worker  # reclaim.py: how the master tells that this worker is gone
     worker.apf_index = index
     # A booting worker counts as having room, so the running ones do not answer 429 for
-    # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
+    # threads it is about to bring (gthread/worker.py: the accept gate); reaped if it fails.
     m.ledger.set_worker_room(index, True)
     m.booting[index] = time.monotonic()
 
@@ -264,7 +265,7 @@ def post_fork(server, worker) -> None:
         m.sender.close()
     if m.services is not None:
         m.services.close_in_child()
-    worker_setup.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
+    boot.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
                                           server.log)
 
 
@@ -282,7 +283,7 @@ def post_worker_init(worker) -> None:
                          "to size the table for the new number of workers.",
                          m.capacity.workers, os.getpid())
         return
-    state.WORKER = worker_setup.attach(worker, m)
+    state.WORKER = boot.attach(worker, m)
 
 
 def worker_exit(server, worker) -> None:

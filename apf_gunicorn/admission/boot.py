@@ -21,19 +21,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from apf_gunicorn.admission.channel import GrantInbox, GrantSender, PeerCheck
+from apf_gunicorn.admission.dispatcher import Dispatcher, Parking
+from apf_gunicorn.admission.loadreport import OrcaReport
 from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
+from apf_gunicorn.gthread.pollreject import PollerRejector
+from apf_gunicorn.gthread.worker import ApfThreadWorker
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import startup, state
-from apf_gunicorn.server.channel import GrantInbox, GrantSender, PeerCheck
-from apf_gunicorn.server.dispatcher import Dispatcher, Parking
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
-from apf_gunicorn.server.loadreport import OrcaReport
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-from apf_gunicorn.server.pollreject import PollerRejector
-from apf_gunicorn.server.worker import ApfThreadWorker
 
 if TYPE_CHECKING:
     from apf_gunicorn.server.settings import Settings

@@ -3,7 +3,7 @@
 Per request: attributes -> FlowSchema and priority level -> work estimate -> ``ledger.admit``;
 then run now, or park the thread until the ledger grants the request, its wait limit runs out
 (429, ``time-out``), its client leaves (``cancelled``), the worker stops (503) or another
-flow's request takes its thread (429, ``thread-share``: server/threadshare.py). The seats
+flow's request takes its thread (429, ``thread-share``: gthread/threadshare.py). The seats
 are given back (``ledger.finish``) when the response body has been sent or closed, or when
 the app raises; a watch or a long-running request holds them only until the app returns its
 iterable (its initial phase). Lingering seats (final seats, additional latency) are released
@@ -24,7 +24,7 @@ the worker's tracker is fed the ledger's cumulative rejected count of the level
 
 With ``APF_LOAD_REPORT=orca`` (``WorkerContext.load_report``) every response APF handled also
 carries the worker's cached ORCA ``endpoint-load-metrics`` header, and a 429
-``x-envoy-ratelimited`` (``server/loadreport.py``).
+``x-envoy-ratelimited`` (``admission/loadreport.py``).
 
 Usage (``post_worker_init`` does this)::
 
@@ -47,6 +47,13 @@ from gunicorn.http.wsgi import HEADER_VALUE_RE as _GUNICORN_VALUE_RE
 from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
 from gunicorn.http.wsgi import Response as _GunicornResponse
 
+from apf_gunicorn.admission.dispatcher import (
+    CANCELLED,
+    GRANTED,
+    STOPPING,
+    Parking,
+    finish_request,
+)
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.limits import max_seats_origin
 from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
@@ -58,15 +65,8 @@ from apf_gunicorn.flowcontrol.workestimate import (
     declared_estimate,
     default_estimator,
 )
+from apf_gunicorn.gthread.threadshare import ThreadShare, reserve_full
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
-from apf_gunicorn.server.dispatcher import (
-    CANCELLED,
-    GRANTED,
-    STOPPING,
-    Parking,
-    finish_request,
-)
-from apf_gunicorn.server.threadshare import ThreadShare, reserve_full
 
 log = logging.getLogger("apf_gunicorn.middleware")
 
@@ -78,7 +78,7 @@ PL_UID_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
 TOO_MANY = b"Too many requests, please try again later.\n"
 STOPPING_BODY = b"Server is shutting down, please retry.\n"
 
-# Set by the gthread subclass (server/worker.py) on the request thread: when gunicorn queued
+# Set by the gthread subclass (gthread/worker.py) on the request thread: when gunicorn queued
 # the connection for a thread. Lets the wait limit count the time spent in gthread's queue.
 hidden = threading.local()
 
@@ -105,7 +105,7 @@ class WorkerContext:
     routes: Any = None  # flowcontrol.routes.RouteTable (its cost entries) or None
     work_estimator: Any = None  # EstimatorHook (or a plain callable) for APF_WORK_ESTIMATOR
     clock: Callable[[], int] = time.monotonic_ns
-    # The worker's thread reserve (server/worker.py): one entry per thread a non-exempt request
+    # The worker's thread reserve (gthread/worker.py): one entry per thread a non-exempt request
     # holds; at most ``nonexempt_threads`` of them, the other threads are for exempt requests.
     # None: no reserve (a worker class other than ApfThreadWorker).
     inflight: list | None = None
@@ -337,7 +337,7 @@ class APFMiddleware:
 
         Args:
             environ: the request's WSGI environ (the keys the resolver reads suffice: see
-                ``server/pollreject.py``).
+                ``gthread/pollreject.py``).
         Returns:
             The shape.
         """
@@ -355,7 +355,7 @@ class APFMiddleware:
             cache[key] = shape
         return shape
 
-    # -- rejecting from the worker's poller (server/pollreject.py) -------------------------
+    # -- rejecting from the worker's poller (gthread/pollreject.py) -------------------------
 
     @property
     def poller_classifies(self) -> bool:
@@ -551,7 +551,7 @@ class APFMiddleware:
     def _take_parked_thread(self, inflight: list, level: int, flow_hash: int) -> bool:
         """For a request that found no non-exempt thread: take the thread of the newest
         parked request of the flow holding the most parked threads, if that flow holds more
-        than the request's own (server/threadshare.py). That request is removed from the
+        than the request's own (gthread/threadshare.py). That request is removed from the
         ledger (``thread-share``) and woken to answer 429; its entry in ``inflight`` is given
         up here, the arrival's stays.
 
