@@ -233,7 +233,7 @@ class RejectionBytes:
         access log reads of a response: ``status``, ``headers``, ``sent``; never change it).
 
         Args:
-            route: the request's FlowSchema route (``middleware._Route``); retry: seconds.
+            route: the request's FlowSchema route (``admission.core.Route``); retry: seconds.
             version: the request's HTTP version; method: its method (HEAD: no body).
             keep: the response keeps the connection alive (else ``Connection: close``).
         Returns:
@@ -298,7 +298,7 @@ class Answer(NamedTuple):
     data: bytes  # the response, ready to send
     keep: bool  # keep the connection alive after it
     hold: float  # seconds to hold it first (0: at once)
-    route: Any  # the request's FlowSchema route (``middleware._Route``: level, fs_index)
+    route: Any  # the request's FlowSchema route (``admission.core.Route``: level, fs_index)
     reason: str  # the reason its rejection was counted with (to count a held one)
     req: Any  # gunicorn's parsed ``Request`` (for the access log)
     resp: Any  # gunicorn's ``Response`` that wrote ``data`` (for the access log)

@@ -1,13 +1,15 @@
-"""The WSGI middleware: API Priority and Fairness in front of any WSGI app.
+"""The WSGI front end: API Priority and Fairness in front of any WSGI app, on gthread's threads.
 
-Per request: attributes -> FlowSchema and priority level -> work estimate -> ``ledger.admit``;
-then run now, or park the thread until the ledger grants the request, its wait limit runs out
-(429, ``time-out``), its client leaves (``cancelled``), the worker stops (503) or another
-flow's request takes its thread (429, ``thread-share``: gthread/threadshare.py). The seats
-are given back (``ledger.finish``) when the response body has been sent or closed, or when
-the app raises; a watch or a long-running request holds them only until the app returns its
-iterable (its initial phase). Lingering seats (final seats, additional latency) are released
-by the dispatcher.
+The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subclasses its
+:class:`~apf_gunicorn.admission.core.Admission`); what is WSGI's here: a queued request parks
+its *thread* until the ledger grants the request, its wait limit runs out (429, ``time-out``),
+its client leaves (``cancelled``: the dispatcher watches the socket), the worker stops (503) or
+another flow's request takes its thread (429, ``thread-share``: gthread/threadshare.py); the
+thread reserve for exempt requests; the answer through ``start_response``. The seats are given
+back (``ledger.finish``) when the response body has been sent or closed, or when the app
+raises; a watch or a long-running request holds them only until the app returns its iterable
+(its initial phase). Lingering seats (final seats, additional latency) are released by the
+dispatcher.
 
 Work estimate, highest precedence first: the ``APF_WORK_ESTIMATOR`` hook (called per request,
 ``None`` or a failure falls through), a Flask or Django view's ``@cost`` (found through the
@@ -38,207 +40,45 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
-from gunicorn.http.wsgi import HEADER_VALUE_RE as _GUNICORN_VALUE_RE
-from gunicorn.http.wsgi import TOKEN_RE as _GUNICORN_NAME_RE
 from gunicorn.http.wsgi import Response as _GunicornResponse
 
-from apf_gunicorn.admission.dispatcher import (
-    CANCELLED,
-    GRANTED,
-    STOPPING,
-    Parking,
-    finish_request,
+from apf_gunicorn.admission.core import (
+    REJECTED_STATUS,
+    RUN,
+    STOPPED,
+    STOPPING_BODY,
+    STOPPING_STATUS,
+    TOO_MANY,
+    Admission,
+    Route,
+    WorkerContext,
+    rejection_headers,
 )
-from apf_gunicorn.flowcontrol.gomath import parse_duration
-from apf_gunicorn.flowcontrol.limits import max_seats_origin
-from apf_gunicorn.flowcontrol.requestinfo import MAX_METHOD_LENGTH, MAX_PATH_LENGTH, wsgi_str
-from apf_gunicorn.flowcontrol.workestimate import (
-    ONE_SEAT,
-    EstimatorHook,
-    WorkEstimate,
-    clamp,
-    declared_estimate,
-    default_estimator,
-)
+from apf_gunicorn.admission.dispatcher import STOPPING
 from apf_gunicorn.gthread.threadshare import ThreadShare, reserve_full
-from apf_gunicorn.ledger.records import EXECUTE, QUEUED, LedgerPort
+from apf_gunicorn.ledger.records import EXECUTE, QUEUED
+
+__all__ = ["APFMiddleware", "WorkerContext", "REJECTED_STATUS", "TOO_MANY", "rejection_headers",
+           "hidden"]
 
 log = logging.getLogger("apf_gunicorn.middleware")
-
-
-MAX_WAIT_NS = 60_000_000_000
-_CACHE_SIZE = 4096
-FS_UID_HEADER = "X-Kubernetes-PF-FlowSchema-UID"
-PL_UID_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
-TOO_MANY = b"Too many requests, please try again later.\n"
-STOPPING_BODY = b"Server is shutting down, please retry.\n"
 
 # Set by the gthread subclass (gthread/worker.py) on the request thread: when gunicorn queued
 # the connection for a thread. Lets the wait limit count the time spent in gthread's queue.
 hidden = threading.local()
 
 
-@dataclass
-class WorkerContext:
-    """Everything the middleware binds at construction (one per worker process)."""
+class APFMiddleware(Admission):
+    """APF in front of a WSGI app, on gthread's request threads (:class:`Admission` decides)."""
 
-    ledger: LedgerPort
-    resolver: Callable[[dict], Any]
-    classifier: Any
-    level_index: dict[str, int]
-    fs_index: dict[str, int]
-    owner: int
-    parking: Parking
-    deliver: Callable[[list], None]
-    add_linger: Callable[[int, int, int], None]
-    queue_wait_limit_ns: int
-    alive: Callable[[], bool]
-    retry_after: Any = None  # flowcontrol.retryafter.RetryAfterTracker or None
-    encode_detail: Callable[..., bytes] | None = None
-    estimator: Callable[[Any, Any], Any] = default_estimator  # per shape: (attrs, c)
-    max_seats: dict[str, int] = field(default_factory=dict)  # level -> widest request (clamp)
-    routes: Any = None  # flowcontrol.routes.RouteTable (its cost entries) or None
-    work_estimator: Any = None  # EstimatorHook (or a plain callable) for APF_WORK_ESTIMATOR
-    clock: Callable[[], int] = time.monotonic_ns
-    # The worker's thread reserve (gthread/worker.py): one entry per thread a non-exempt request
-    # holds; at most ``nonexempt_threads`` of them, the other threads are for exempt requests.
-    # None: no reserve (a worker class other than ApfThreadWorker).
-    inflight: list | None = None
-    nonexempt_threads: int = 0
-    load_report: Any = None  # server.loadreport.OrcaReport (APF_LOAD_REPORT=orca) or None
-    # Finishes (slot, gen) on another thread without taking any lock here (the dispatcher's
-    # finish_later): what a response body's finalizer calls. None: a finalizer returns nothing.
-    finish_later: Callable[[int, int], None] | None = None
-    # server.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto (service time per route,
-    # this worker's row: ``owner``), else None
-    route_times: Any = None
-
-
-
-
-def _gunicorn_accepts(headers: list[tuple[str, str]]) -> bool:
-    """Whether gunicorn's own response-header checks pass ``headers`` (then they can go
-    straight into its header list: see ``APFMiddleware.__call__``)."""
-    return all(_GUNICORN_NAME_RE.fullmatch(n) and _GUNICORN_VALUE_RE.fullmatch(v)
-               for n, v in headers)
-
-
-class Shape(NamedTuple):
-    """What the middleware decides once per request shape (cached by the environ values the
-    built-in resolver reads)."""
-
-    level: int  # the ledger's level index
-    flow_hash: int
-    initial: int  # seats while the request runs
-    final: int  # seats held after it, for ``al`` ns (Kubernetes' final seats)
-    al: int  # additional latency, ns
-    fs_index: int  # the ledger's FlowSchema index (stats entry)
-    detail: bytes  # encoded request attributes for the dumps
-    early: bool  # seats go back when the app returns its iterable (watch, long-running);
-    #              also admit's ``watch`` (the execution histogram's type)
-    route: _Route
-    attrs: Any  # flowcontrol.requestinfo.RequestAttributes
-    c: Any  # flowcontrol.matching.Classification
-    # with APF_CONCURRENCY_LIMIT=auto: the word offset of the route's counters in this
-    # worker's row of server.routekinds.RouteTimes; -1: not counted (exempt, or a fixed limit)
-    kind: int = -1
-
-
-class _Route:
-    """What the middleware needs per FlowSchema, computed once."""
-
-    __slots__ = ("level", "fs_index", "headers", "level_name", "fs_name", "max_seats", "exempt",
-                 "checked", "inflight")
-
-    def __init__(self, level, fs_index, headers, level_name, fs_name, max_seats, exempt,
-                 inflight=None):
-        self.level = level
-        self.fs_index = fs_index
-        self.headers = headers
-        self.level_name = level_name
-        self.fs_name = fs_name
-        self.max_seats = max_seats
-        self.exempt = exempt
-        # the worker's list of threads non-exempt requests hold (None: exempt, or no reserve)
-        self.inflight = None if exempt else inflight
-        # the headers passed gunicorn's checks once: no need to have them checked per request
-        self.checked = _gunicorn_accepts(headers)
-
-
-REJECTED_STATUS = "429 Too Many Requests"
-
-
-def rejection_headers(route: _Route, retry: int) -> list[tuple[str, str]]:
-    """The headers of a 429 (body :data:`TOO_MANY`) for a request of ``route``'s FlowSchema:
-    what the middleware and the worker's poller both answer (the ORCA headers aside).
-
-    Args:
-        route: the request's FlowSchema route (its PF headers).
-        retry: the Retry-After, seconds.
-    Returns:
-        The headers, in order.
-    """
-    return [("Content-Type", "text/plain; charset=utf-8"),
-            ("X-Content-Type-Options", "nosniff"),
-            ("Retry-After", str(retry)),
-            ("Content-Length", str(len(TOO_MANY))),
-            *route.headers]
-
-
-class APFMiddleware:
     def __init__(self, app: Callable, ctx: WorkerContext):
-        self.app = app
-        self.ctx = ctx
-        self._routes: dict[str, _Route] = {}
-        from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
-
-        # Only the built-in resolver's inputs are known; a custom APF_REQUEST_INFO hook may
-        # read anything, so its requests are classified every time.
-        builtin = type(ctx.resolver) is RequestInfoResolver
-        self._cache: dict[tuple, tuple] | None = {} if builtin else None
-        # The values of every environ key the built-in resolver reads (APF_USER_FROM's too)
-        self._shape_key = ctx.resolver.shape_key if builtin else None
-        # classifies by the identity the shape key holds (a token is verified once a request)
-        self._resolve_shape = ctx.resolver.resolve_shape if builtin else None
-        self._admit = ctx.ledger.admit
-        self._deliver = ctx.deliver
-        self._finish_ledger = ctx.ledger.finish
-        self._clock = ctx.clock
-        self._owner = ctx.owner
-        self._resolve = ctx.resolver
-        self._classify = ctx.classifier.classify
-        self._estimate = ctx.estimator
-        # The default estimator always says one seat, no tail: skip the call and the clamp.
-        self._one_seat = ctx.estimator is default_estimator
-        from apf_gunicorn.appcosts import view_costs_for_app
-
-        self._view_costs = view_costs_for_app(app)
-        routes = ctx.routes
-        self._route_costs = routes if getattr(routes, "has_costs", False) else None
-        # Whether any per-shape source can say something other than one seat.
-        self._shape_costs = (self._view_costs is not None or self._route_costs is not None
-                             or not self._one_seat)
-        hook = ctx.work_estimator
-        if hook is not None and not isinstance(hook, EstimatorHook):
-            hook = EstimatorHook(hook)
-        self._hook = hook
-        self._clamp_logged: set[tuple] = set()
-        self._max_origin: dict[str, str] = {}  # level -> where its max seats come from
+        super().__init__(app, ctx)
         self._nonexempt_threads = ctx.nonexempt_threads
         # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
         self._share = ThreadShare() if ctx.inflight is not None else None
-        self._rejected_total = ctx.ledger.rejected_total
         self._reject_if_full = getattr(ctx.ledger, "reject_if_full", None)
-        self._orca = ctx.load_report
-        self._route_times = ctx.route_times
-        self._rt = None if ctx.route_times is None else ctx.route_times.words
-        self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
-                      "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
 
     # -- the request path ------------------------------------------------------------------
 
@@ -249,15 +89,9 @@ class APFMiddleware:
             (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
              kind) = shape
             if self._hook is not None:
-                dynamic = self._hook(environ, attrs, c)
+                dynamic = self.hook_estimate(environ, attrs, c, route)
                 if dynamic is not None:
-                    est = self._clamped(dynamic, route, "APF_WORK_ESTIMATOR")
-                    early = attrs.verb == "watch" or (est is not None and est.long_running)
-                    if est is None:
-                        initial, final, al = 1, 0, 0
-                    else:
-                        initial, final, al = (est.initial_seats, est.final_seats,
-                                              est.additional_latency_ns)
+                    initial, final, al, early = dynamic
             now = self._clock()
             inflight = route.inflight
             if inflight is not None:
@@ -297,7 +131,7 @@ class APFMiddleware:
         if route.checked and type(resp) is _GunicornResponse:
             # gunicorn checks every header of every response with two regular expressions
             # (~3.5k instructions each for these two); ours are constant and passed those
-            # checks once (_Route.checked), so they join its list after the app's are checked.
+            # checks once (Route.checked), so they join its list after the app's are checked.
             def sr(status, response_headers, exc_info=None):
                 write = start_response(status, response_headers, exc_info)
                 resp.headers.extend(headers)
@@ -309,12 +143,12 @@ class APFMiddleware:
         try:
             result = self.app(environ, sr)
         except BaseException:
-            self._finish(slot, gen)
+            self.finish(slot, gen)
             raise
         if early:
             # Kubernetes: a watch holds its seats only for its initialization; so does any
             # request declared long-running.
-            self._finish(slot, gen)
+            self.finish(slot, gen)
             return result
         if type(result) is not list:  # (a list is never a file wrapper: skip the lookup)
             file_wrapper = environ.get("wsgi.file_wrapper")
@@ -331,30 +165,6 @@ class APFMiddleware:
         body._t0 = now
         return body
 
-    def shape_of(self, environ: dict) -> Shape:
-        """What the request's shape decides (:class:`Shape`): from the per-shape cache when the
-        built-in resolver classifies (its inputs are known), else classified now.
-
-        Args:
-            environ: the request's WSGI environ (the keys the resolver reads suffice: see
-                ``gthread/pollreject.py``).
-        Returns:
-            The shape.
-        """
-        cache = self._cache
-        if cache is None:
-            return self._classify_request(environ)
-        # Everything the built-in resolver reads: the classification is a pure function of it,
-        # and most requests repeat a few shapes.
-        key = self._shape_key(environ.get)
-        shape = cache.get(key)
-        if shape is None:
-            shape = self._classify_request(environ, key)
-            if len(cache) >= _CACHE_SIZE:
-                cache.clear()
-            cache[key] = shape
-        return shape
-
     # -- rejecting from the worker's poller (gthread/pollreject.py) -------------------------
 
     @property
@@ -366,7 +176,7 @@ class APFMiddleware:
         return (self._cache is not None and self._hook is None and self._orca is None
                 and self._reject_if_full is not None)
 
-    def thread_share_rejects(self, route: _Route, level: int, flow_hash: int) -> bool:
+    def thread_share_rejects(self, route: Route, level: int, flow_hash: int) -> bool:
         """Whether the worker's thread reserve turns this request away now (reason
         ``thread-reserve``): no thread for a non-exempt request is free, and no other flow
         holds parked threads this request could take (:func:`threadshare.choose_victim`). The
@@ -383,7 +193,7 @@ class APFMiddleware:
             return False
         return self._share is None or not self._share.has_victim_for((level, flow_hash))
 
-    def reject_early(self, environ: dict, now: int) -> tuple[_Route, int, int, str] | None:
+    def reject_early(self, environ: dict, now: int) -> tuple[Route, int, int, str] | None:
         """Reject the request now if the middleware would certainly reject it on a thread: the
         thread reserve applies (:meth:`thread_share_rejects`), or the ledger's ``admit`` would
         reject it (queue full, a Reject-type level full, no slot: ``reject_if_full``, exact
@@ -415,86 +225,16 @@ class APFMiddleware:
             if not reason:
                 return None
         self.stats["rejected"] += 1
-        return route, self._retry_after(route), flow_hash, reason
-
-    def _classify_request(self, environ, key: tuple | None = None) -> Shape:
-        """Everything a request shape decides (:class:`Shape`); ``key``: its shape key, whose
-        identity the built-in resolver uses (None: a hook's resolver, which reads anything)."""
-        attrs = self._resolve(environ) if key is None else self._resolve_shape(environ, key)
-        c = self._classify(attrs)
-        route = self._routes.get(c.flow_schema.name)
-        if route is None:
-            route = self._route(c)
-        detail = b""
-        if self.ctx.encode_detail is not None:
-            try:
-                detail = self.ctx.encode_detail(attrs, c)
-            except Exception:
-                detail = b""
-        est = self._shape_estimate(environ, attrs, c, route) if self._shape_costs else None
-        early = attrs.verb == "watch" or (est is not None and est.long_running)
-        kind = -1
-        if self._route_times is not None and not route.exempt and not early:
-            path = wsgi_str(environ.get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
-            kind = self._route_times.offset(self._owner, route.level_name, route.fs_name, path)
-        if est is None:  # one seat, no tail: the common case
-            return Shape(route.level, c.flow_hash, 1, 0, 0, route.fs_index, detail, early,
-                         route, attrs, c, kind)
-        return Shape(route.level, c.flow_hash, est.initial_seats, est.final_seats,
-                     est.additional_latency_ns, route.fs_index, detail, early, route, attrs, c,
-                     kind)
-
-    def _shape_estimate(self, environ, attrs, c, route) -> WorkEstimate | None:
-        """The per-shape cost: a view's ``@cost`` > route file > ctx.estimator; None: one seat."""
-        get = environ.get
-        method = wsgi_str(get("REQUEST_METHOD"), MAX_METHOD_LENGTH).upper() or "GET"
-        path = wsgi_str(get("PATH_INFO"), MAX_PATH_LENGTH) or "/"
-        est, source = declared_estimate(method, path, self._view_costs, self._route_costs)
-        if est is None:
-            if self._one_seat:
-                return None
-            est, source = self._estimate(attrs, c), "estimator"
-        return self._clamped(est, route, f"{source} for {method} {path}")
-
-    def _clamped(self, est: WorkEstimate, route: _Route, source: str) -> WorkEstimate | None:
-        """``est`` within the level's max seats; None when that is plain one seat."""
-        if est == ONE_SEAT:
-            return None
-        out = clamp(est, route.max_seats)
-        if out.initial_seats != est.initial_seats or out.final_seats != est.final_seats:
-            key = (route.level_name, est.initial_seats, est.final_seats)
-            if key not in self._clamp_logged and len(self._clamp_logged) < 1024:
-                self._clamp_logged.add(key)
-                log.warning("apf: %s asks for %d seat(s) (final %d) but priority level %r admits "
-                            "at most %d seat(s) per request; clamped to %d (final %d); that "
-                            "maximum is %s",
-                            source, est.initial_seats, est.final_seats, route.level_name,
-                            route.max_seats, out.initial_seats, out.final_seats,
-                            self._max_origin.get(route.level_name, "the level's"))
-        return None if out == ONE_SEAT else out
-
-    def _route(self, c) -> _Route:
-        fs, pl = c.flow_schema, c.priority_level
-        headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
-        route = _Route(self.ctx.level_index[pl.name], self.ctx.fs_index.get(fs.name, 0),
-                       headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
-                       pl.is_exempt, self.ctx.inflight)
-        self._routes[fs.name] = route
-        self._max_origin[pl.name] = max_seats_origin(pl)
-        return route
+        return route, self.retry_after(route), flow_hash, reason
 
     def _wait(self, environ, start_response, slot, gen, route, admitted_ns, flow_hash):
         """Park until granted (returns None: run the request) or answer 429/503."""
         ctx = self.ctx
         self.stats["queued"] += 1
-        limit = ctx.queue_wait_limit_ns
-        qs = environ.get("QUERY_STRING", "")
-        if "timeout=" in qs:
-            limit = _timeout_wait_limit(qs, limit)
         arrival = getattr(hidden, "enqueued_ns", 0) or admitted_ns
         if arrival > admitted_ns:
             arrival = admitted_ns
-        deadline = arrival + limit
+        deadline = self.wait_deadline(environ.get("QUERY_STRING", ""), arrival)
         fd = -1
         if environ.get("HTTP_VERSION") != "2":
             sock = environ.get("gunicorn.socket")
@@ -518,34 +258,12 @@ class APFMiddleware:
             hidden.held = False
             self.stats["thread_share"] += 1
             return self._reject(start_response, route)
-        if outcome == GRANTED:
+        verdict = self.after_wait(outcome, slot, gen)
+        if verdict == RUN:
             return None
-        reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
-        try:
-            removed = ctx.ledger.cancel(slot, gen, self._clock(), reason)
-        except Exception:
-            log.exception("apf: cancel failed")
-            removed = True
-        if not removed:
-            # Dispatched meanwhile: it holds seats and must run and finish after all, unless
-            # its client is gone.
-            if outcome == CANCELLED:
-                self._finish(slot, gen)
-                self.stats["cancelled"] += 1
-                return self._reject(start_response, route)
-            return None
-        if outcome == STOPPING:
-            self.stats["stopping"] += 1
-            start_response("503 Service Unavailable", [
-                ("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1"),
-                ("Content-Length", str(len(STOPPING_BODY))),
-                ("Connection", "close"), *route.headers, *self._load_headers(False)])
+        if verdict == STOPPED:
+            start_response(STOPPING_STATUS, self.stopping_headers(route))
             return [STOPPING_BODY]
-        if outcome == CANCELLED:
-            # The client is gone; answer anyway so the server's bookkeeping stays normal.
-            self.stats["cancelled"] += 1
-            return self._reject(start_response, route)
-        self.stats["timeout"] += 1
         return self._reject(start_response, route)
 
     def _take_parked_thread(self, inflight: list, level: int, flow_hash: int) -> bool:
@@ -584,33 +302,8 @@ class APFMiddleware:
 
     def _reject(self, start_response, route):
         """429 with the level's server-wide Retry-After."""
-        self.stats["rejected"] += 1
-        start_response(REJECTED_STATUS, [
-            *rejection_headers(route, self._retry_after(route)), *self._load_headers(True)])
+        start_response(REJECTED_STATUS, self.reject_headers(route))
         return [TOO_MANY]
-
-    def _retry_after(self, route: _Route) -> int:
-        """The level's server-wide Retry-After, in seconds, for a rejection just counted."""
-        tracker = self.ctx.retry_after
-        if tracker is None:
-            return 1
-        try:
-            return tracker.observe_total(route.level_name, self._rejected_total(route.level))
-        except Exception:
-            log.exception("apf: retry-after tracker failed")
-            return 1
-
-    def _load_headers(self, rejected: bool) -> list:
-        """The ORCA header (and ``x-envoy-ratelimited`` on a 429) when APF_LOAD_REPORT=orca."""
-        orca = self._orca
-        if orca is None:
-            return []
-        try:
-            now = self._clock()
-            return orca.reject_headers(now) if rejected else orca.extend([], now)
-        except Exception:
-            log.exception("apf: load report failed")
-            return []
 
     def _finish_on_close(self, result, slot: int, gen: int):
         """A ``wsgi.file_wrapper`` response keeps sendfile: hook its close instead of wrapping
@@ -622,18 +315,13 @@ class APFMiddleware:
                 if orig_close is not None:
                     orig_close()
             finally:
-                self._finish(slot, gen)
+                self.finish(slot, gen)
 
         try:
             result.close = close
         except AttributeError:
             return None
         return result
-
-    def _finish(self, slot: int, gen: int) -> None:
-        finish_request(self._finish_ledger, self._deliver, self.ctx.add_linger, slot, gen,
-                       self._clock())
-
 
 class _Body:
     """Wraps the app's response iterable; gives the seats back on close (exactly once).
@@ -655,23 +343,7 @@ class _Body:
             mw = self._mw
             if mw is not None:
                 self._mw = None
-                # APFMiddleware._finish inline: this runs once per request
-                slot, gen = self._slot, self._gen
-                end = mw._clock()
-                kind = self._kind
-                if kind >= 0:  # APF_CONCURRENCY_LIMIT=auto: the route's service time
-                    words = mw._rt
-                    words[kind] += 1
-                    words[kind + 1] += end - self._t0
-                try:
-                    granted, linger_until = mw._finish_ledger(slot, gen, end)
-                except Exception:
-                    log.exception("apf: finish failed for slot %d", slot)
-                else:
-                    if granted:
-                        mw._deliver(granted)
-                    if linger_until:
-                        mw.ctx.add_linger(linger_until, slot, gen)
+                mw.finish_timed(self._slot, self._gen, self._kind, self._t0)
 
     def __del__(self):
         # A server that never calls close() must not leak seats. A finalizer may run on any
@@ -687,16 +359,3 @@ class _Body:
 
 _new_body = object.__new__
 
-
-def _timeout_wait_limit(query: str, default_ns: int) -> int:
-    """Wait limit for ``?timeout=<Go duration>``: a quarter of it, capped at 60 s."""
-    for part in query.split("&"):
-        if part.startswith("timeout="):
-            try:
-                ns = parse_duration(part[8:])
-            except Exception:
-                return default_ns
-            if ns > 0:
-                return min(ns // 4, MAX_WAIT_NS)
-            return default_ns
-    return default_ns
