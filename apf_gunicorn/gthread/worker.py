@@ -69,9 +69,12 @@ from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
+from apf_gunicorn.admission.boot import FrontEnd
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
+from apf_gunicorn.gthread.pollreject import PollerRejector
 from apf_gunicorn.gthread.threadshare import reserve_full
-from apf_gunicorn.gthread.wsgi import hidden
+from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state
 from apf_gunicorn.server.settings import (
     DEFAULT_ACCEPT_GRACE_S,
@@ -95,7 +98,7 @@ DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head
 log = logging.getLogger("apf_gunicorn.worker")
 
 
-class ApfThreadWorker(ThreadWorker):
+class ApfThreadWorker(FrontEnd, ThreadWorker):
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -162,6 +165,31 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
+
+    # -- the front end's override points (admission/boot.py: FrontEnd) ------------------------
+
+    def apf_parking(self) -> Parking:
+        return Parking()
+
+    def apf_context(self) -> dict:
+        # the thread reserve: the threads non-exempt requests hold, and how many they may
+        return {"inflight": self.apf_inflight, "nonexempt_threads": self.apf_room_limit}
+
+    def apf_app(self):
+        return self.wsgi
+
+    def apf_attach(self, ctx, ledger) -> APFMiddleware:
+        index = ctx.owner
+        self.apf_on_head_timeout = ledger.count_head_timeout
+        self.apf_on_drop = ledger.count_connection_dropped
+        self.apf_publish_room = partial(ledger.set_worker_room, index)
+        self.apf_others_have_room = partial(ledger.other_worker_has_room, index)
+        middleware = APFMiddleware(self.wsgi, ctx)
+        self.wsgi = middleware
+        rejector = PollerRejector(middleware, self.cfg)
+        self.apf_rejector = rejector if rejector.enabled else None
+        self.apf_on_delayed = ledger.count_rejection_delayed
+        return middleware
 
     def init_process(self):
         # The TLS context is made once per worker, here (stock gthread makes one per

@@ -33,10 +33,10 @@ import time
 from gunicorn.util import load_class
 
 from apf_gunicorn.admission import boot
+from apf_gunicorn.admission.boot import FrontEnd
 from apf_gunicorn.admission.channel import GrantSender, grant_token
 from apf_gunicorn.admission.routekinds import RouteTimes
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
-from apf_gunicorn.gthread.worker import ApfThreadWorker
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
@@ -71,7 +71,8 @@ def _fail(server, lines: list[str]) -> None:
 
 
 def check_worker_class(worker_class, cfg=None) -> str | None:
-    """An error message if ``worker_class`` is not our ``ApfThreadWorker`` (or a subclass).
+    """An error message if ``worker_class`` is not one of our workers (a ``FrontEnd``:
+    ``ApfThreadWorker``, the ASGI workers, or a subclass).
 
     Args:
         worker_class: the class gunicorn runs (``server.worker_class``: after its own switch
@@ -80,7 +81,7 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
     Returns:
         None, or the message to refuse the server with.
     """
-    if isinstance(worker_class, type) and issubclass(worker_class, ApfThreadWorker):
+    if isinstance(worker_class, type) and issubclass(worker_class, FrontEnd):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
     asked = cfg.settings["worker_class"].get() if cfg is not None else worker_class
@@ -89,11 +90,12 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
             name = getattr(load_class(asked), "__name__", asked)
         except Exception:
             name = asked
-    return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
-            "worker, a gthread (worker_class = 'apf_gunicorn.gthread.worker.ApfThreadWorker', "
-            "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
-            "with --threads > 1, lacks its protections); "
-            "requests park a thread while they wait in a queue")
+    return (f"worker class {name!r} is not supported: apf_gunicorn needs one of its workers: "
+            "for WSGI apps its gthread (worker_class = "
+            "'apf_gunicorn.gthread.worker.ApfThreadWorker', as apf_gunicorn.conf sets; "
+            "gunicorn's stock gthread, which it also runs for sync with --threads > 1, lacks "
+            "its protections), for ASGI apps -k apf_gunicorn.asgi.UvicornWorker or "
+            "-k apf_gunicorn.asgi.ASGIWorker")
 
 
 
