@@ -70,6 +70,23 @@ from benchmarks.checkouts import (  # noqa: E402
 from tests.apps.procs import children, free_port  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+ASGI_APP = "benchmarks.asgi_hello_app:app"
+# front end -> (bare server's options, APF server's options, the app they serve)
+FRONT_ENDS = {
+    "gthread": (["-k", "gthread", "--no-control-socket"], ["-c", "python:apf_gunicorn.conf"],
+                "tests.apps.app:app"),
+    "uvicorn": (["-k", "uvicorn_worker.UvicornWorker", "--no-control-socket"],
+                ["-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.UvicornWorker"],
+                ASGI_APP),
+    "asgi": (["-k", "asgi", "--no-control-socket"],
+             ["-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.ASGIWorker"], ASGI_APP),
+}
+# --asgi: the worker classes compared, as printed
+ASGI_CLASSES = {
+    "uvicorn": ("uvicorn_worker.UvicornWorker", "apf_gunicorn.asgi.UvicornWorker"),
+    "asgi": ("gunicorn's asgi", "apf_gunicorn.asgi.ASGIWorker"),
+}
+ASGI_TARGET = 1.10  # issue 28: ours at most +10 % over the bare worker, per /hello
 ELAPSED: dict[str, float] = {}  # instance -> seconds the measured requests took
 CONNECTIONS = 4
 HOLD_PATH = "/work?ms=900000"  # --rejecting: holds the level's one seat for the whole run
@@ -144,17 +161,22 @@ def _hold(port: int) -> None:
 
 def instructions_per_request(root: Path, apf: bool, config_path: str, requests: int,
                              out_dir: str, *, rejecting: bool = False,
-                             extra_env: dict | None = None) -> tuple[float, str]:
+                             extra_env: dict | None = None,
+                             front_end: str = "gthread") -> tuple[float, str]:
     """Instructions per request in one worker under callgrind, and its dump's path.
 
     Args:
-        root: the checkout to run (its ``apf_gunicorn`` and ``tests/apps/app.py``).
-        apf: run with apf_gunicorn's conf (else bare gthread).
+        root: the checkout to run (its ``apf_gunicorn`` and ``tests/apps/app.py``, or
+            ``benchmarks/asgi_hello_app.py`` for an ASGI front end).
+        apf: run with apf_gunicorn's conf and worker (else the bare worker).
         config_path: the APF configuration (``REJECT_CONFIG`` when ``rejecting``).
         requests: measured requests (a multiple of 4 is used).
         out_dir: where callgrind writes its dumps.
         rejecting: one seat, held; every measured request is answered 429.
         extra_env: more environment for the server (e.g. APF_LOAD_REPORT).
+        front_end: a key of ``FRONT_ENDS``: ``gthread`` (the WSGI app), ``uvicorn``
+            (uvicorn-worker's class, or ours built on it) or ``asgi`` (gunicorn's ASGI worker,
+            or ours built on it), both serving ``asgi_hello_app``.
     Returns:
         (instructions per request, path of the worker's dump).
     Raises:
@@ -165,15 +187,15 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
     env = dict(os.environ, PYTHONPATH=str(root), APF_INSTANCE=instance, APF_ADMIN_BIND="off",
                APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="1" if rejecting else "64",
                **(extra_env or {}))
-    conf = ["-c", "python:apf_gunicorn.conf"] if apf else ["-k", "gthread",
-                                                          "--no-control-socket"]
+    bare_conf, apf_conf, app = FRONT_ENDS[front_end]
+    conf = apf_conf if apf else bare_conf
     prefix = os.path.join(out_dir, f"cg.{instance}")
     # --rejecting: the held request would keep a graceful stop waiting for 30 s
     stop = ["--graceful-timeout", "2"] if rejecting else []
     cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes",
            f"--callgrind-out-file={prefix}.%p", sys.executable, GUNICORN, *conf, "-w", "1",
            "--threads", "8", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-           "--timeout", "600", *stop, "tests.apps.app:app"]
+           "--timeout", "600", *stop, app]
     proc = subprocess.Popen(cmd, cwd=str(root), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -266,6 +288,83 @@ def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *
     return runs, against, notes
 
 
+def plan_asgi_runs(fairness_names: list[str]) -> list[tuple[str, str, bool, dict | None]]:
+    """``--asgi``: per ASGI front end, the bare worker, then ours under each fairness.
+
+    Returns:
+        ``(name, front end, apf, environment)`` per server, e.g. ``("uvicorn apf maxmin",
+        "uvicorn", True, {"APF_FAIRNESS": "maxmin"})``.
+    """
+    runs: list[tuple[str, str, bool, dict | None]] = []
+    for front_end in ASGI_CLASSES:
+        runs.append((f"{front_end} bare", front_end, False, None))
+        runs += [(f"{front_end} apf {p}", front_end, True, {"APF_FAIRNESS": p})
+                 for p in fairness_names]
+    return runs
+
+
+def asgi_report(counts: dict[str, float], elapsed: dict[str, float], fairness_names: list[str],
+                requests: int) -> list[str]:
+    """``--asgi``'s lines: each server's instructions per /hello, then ours / bare per front end
+    and fairness against ``ASGI_TARGET`` with a verdict.
+
+    Args:
+        counts: instructions per request by run name (``plan_asgi_runs``' names).
+        elapsed: seconds the measured requests took under valgrind, by run name.
+        fairness_names: the fairnesses ours ran.
+        requests: the measured requests per server.
+    """
+    width = max(len(name) for name in counts)
+    lines = [f"user-space instructions per /hello in the worker ({requests} requests over "
+             f"{CONNECTIONS} keep-alive connections, 1 worker, callgrind; plain ASGI app "
+             f"{ASGI_APP}):"]
+    for name, n in counts.items():
+        front_end = name.split()[0]
+        bare = counts[f"{front_end} bare"]
+        what = (ASGI_CLASSES[front_end][0] if name.endswith(" bare") else
+                f"{ASGI_CLASSES[front_end][1]}; added {n - bare:+,.0f} ({n / bare - 1:+.1%})")
+        lines.append(f"  {name:{width}s} {n:12,.0f}  in {elapsed[name]:5.1f} s  ({what})")
+    lines.append(f"ours / bare per /hello (target <= {ASGI_TARGET:.2f}):")
+    for front_end, (bare_class, ours_class) in ASGI_CLASSES.items():
+        verdicts = []
+        for p in fairness_names:
+            ratio = counts[f"{front_end} apf {p}"] / counts[f"{front_end} bare"]
+            verdicts.append(f"{p} {ratio:.3f} {'ok' if ratio <= ASGI_TARGET else 'MISSED'}")
+        lines.append(f"  {ours_class} / {bare_class}: {', '.join(verdicts)}")
+    return lines
+
+
+def _keep_dump(dump: str, name: str, keep_dir: str) -> None:
+    os.makedirs(keep_dir, exist_ok=True)
+    kept = os.path.join(keep_dir, re.sub(r"[^\w.-]+", "_", name) + ".callgrind")
+    shutil.copyfile(dump, kept)
+    print(f"{name}: worker dump kept as {kept}", flush=True)
+
+
+def run_asgi(fairness_names: list[str], requests: int, keep_dumps: str | None) -> int:
+    """``--asgi``: measure ``plan_asgi_runs``' servers and print ``asgi_report``."""
+    try:
+        import uvicorn_worker  # noqa: F401
+    except ImportError:
+        print("--asgi needs uvicorn-worker: pip install 'apf_gunicorn[asgi]'", file=sys.stderr)
+        return 2
+    counts: dict[str, float] = {}
+    elapsed: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = os.path.join(tmp, "bench.yaml")
+        Path(config_path).write_text(BENCH_CONFIG)
+        for name, front_end, apf, env in plan_asgi_runs(fairness_names):
+            counts[name], dump = instructions_per_request(
+                ROOT, apf, config_path, requests, tmp, extra_env=env, front_end=front_end)
+            elapsed[name] = list(ELAPSED.values())[-1]
+            print(f"{name}: {counts[name]:,.0f}", flush=True)
+            if keep_dumps:
+                _keep_dump(dump, name, keep_dumps)
+    for line in asgi_report(counts, elapsed, fairness_names, requests):
+        print(line)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
@@ -277,13 +376,20 @@ def main(argv=None) -> int:
                     help="also APF answering every request 429 (one held seat, Reject)")
     ap.add_argument("--orca", action="store_true",
                     help="also APF with APF_LOAD_REPORT=orca (ORCA header on every response)")
+    ap.add_argument("--asgi", action="store_true",
+                    help="the ASGI workers instead: uvicorn-worker's and gunicorn's asgi, "
+                         "bare and ours, serving benchmarks/asgi_hello_app.py")
     ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
+    if args.asgi and (args.baseline or args.rejecting or args.orca):
+        ap.error("--asgi does not combine with --baseline, --rejecting or --orca")
     fairness_names, note = choose_fairness(args.fairness)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 2
     print(note, flush=True)
+    if args.asgi:
+        return run_asgi(fairness_names, args.requests, args.keep_dumps)
     # the fairness --rejecting and --orca run, and the served request they are compared with
     side = (fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in fairness_names
             else fairness_names[0])
@@ -310,11 +416,7 @@ def main(argv=None) -> int:
                 rejecting=rejecting, extra_env=env)
             elapsed[name] = list(ELAPSED.values())[-1]
             if args.keep_dumps:
-                os.makedirs(args.keep_dumps, exist_ok=True)
-                kept = os.path.join(args.keep_dumps,
-                                    re.sub(r"[^\w.-]+", "_", name) + ".callgrind")
-                shutil.copyfile(dump, kept)
-                print(f"{name}: worker dump kept as {kept}")
+                _keep_dump(dump, name, args.keep_dumps)
     bare = counts["bare"]
     served = counts[f"apf {side}"]
     width = max(len(name) for name in counts)
