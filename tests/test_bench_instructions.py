@@ -81,3 +81,60 @@ def test_a_short_callgrind_run_under_the_default_fairness(bench, tmp_path):
         ROOT, True, str(config), 8, str(tmp_path), extra_env={"APF_FAIRNESS": fairness_name})
     assert 100_000 < per_request < 100_000_000
     assert Path(dump).is_file() and Path(dump).parent == tmp_path
+
+
+def test_plan_the_asgi_runs(bench):
+    runs = bench.plan_asgi_runs(["kubernetes", "maxmin"])
+    assert [r[0] for r in runs] == ["uvicorn bare", "uvicorn apf kubernetes",
+                                    "uvicorn apf maxmin", "asgi bare", "asgi apf kubernetes",
+                                    "asgi apf maxmin"]
+    assert [(r[1], r[2]) for r in runs] == [("uvicorn", False), ("uvicorn", True),
+                                            ("uvicorn", True), ("asgi", False), ("asgi", True),
+                                            ("asgi", True)]
+    assert runs[0][3] is None and runs[2][3] == {"APF_FAIRNESS": "maxmin"}
+    for _, front_end, _, _ in runs:  # every front end has a bare and an APF server and an app
+        bare, apf, app = bench.FRONT_ENDS[front_end]
+        assert "-k" in bare and "python:apf_gunicorn.conf" in apf and app == bench.ASGI_APP
+
+
+def test_the_asgi_report_says_ours_over_bare_against_the_target(bench):
+    counts = {"uvicorn bare": 500_000, "uvicorn apf kubernetes": 540_000,
+              "asgi bare": 400_000, "asgi apf kubernetes": 460_000}
+    lines = bench.asgi_report(counts, dict.fromkeys(counts, 1.5), ["kubernetes"], 400)
+    text = "\n".join(lines)
+    assert "400 requests over 4 keep-alive connections" in lines[0]
+    assert "uvicorn apf kubernetes      540,000" in text and "+40,000 (+8.0%)" in text
+    assert "target <= 1.10" in text
+    assert ("apf_gunicorn.asgi.UvicornWorker / uvicorn_worker.UvicornWorker: kubernetes 1.080 "
+            "ok") in text
+    assert "apf_gunicorn.asgi.ASGIWorker / gunicorn's asgi: kubernetes 1.150 MISSED" in text
+
+
+def test_asgi_refuses_the_wsgi_only_options(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--asgi", "--rejecting"])
+    assert exc.value.code == 2
+    assert "--asgi does not combine with --baseline, --rejecting or --orca" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("valgrind") and shutil.which("callgrind_control")),
+                    reason="needs valgrind (apt-get install -y valgrind)")
+@pytest.mark.parametrize("front_end", ["uvicorn", "asgi"])
+def test_a_short_callgrind_run_of_an_asgi_worker(bench, tmp_path, front_end):
+    """Ours on each ASGI front end under callgrind, serving asgi_hello_app (the bare workers
+    run the same code with other options, which test_plan_the_asgi_runs checks)."""
+    if front_end == "uvicorn":
+        pytest.importorskip("uvicorn_worker", reason="needs pip install 'apf_gunicorn[asgi]'")
+    config = tmp_path / "bench.yaml"
+    config.write_text(bench.BENCH_CONFIG)
+    per_request, dump = bench.instructions_per_request(
+        ROOT, True, str(config), 8, str(tmp_path), front_end=front_end,
+        extra_env={"APF_FAIRNESS": fairness.SERVER_DEFAULT})
+    assert 100_000 < per_request < 100_000_000
+    assert Path(dump).is_file() and Path(dump).parent == tmp_path
+    # the dump is the worker of ours on that front end
+    cmd = next(line for line in Path(dump).read_text().splitlines() if line.startswith("cmd:"))
+    assert bench.FRONT_ENDS[front_end][1][-1] in cmd and bench.ASGI_APP in cmd
