@@ -55,9 +55,12 @@ class ScopeEnviron:
 
     def __call__(self, scope: dict[str, Any]) -> dict[str, Any]:
         """The environ of ``scope`` (an ``http`` or ``websocket`` scope)."""
+        # once a request on the event loop: no call for an ASCII path or an empty query
+        path = scope.get("path", "/")
+        query = scope.get("query_string", b"")
         env = {"REQUEST_METHOD": scope.get("method", "GET"),
-               "PATH_INFO": _native(scope.get("path", "/")),
-               "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+               "PATH_INFO": path if path.isascii() else _native(path),
+               "QUERY_STRING": query.decode("latin-1") if query else "",
                "SERVER_PROTOCOL": "HTTP/" + scope.get("http_version", "1.1"),
                "asgi.scope": scope}
         client = scope.get("client")
