@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_instructions.py [--requests 400] [--baseline DIR]
                                                       [--fairness kubernetes|maxmin|both]
                                                       [--rejecting] [--orca] [--keep-dumps DIR]
+    .venv/bin/python benchmarks/bench_instructions.py --asgi [--requests 400] [--fairness ...]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
 pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
@@ -37,6 +38,18 @@ answered 429 at admission (reason concurrency-limit) on its keep-alive connectio
 Retry-After would charge ~100 s of the worker's time-based work to 400 requests); printed
 next to a served ``/hello`` (target: a 429 costs at most a quarter of it). ``--keep-dumps DIR``
 keeps each worker's callgrind dump there (``callgrind_annotate DIR/<name>.callgrind``).
+
+``--asgi`` measures the ASGI front end instead (issue 28: ours at most +10 % per ``/hello``):
+one worker serving the plain ASGI app ``benchmarks/asgi_hello_app.py``, the same requests over
+the same keep-alive connections after the same warm-up, for uvicorn-worker's
+``uvicorn_worker.UvicornWorker`` bare and ``apf_gunicorn.asgi.UvicornWorker``, then gunicorn's
+``asgi`` worker bare and ``apf_gunicorn.asgi.ASGIWorker`` (ours under each fairness); it prints
+ours / bare per front end and fairness with the target and a verdict. Callgrind counts every
+thread of the worker: ours includes the dispatcher thread (idle in ``epoll`` but for its 100 ms
+tick) and both include the event loop's own timers, time-based work charged to the requests
+measured while it ran (each row prints how long they took under valgrind). Needs uvicorn-worker
+(``pip install 'apf_gunicorn[asgi]'``); does not combine with ``--baseline``, ``--rejecting``
+or ``--orca``.
 """
 
 from __future__ import annotations
