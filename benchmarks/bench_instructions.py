@@ -47,7 +47,11 @@ the same keep-alive connections after the same warm-up, for uvicorn-worker's
 ours / bare per front end and fairness with the target and a verdict. Callgrind counts every
 thread of the worker: ours includes the dispatcher thread (idle in ``epoll`` but for its 100 ms
 tick) and both include the event loop's own timers, time-based work charged to the requests
-measured while it ran (each row prints how long they took under valgrind). Needs uvicorn-worker
+measured while it ran (each row prints how long they took under valgrind). So each server is
+then counted idle for ``--idle`` seconds (default 5): the idle rate times the measured seconds is
+printed as the row's time-based share, and the ratios are printed without it too (the verdict
+stays on the counts as measured; at valgrind's ~50x slowdown the timers weigh ~50x more per
+request than on a real server at full load). Needs uvicorn-worker
 (``pip install 'apf_gunicorn[asgi]'``); does not combine with ``--baseline``, ``--rejecting``
 or ``--orca``.
 """
@@ -101,6 +105,7 @@ ASGI_CLASSES = {
 }
 ASGI_TARGET = 1.10  # issue 28: ours at most +10 % over the bare worker, per /hello
 ELAPSED: dict[str, float] = {}  # instance -> seconds the measured requests took
+IDLE: dict[str, float] = {}  # instance -> the idle worker's instructions per second (idle_s)
 CONNECTIONS = 4
 HOLD_PATH = "/work?ms=900000"  # --rejecting: holds the level's one seat for the whole run
 
@@ -175,7 +180,8 @@ def _hold(port: int) -> None:
 def instructions_per_request(root: Path, apf: bool, config_path: str, requests: int,
                              out_dir: str, *, rejecting: bool = False,
                              extra_env: dict | None = None,
-                             front_end: str = "gthread") -> tuple[float, str]:
+                             front_end: str = "gthread",
+                             idle_s: float = 0.0) -> tuple[float, str]:
     """Instructions per request in one worker under callgrind, and its dump's path.
 
     Args:
@@ -190,6 +196,8 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         front_end: a key of ``FRONT_ENDS``: ``gthread`` (the WSGI app), ``uvicorn``
             (uvicorn-worker's class, or ours built on it) or ``asgi`` (gunicorn's ASGI worker,
             or ours built on it), both serving ``asgi_hello_app``.
+        idle_s: after the measured requests, count the idle worker for this long (its
+            timers, our dispatcher's tick): instructions per second in ``IDLE[instance]``.
     Returns:
         (instructions per request, path of the worker's dump).
     Raises:
@@ -237,10 +245,18 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         ELAPSED[instance] = time.monotonic() - t0
         subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
                        capture_output=True)
-        dumps = sorted(glob.glob(f"{prefix}.{worker}.*"), key=os.path.getmtime)
-        text = Path(dumps[-1]).read_text()
-        total = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
-        return total / (requests // CONNECTIONS * CONNECTIONS), dumps[-1]
+        dump = _newest_dump(prefix, worker)
+        per_request = _dump_total(dump) / (requests // CONNECTIONS * CONNECTIONS)
+        if idle_s > 0:
+            subprocess.run(["callgrind_control", "-z", str(worker)], check=True,
+                           capture_output=True)
+            t1 = time.monotonic()
+            time.sleep(idle_s)  # the measurement itself: what the idle worker does meanwhile
+            seconds = time.monotonic() - t1
+            subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
+                           capture_output=True)
+            IDLE[instance] = _dump_total(_newest_dump(prefix, worker)) / seconds
+        return per_request, dump
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -251,6 +267,16 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         left = [n for n in os.listdir("/dev/shm") if n.startswith(f"apf_{instance}_")]
         if left:
             print(f"WARNING: /dev/shm entries left behind: {left}", file=sys.stderr)
+
+
+def _newest_dump(prefix: str, worker: int) -> str:
+    return sorted(glob.glob(f"{prefix}.{worker}.*"), key=os.path.getmtime)[-1]
+
+
+def _dump_total(path: str) -> int:
+    """The instruction total of a callgrind dump."""
+    text = Path(path).read_text()
+    return int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
 
 
 def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *,
@@ -317,16 +343,20 @@ def plan_asgi_runs(fairness_names: list[str]) -> list[tuple[str, str, bool, dict
 
 
 def asgi_report(counts: dict[str, float], elapsed: dict[str, float], fairness_names: list[str],
-                requests: int) -> list[str]:
+                requests: int, idle: dict[str, float] | None = None) -> list[str]:
     """``--asgi``'s lines: each server's instructions per /hello, then ours / bare per front end
-    and fairness against ``ASGI_TARGET`` with a verdict.
+    and fairness against ``ASGI_TARGET`` with a verdict (on the counts as measured); with
+    ``idle``, also each row's time-based share and the ratios without it.
 
     Args:
         counts: instructions per request by run name (``plan_asgi_runs``' names).
         elapsed: seconds the measured requests took under valgrind, by run name.
         fairness_names: the fairnesses ours ran.
         requests: the measured requests per server.
+        idle: the idle worker's instructions per second by run name (``--idle``), or None.
     """
+    # the time-based work charged to each request: the idle rate over the measured seconds
+    timed = {name: idle[name] * elapsed[name] / requests for name in counts} if idle else None
     width = max(len(name) for name in counts)
     lines = [f"user-space instructions per /hello in the worker ({requests} requests over "
              f"{CONNECTIONS} keep-alive connections, 1 worker, callgrind; plain ASGI app "
@@ -336,13 +366,21 @@ def asgi_report(counts: dict[str, float], elapsed: dict[str, float], fairness_na
         bare = counts[f"{front_end} bare"]
         what = (ASGI_CLASSES[front_end][0] if name.endswith(" bare") else
                 f"{ASGI_CLASSES[front_end][1]}; added {n - bare:+,.0f} ({n / bare - 1:+.1%})")
-        lines.append(f"  {name:{width}s} {n:12,.0f}  in {elapsed[name]:5.1f} s  ({what})")
+        when = f"in {elapsed[name]:5.1f} s"
+        if timed:
+            when += f", idle {idle[name]:9,.0f}/s: {timed[name]:6,.0f} of it time-based"
+        lines.append(f"  {name:{width}s} {n:12,.0f}  {when}  ({what})")
     lines.append(f"ours / bare per /hello (target <= {ASGI_TARGET:.2f}):")
     for front_end, (bare_class, ours_class) in ASGI_CLASSES.items():
         verdicts = []
         for p in fairness_names:
-            ratio = counts[f"{front_end} apf {p}"] / counts[f"{front_end} bare"]
-            verdicts.append(f"{p} {ratio:.3f} {'ok' if ratio <= ASGI_TARGET else 'MISSED'}")
+            ours, bare = f"{front_end} apf {p}", f"{front_end} bare"
+            ratio = counts[ours] / counts[bare]
+            verdict = f"{p} {ratio:.3f} {'ok' if ratio <= ASGI_TARGET else 'MISSED'}"
+            if timed:
+                net = (counts[ours] - timed[ours]) / (counts[bare] - timed[bare])
+                verdict += f" (without the time-based work {net:.3f})"
+            verdicts.append(verdict)
         lines.append(f"  {ours_class} / {bare_class}: {', '.join(verdicts)}")
     return lines
 
@@ -354,7 +392,8 @@ def _keep_dump(dump: str, name: str, keep_dir: str) -> None:
     print(f"{name}: worker dump kept as {kept}", flush=True)
 
 
-def run_asgi(fairness_names: list[str], requests: int, keep_dumps: str | None) -> int:
+def run_asgi(fairness_names: list[str], requests: int, keep_dumps: str | None,
+             idle_s: float = 0.0) -> int:
     """``--asgi``: measure ``plan_asgi_runs``' servers and print ``asgi_report``."""
     try:
         import uvicorn_worker  # noqa: F401
@@ -363,17 +402,21 @@ def run_asgi(fairness_names: list[str], requests: int, keep_dumps: str | None) -
         return 2
     counts: dict[str, float] = {}
     elapsed: dict[str, float] = {}
+    idle: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
         for name, front_end, apf, env in plan_asgi_runs(fairness_names):
             counts[name], dump = instructions_per_request(
-                ROOT, apf, config_path, requests, tmp, extra_env=env, front_end=front_end)
+                ROOT, apf, config_path, requests, tmp, extra_env=env, front_end=front_end,
+                idle_s=idle_s)
             elapsed[name] = list(ELAPSED.values())[-1]
+            if idle_s > 0:
+                idle[name] = list(IDLE.values())[-1]
             print(f"{name}: {counts[name]:,.0f}", flush=True)
             if keep_dumps:
                 _keep_dump(dump, name, keep_dumps)
-    for line in asgi_report(counts, elapsed, fairness_names, requests):
+    for line in asgi_report(counts, elapsed, fairness_names, requests, idle or None):
         print(line)
     return 0
 
@@ -392,6 +435,9 @@ def main(argv=None) -> int:
     ap.add_argument("--asgi", action="store_true",
                     help="the ASGI workers instead: uvicorn-worker's and gunicorn's asgi, "
                          "bare and ours, serving benchmarks/asgi_hello_app.py")
+    ap.add_argument("--idle", type=float, default=5.0, metavar="SECONDS",
+                    help="--asgi: then count each idle worker this long, to show the "
+                         "time-based share of the counts (0: skip; default 5)")
     ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
     if args.asgi and (args.baseline or args.rejecting or args.orca):
@@ -402,7 +448,7 @@ def main(argv=None) -> int:
         return 2
     print(note, flush=True)
     if args.asgi:
-        return run_asgi(fairness_names, args.requests, args.keep_dumps)
+        return run_asgi(fairness_names, args.requests, args.keep_dumps, args.idle)
     # the fairness --rejecting and --orca run, and the served request they are compared with
     side = (fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in fairness_names
             else fairness_names[0])

@@ -110,6 +110,21 @@ def test_the_asgi_report_says_ours_over_bare_against_the_target(bench):
     assert "apf_gunicorn.asgi.ASGIWorker / gunicorn's asgi: kubernetes 1.150 MISSED" in text
 
 
+def test_the_asgi_report_without_the_time_based_work(bench):
+    counts = {"uvicorn bare": 500_000, "uvicorn apf kubernetes": 560_000,
+              "asgi bare": 400_000, "asgi apf kubernetes": 440_000}
+    elapsed = {"uvicorn bare": 4.0, "uvicorn apf kubernetes": 4.0, "asgi bare": 2.0,
+               "asgi apf kubernetes": 2.0}
+    idle = {"uvicorn bare": 500_000, "uvicorn apf kubernetes": 1_500_000, "asgi bare": 0,
+            "asgi apf kubernetes": 0}
+    text = "\n".join(bench.asgi_report(counts, elapsed, ["kubernetes"], 400, idle))
+    # 1.5 M/s x 4 s / 400 requests = 15,000 per request; bare 5,000
+    assert "idle 1,500,000/s: 15,000 of it time-based" in text
+    assert ("uvicorn_worker.UvicornWorker: kubernetes 1.120 MISSED (without the time-based "
+            "work 1.101)") in text  # 545,000 / 495,000
+    assert "gunicorn's asgi: kubernetes 1.100 ok (without the time-based work 1.100)" in text
+
+
 def test_asgi_refuses_the_wsgi_only_options(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--asgi", "--rejecting"])
@@ -132,8 +147,10 @@ def test_a_short_callgrind_run_of_an_asgi_worker(bench, tmp_path, front_end):
     config.write_text(bench.BENCH_CONFIG)
     per_request, dump = bench.instructions_per_request(
         ROOT, True, str(config), 8, str(tmp_path), front_end=front_end,
-        extra_env={"APF_FAIRNESS": fairness.SERVER_DEFAULT})
+        extra_env={"APF_FAIRNESS": fairness.SERVER_DEFAULT}, idle_s=0.5)
     assert 100_000 < per_request < 100_000_000
+    idle = list(bench.IDLE.values())[-1]
+    assert 0 < idle < 1_000_000_000  # instructions a second of the idle worker
     assert Path(dump).is_file() and Path(dump).parent == tmp_path
     # the dump is the worker of ours on that front end
     cmd = next(line for line in Path(dump).read_text().splitlines() if line.startswith("cmd:"))
