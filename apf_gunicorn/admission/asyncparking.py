@@ -9,7 +9,8 @@ either. What differs:
   dispatcher: grants from other workers, the backstop scan, ``stop_all``) hands the wake-up to
   the loop with ``call_soon_threadsafe``; on the loop thread it is set at once;
 * a waiting request costs no thread, and nothing here blocks the loop: the table's lock is
-  only ever held for a dict operation;
+  only ever held for a dict operation, and a ledger whose lock another process holds is asked
+  again 1 ms later rather than waited for (``LockBusy``);
 * the client going away is not seen through an ``epoll`` on its socket (an ASGI app has no
   socket): the front end watches ``receive()`` and calls :meth:`AsyncParking.cancel`.
 
@@ -30,8 +31,11 @@ import time
 from collections.abc import Callable
 
 from apf_gunicorn.admission.dispatcher import CANCELLED, GRANTED, STOPPING
+from apf_gunicorn.ledger.lock import LockBusy
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
+
+RECHECK_S = 0.001  # a ledger whose lock was busy is asked again this soon
 
 
 class AsyncWaiter:
@@ -115,18 +119,22 @@ class AsyncParking:
                         return outcome
                 if w.fut.done():
                     w.fut = loop.create_future()
+                busy = False
                 try:
                     if dispatched(slot, gen):
                         return GRANTED
+                except LockBusy:  # confirming needs the lock, held elsewhere: ask again soon
+                    busy = True
                 except Exception:  # noqa: BLE001 - wait on: after_wait's cancel asks again
                     log.exception("apf: checking slot %d in the ledger failed", slot)
-                if outcome == GRANTED:
+                if outcome == GRANTED and not busy:
                     self.false_wakeups += 1
                 remaining = deadline_ns - clock()
                 if remaining <= 0:
                     return 0
                 fut = w.fut
-                timer = loop.call_later(remaining / 1e9, _resolve, fut)
+                delay = remaining / 1e9
+                timer = loop.call_later(min(delay, RECHECK_S) if busy else delay, _resolve, fut)
                 try:
                     await fut
                 finally:

@@ -48,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from apf_gunicorn.ledger.lock import LockBusy
 from apf_gunicorn.ledger.records import LedgerPort
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
@@ -236,10 +237,13 @@ def finish_request(finish: Callable[[int, int, int], tuple[list, int]],
         finish: ``Ledger.finish``; deliver: wakes the requests it dispatched; add_linger:
             schedules the release of its lingering seats (``Dispatcher.add_linger``).
         slot, gen: the request; now: monotonic ns.
-    Never raises: a failed finish is logged (the seats stay taken until the worker's reap).
+    Never raises but ``LockBusy`` (only on an event loop's thread, with nothing done): a failed
+    finish is logged (the seats stay taken until the worker's reap).
     """
     try:
         granted, linger_until = finish(slot, gen, now)
+    except LockBusy:
+        raise  # nothing done: an event loop's caller hands it to the dispatcher thread
     except Exception:
         log.exception("apf: finish failed for slot %d", slot)
         return
