@@ -185,6 +185,10 @@ def load(port: int, opts: Options) -> dict:
              for i in range(LIGHT_USERS)]
     for u in users:
         u.start()
+    # the flood sends its answers when it ends; each request is bounded by a 30 s timeout
+    if not recv.poll(end + 60):
+        flood.kill()
+        raise RuntimeError("the flood process sent no answers (it failed, or hangs)")
     heavy = recv.recv()
     flood.join()
     for u in users:
@@ -324,8 +328,10 @@ def plot(events: dict, numbers: dict, opts: Options, out: Path) -> None:
         ok = [(t, lat * 1000) for t, lat, s in events[name]["light"] if s == 200]
         bad = [(t, max(lat * 1000, 1.0)) for t, lat, s in events[name]["light"] if s != 200]
         w = numbers[name]["flood"]
-        label = (f"{opts.label(name)}: p99 {w['light_p99_ms']:.0f} ms beside the flood "
-                 f"({numbers[name]['alone']['light_p99_ms']:.0f} alone)" if w["light_n"]
+        answers = sum(w["light_statuses"].values())
+        label = (f"{opts.label(name)}: p99 {w['light_p99_ms']:.0f} ms beside the flood over "
+                 f"{w['light_n']} 200s of {answers} answers "
+                 f"({numbers[name]['alone']['light_p99_ms']:.0f} ms alone)" if w["light_n"]
                  else f"{opts.label(name)}: none served beside the flood")
         ax.plot([p[0] for p in ok], [p[1] for p in ok], ".", ms=2.5, color=colors[name],
                 label=label)
