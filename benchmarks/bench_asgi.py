@@ -76,7 +76,10 @@ WARMUP, SETTLE = 1.0, 2.0  # uncounted seconds at the start of the alone and flo
 ENOUGH = 100  # answers a p99 must stand on
 APF_WORKERS = {"uvicorn": "apf_gunicorn.asgi.UvicornWorker", "asgi": "apf_gunicorn.asgi.ASGIWorker"}
 NAMES = {"bare": "bare uvicorn workers", "limited": "uvicorn workers, limit_concurrency={lc} each",
-         "gasgi": "bare gunicorn -k asgi workers", "apf": "ours ({cls}, APF_CONCURRENCY_LIMIT={lim})"}
+         "gasgi": "bare gunicorn -k asgi workers",
+         "apf": "ours ({cls}, APF_CONCURRENCY_LIMIT={lim})"}
+SHORT = {"bare": "bare uvicorn", "limited": "limit_concurrency={lc}", "gasgi": "bare -k asgi",
+         "apf": "ours (limit {lim})"}
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,9 @@ class Options:
         return {"alone": (self.warmup, self.alone),
                 "flood": (self.alone + self.settle, self.alone + self.flood)}
 
-    def label(self, name: str) -> str:
-        return NAMES[name].format(lc=self.limit_concurrency, cls=APF_WORKERS[self.apf_worker],
-                                  lim=self.apf_limit)
+    def label(self, name: str, short: bool = False) -> str:
+        return (SHORT if short else NAMES)[name].format(
+            lc=self.limit_concurrency, cls=APF_WORKERS[self.apf_worker], lim=self.apf_limit)
 
 
 def worker_args(name: str, opts: Options) -> tuple[list[str], str | None]:
@@ -120,7 +123,8 @@ def worker_args(name: str, opts: Options) -> tuple[list[str], str | None]:
         return ["-k", "asgi", "--no-control-socket"], None
     if importlib.util.find_spec("uvicorn_worker") is None:
         return [], "uvicorn-worker is not installed (pip install uvicorn-worker)"
-    cls = "uvicorn_worker.UvicornWorker" if name == "bare" else "effect_asgi_app.LimitedUvicornWorker"
+    cls = ("uvicorn_worker.UvicornWorker" if name == "bare"
+           else "effect_asgi_app.LimitedUvicornWorker")
     return ["-k", cls, "--no-control-socket"], None
 
 
@@ -321,24 +325,23 @@ def plot(events: dict, numbers: dict, opts: Options, out: Path) -> None:
     colors = {"bare": "#c0392b", "limited": "#7d3c98", "gasgi": "#b9770e", "apf": "#2471a3"}
     names = list(events)
     end = opts.alone + opts.flood
-    fig = plt.figure(figsize=(3.4 * max(2, len(names)), 6.4), dpi=90)
+    fig = plt.figure(figsize=(3.2 * max(3, len(names)), 6.4), dpi=90)
     grid = fig.add_gridspec(2, len(names), height_ratios=[1.15, 1], hspace=0.5, wspace=0.25)
     ax = fig.add_subplot(grid[0, :])
     for name in names:
         ok = [(t, lat * 1000) for t, lat, s in events[name]["light"] if s == 200]
         bad = [(t, max(lat * 1000, 1.0)) for t, lat, s in events[name]["light"] if s != 200]
-        w = numbers[name]["flood"]
+        w, short = numbers[name]["flood"], opts.label(name, short=True)
         answers = sum(w["light_statuses"].values())
-        label = (f"{opts.label(name)}: p99 {w['light_p99_ms']:.0f} ms beside the flood over "
-                 f"{w['light_n']} 200s of {answers} answers "
-                 f"({numbers[name]['alone']['light_p99_ms']:.0f} ms alone)" if w["light_n"]
-                 else f"{opts.label(name)}: none served beside the flood")
+        label = (f"{short}: p99 {w['light_p99_ms']:.0f} ms beside the flood, "
+                 f"{numbers[name]['alone']['light_p99_ms']:.0f} alone ({w['light_n']} of "
+                 f"{answers} answers 200)" if w["light_n"]
+                 else f"{short}: none served beside the flood")
         ax.plot([p[0] for p in ok], [p[1] for p in ok], ".", ms=2.5, color=colors[name],
                 label=label)
         if bad:
             ax.plot([p[0] for p in bad], [p[1] for p in bad], "x", ms=3, color=colors[name],
-                    label=f"{opts.label(name)}: answers not 200 "
-                    f"({_not_200(numbers[name]['run']['light'])})")
+                    label=f"{short}: answers not 200 ({_not_200(numbers[name]['run']['light'])})")
     ax.axvspan(opts.alone, end, color="#999999", alpha=0.18, lw=0,
                label=f"bob floods with {FLOOD_CONNECTIONS} connections")
     ax.set_yscale("log")
