@@ -85,3 +85,63 @@ def test_bad_options_are_refused(bench, capsys):
             bench.main(argv)
         assert exc.value.code == 2, argv
     assert "--only takes bare, limited, apf, gasgi; not ['nginx']" in capsys.readouterr().err
+
+
+def test_app_and_backend_answer_every_route_and_refuse_bad_input(tmp_path, monkeypatch):
+    """effect_asgi_app called directly (no server) against its backend in the same loop: the
+    routes answer, a bad ``ms`` is a 400 that says why, and the backend answers a bad line
+    with an error and keeps the connection."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import effect_asgi_app as effect
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    sock = str(tmp_path / "backend.sock")
+    monkeypatch.setenv("EFFECT_BACKEND", sock)
+
+    async def call(path: str, query: bytes = b"") -> tuple[int, bytes]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await effect.app({"type": "http", "method": "GET", "path": path,
+                          "query_string": query, "headers": []}, receive, send)
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+        return sent[0]["status"], sent[1]["body"]
+
+    async def main() -> None:
+        ready = asyncio.Event()
+        backend = asyncio.create_task(effect.serve_backend(sock, 2, ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        try:
+            assert await call("/ok") == (200, b"ok\n")
+            assert await call("/hello") == (200, b"Hello, World!\n")
+            assert await call("/query", b"ms=5") == (200, b"queried 5 ms\n")
+            # four at once through a pool of 2: all served, on connections kept for reuse
+            got = await asyncio.gather(*(call("/query", b"ms=1") for _ in range(4)))
+            assert got == [(200, b"queried 1 ms\n")] * 4
+            assert len(effect._client().idle) == 4
+            for bad in (b"ms=x", b"ms=-1", b"ms=10001"):
+                status, body = await call("/query", bad)
+                assert status == 400 and body.startswith(b"ms must be a whole number"), body
+            assert (await call("/nope"))[0] == 404
+            reader, writer = await asyncio.open_unix_connection(sock)
+            writer.write(b"soon\n2\n")
+            assert (await reader.readline()).startswith(b"error: not a number of millis")
+            assert await reader.readline() == b"ok\n"
+            writer.close()
+        finally:
+            effect._client().close()
+            backend.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await backend
+        status, body = await call("/query", b"ms=1")  # nothing listens now
+        assert status == 502 and body.startswith(b"backend unreachable"), body
+
+    asyncio.run(main())
