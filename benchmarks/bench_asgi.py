@@ -234,8 +234,8 @@ def summary(events: dict, opts: Options) -> dict:
 
 def measure(names: list[str], opts: Options, tmp: Path, out=print) -> tuple[dict, dict]:
     """Every server of ``names`` in turn, each with a fresh backend; returns ``(events,
-    numbers)`` by server name. A server that cannot run here is printed as skipped and left
-    out of both."""
+    numbers)`` by server name. A server that cannot run here is printed as skipped, one that
+    fails to start as failed with its log's last lines; both are left out."""
     events: dict = {}
     numbers: dict = {}
     for name in names:
@@ -243,8 +243,14 @@ def measure(names: list[str], opts: Options, tmp: Path, out=print) -> tuple[dict
         if missing:
             out(f"{name:8} SKIPPED: {missing}")
             continue
-        with backend(tmp) as path, server(name, args, opts, tmp, path) as port:
-            events[name] = load(port, opts)
+        try:
+            with backend(tmp) as path, server(name, args, opts, tmp, path) as port:
+                events[name] = load(port, opts)
+        except RuntimeError as exc:  # a server that does not start: the others still run
+            log = tmp / f"gunicorn-{name}.log"
+            tail = log.read_text(errors="replace").splitlines()[-8:] if log.exists() else []
+            out(f"{name:8} FAILED: {exc}" + "".join(f"\n    {line}" for line in tail))
+            continue
         numbers[name] = s = summary(events[name], opts)
         for window in ("alone", "flood"):
             w = s[window]
