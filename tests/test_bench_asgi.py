@@ -17,7 +17,6 @@ import pytest
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest.importorskip("uvicorn_worker")
 
 
 @pytest.fixture
@@ -36,6 +35,7 @@ def short(bench, **kw):
 
 
 def test_short_run_of_bare_and_limited_uvicorn_workers(bench, tmp_path):
+    pytest.importorskip("uvicorn_worker")
     opts = short(bench)
     lines: list[str] = []
     events, numbers = bench.measure(["bare", "limited"], opts, tmp_path, out=lines.append)
