@@ -36,21 +36,23 @@ paths share nothing, even when Django resolves them to the same view, so no gues
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from apf_gunicorn import viewcost
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
 from apf_gunicorn.viewcost import (
     DJANGO_ATTRIBUTE,
     NamedView,
+    cached_by_path,
     costs_for_app,
     declares_cost,
     is_flask_like,
     tag,
     view_cost,
+    view_name,
 )
 
 log = logging.getLogger("apf_gunicorn.django")
@@ -58,9 +60,9 @@ log = logging.getLogger("apf_gunicorn.django")
 #: The attribute ``@cost`` sets on a view function, method or class.
 COST_ATTRIBUTE = DJANGO_ATTRIBUTE
 #: Resolved (method, path) pairs kept per worker.
-CACHE_SIZE = 4096
+CACHE_SIZE = viewcost.CACHE_SIZE
 #: Longest path whose resolution is cached (longer ones are resolved per request shape).
-MAX_CACHED_PATH = 1024
+MAX_CACHED_PATH = viewcost.MAX_CACHED_PATH
 #: How many WSGI wrappers are looked through to find Django's handler, and the attributes
 #: they keep the wrapped app in (WhiteNoise: ``application``; Sentry's middleware: ``app``).
 _MAX_WRAPPERS = 4
@@ -106,13 +108,6 @@ def django_handler(app: Any) -> Any:
     return None
 
 
-def view_name(view: Any) -> str:
-    """A view's dotted name: the class of a class-based view, else the function."""
-    target = getattr(view, "view_class", None) or view
-    module = getattr(target, "__module__", None) or "?"
-    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
-
-
 def iter_views() -> list[tuple[str, Any]]:
     """(route, view) of every URL pattern of the project's ``ROOT_URLCONF``, included ones
     too; the route is the patterns' text joined (``"reports/<int:year>/"``; an
@@ -143,7 +138,7 @@ class DjangoViewCosts:
 
         self._urlconf = settings.ROOT_URLCONF
         self._language = settings.LANGUAGE_CODE
-        self._cached = functools.lru_cache(maxsize=cache_size)(self._lookup)
+        self._cached = cached_by_path(self._lookup, cache_size, MAX_CACHED_PATH)
 
     @classmethod
     def for_app(cls, app: Any, require_costs: bool = True) -> DjangoViewCosts | None:
@@ -181,8 +176,6 @@ class DjangoViewCosts:
 
     def lookup(self, method: str, path: str) -> WorkEstimate | None:
         """The cost the request's view declares, or None (no view, or no cost)."""
-        if len(path) > MAX_CACHED_PATH:
-            return self._lookup(method, path)
         return self._cached(method, path)
 
     def name(self, method: str, path: str) -> str | None:
