@@ -115,8 +115,10 @@ def declares_cost(view: Any, attribute: str) -> bool:
 
 def view_name(view: Any) -> str:
     """A view's dotted name: the class of a class-based view, else the function
-    (``"mysite.views.report"``)."""
+    (``"mysite.views.report"``), the class of an instance (a mounted ASGI app)."""
     target = _view_class(view) or view
+    if not hasattr(target, "__qualname__"):
+        target = type(target)
     module = getattr(target, "__module__", None) or "?"
     return f"{module}.{getattr(target, '__qualname__', repr(target))}"
 
