@@ -22,9 +22,10 @@ sit above or below Django's decorators (``login_required``, ``require_GET``: the
 ``functools.wraps``). Flask's decorator on a Django view is not read; it is reported at start
 and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.appcosts.unusable_costs`).
 
-Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
-WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
-wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
+Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` or, under
+an ASGI worker, its ``ASGIHandler`` (or a wrapper that keeps it in ``.application``, as
+WhiteNoise does, or ``.app``); costs behind a wrapper that hides the handler are reported
+(:func:`unreachable_costs`). Resolution uses the
 project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
 is not seen; ``i18n_patterns`` resolve in the language the path's prefix names (else
 ``LANGUAGE_CODE``), never in the language a thread happens to have active. Each (method, path) is resolved
@@ -92,14 +93,16 @@ def cost(seats: int = 1, final_seats: int = 0, additional_latency: Any = 0,
 
 
 def django_handler(app: Any) -> Any:
-    """Django's ``WSGIHandler`` behind ``app`` (itself, or kept in ``.application`` or
-    ``.app`` by WSGI wrappers), or None. Never imports Django: an app is Django's only if
-    Django is loaded."""
-    module = sys.modules.get("django.core.handlers.wsgi")
-    if module is None:
+    """Django's ``WSGIHandler`` or ``ASGIHandler`` behind ``app`` (itself, or kept in
+    ``.application`` or ``.app`` by WSGI or ASGI wrappers), or None. Never imports Django: an
+    app is Django's only if Django is loaded."""
+    kinds = tuple(module.WSGIHandler if kind == "wsgi" else module.ASGIHandler
+                  for kind in ("wsgi", "asgi")
+                  if (module := sys.modules.get(f"django.core.handlers.{kind}")) is not None)
+    if not kinds:
         return None
     for _ in range(_MAX_WRAPPERS + 1):
-        if isinstance(app, module.WSGIHandler):
+        if isinstance(app, kinds):
             return app
         app = next((w for w in (getattr(app, a, None) for a in _WRAPPED) if w is not None),
                    None)
@@ -226,7 +229,7 @@ def unreachable_costs(app: Any) -> list[str]:
             return []
     except Exception:
         return []
-    return [f"Django views declare @cost, but the WSGI app ({type(app).__module__}."
-            f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
-            f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
+    return [f"Django views declare @cost, but the app ({type(app).__module__}."
+            f"{type(app).__qualname__}) is not Django's WSGIHandler or ASGIHandler and keeps "
+            f"none in .{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
             "reachable, or declare the costs in APF_ROUTES)"]
