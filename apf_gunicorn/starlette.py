@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 from apf_gunicorn.django import django_handler
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
 from apf_gunicorn.viewcost import (
+    CACHE_SIZE,
     HTTP_METHODS,
     STARLETTE_ATTRIBUTE,
     NamedView,
@@ -173,11 +174,10 @@ class StarletteViewCosts:
     new (method, path), so routes added after start are seen.
     """
 
-    def __init__(self, app: Any, cache_size: int | None = None) -> None:
+    def __init__(self, app: Any, cache_size: int = CACHE_SIZE) -> None:
         """``app``: a Starlette or FastAPI app or a ``Router`` (:func:`starlette_app`)."""
         self._app = app
-        self._cached = (cached_by_path(self._lookup) if cache_size is None
-                        else cached_by_path(self._lookup, cache_size))
+        self._cached = cached_by_path(self._lookup, cache_size)
 
     @classmethod
     def for_app(cls, app: Any, require_costs: bool = True) -> StarletteViewCosts | None:

@@ -154,12 +154,14 @@ class NamedView:
 
     Attributes:
         name: the view and its route (``"'report' (/reports/<int:year>)"`` for Flask,
-            ``"mysite.views.report (reports/<int:year>/)"`` for Django).
+            ``"mysite.views.report (reports/<int:year>/)"`` for Django,
+            ``"myapp.main.report (/reports/{year})"`` for Starlette).
         view: the view function (a class-based view's ``as_view()`` function).
         costs_at: ``(HTTP method, where)`` per method whose declared cost is read up front,
             ``where`` naming it (``"@cost on GET /reports/<int:year>"``).
         route: the URL path template of its requests (``"/reports/<int:year>"``; Django's
-            route text, a regular expression for ``re_path``).
+            route text, a regular expression for ``re_path``; Starlette's with its parameters
+            in werkzeug's brackets, ``"/reports/<year>"``).
     """
 
     name: str
