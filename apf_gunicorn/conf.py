@@ -2,11 +2,11 @@
 (or ``-c apf_gunicorn/conf.py`` from a checkout with the package installed).
 
 No state and no logic here: the path form re-runs this file on every HUP. Everything lives in
-:mod:`apf_gunicorn.server.hooks`. Command-line options (``-w``, ``--threads``, ``-b``) override
+:mod:`apf_gunicorn.master.hooks`. Command-line options (``-w``, ``--threads``, ``-b``) override
 these values. Your own config can start with ``from apf_gunicorn.conf import *``.
 """
 
-from apf_gunicorn.server.hooks import (  # noqa: F401 - gunicorn reads these names
+from apf_gunicorn.master.hooks import (  # noqa: F401 - gunicorn reads these names
     child_exit,
     on_exit,
     on_reload,
@@ -19,8 +19,8 @@ from apf_gunicorn.server.hooks import (  # noqa: F401 - gunicorn reads these nam
     worker_exit,
 )
 
-# gthread that stops accepting while all its threads are busy (see apf_gunicorn/server/worker.py)
-worker_class = "apf_gunicorn.server.worker.ApfThreadWorker"
+# gthread that stops accepting while all its threads are busy (see apf_gunicorn/gthread/worker.py)
+worker_class = "apf_gunicorn.gthread.worker.ApfThreadWorker"
 workers = 2
 # A parked request holds a thread: 64 threads per worker run the default limit
 # (APF_CONCURRENCY_LIMIT = workers x threads / 2 = 64 seats) and hold as many waiting requests.

@@ -36,7 +36,7 @@ d. goodput: the level "work" (L = 8 seats), ``/work?ms=50``, L, 5L and 20L keep-
 e. admin idle connects: 256 connections that never send a byte fill the admin endpoint's
    places at once, then 30 more a second for ``--seconds`` (``IdleConnects``), ``GET /metrics``
    every 100 ms: the share answered 200 within 1 s (target >= 90%). Each new connection takes
-   the place of the one idle the longest (``server/admin.py``).
+   the place of the one idle the longest (``master/admin.py``).
 f. agent idle connects: 30 connections a second that never send or read on the agent-check
    port, the agent's line read every 100 ms on a fresh connection: the share within 200 ms
    (target 100%), p50, p99.

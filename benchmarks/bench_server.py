@@ -274,18 +274,18 @@ def micro(config_path: str, n: int = 50_000) -> tuple[float, float]:
     """CPU per request (µs) of a trivial WSGI app called directly, and through the
     middleware with a real shm ledger and ProcessLock (fast path: admit, run, finish)."""
     sys.path.insert(0, str(ROOT))
+    from apf_gunicorn.admission.dispatcher import Parking
     from apf_gunicorn.flowcontrol.limits import compute_limits
     from apf_gunicorn.flowcontrol.loader import load_configuration
     from apf_gunicorn.flowcontrol.matching import Classifier
     from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+    from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
     from apf_gunicorn.ledger.layout import Capacity
     from apf_gunicorn.ledger.ledger import Ledger
     from apf_gunicorn.ledger.lock import ProcessLock
     from apf_gunicorn.server import shm
-    from apf_gunicorn.server.dispatcher import Parking
     from apf_gunicorn.server.dumps import encode_detail
     from apf_gunicorn.server.generation import level_specs
-    from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
     from apf_gunicorn.server.state import Generation
 
     cfg = load_configuration(config_path)

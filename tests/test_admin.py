@@ -12,9 +12,9 @@ import pytest
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
-from apf_gunicorn.server.admin import AdminServer
+from apf_gunicorn.master.admin import AdminServer
+from apf_gunicorn.master.metrics import MasterView
 from apf_gunicorn.server.dumps import encode_detail_fields
-from apf_gunicorn.server.metrics import MasterView
 
 T0 = 1_000_000_000_000
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec, NullLock
-from apf_gunicorn.server.agent import (
+from apf_gunicorn.master.agent import (
     DOWN,
     DRAIN,
     AgentServer,
@@ -224,7 +224,7 @@ def test_agent_port_of_a_real_server(server_factory):
 
 
 def test_master_services_retry_a_taken_agent_port():
-    from apf_gunicorn.server.master import MasterServices
+    from apf_gunicorn.master.master import MasterServices
 
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))

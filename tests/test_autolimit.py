@@ -1,4 +1,4 @@
-"""The master's adaptive-limit tick (server/autolimit.py) against a bytearray ledger, in
+"""The master's adaptive-limit tick (master/autolimit.py) against a bytearray ledger, in
 virtual time: what it reads from the ledger's statistics, and how a new limit is applied
 (levels follow, settings and the generation's limits replaced, queues untouched)."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger
 from apf_gunicorn.ledger.lock import NullLock
-from apf_gunicorn.server.autolimit import ServerAutoLimit, large_move
+from apf_gunicorn.master.autolimit import ServerAutoLimit, large_move
 from apf_gunicorn.server.generation import configure_ledger, load_generation
 from apf_gunicorn.server.settings import load_settings
 
@@ -138,7 +138,7 @@ def test_a_large_move_is_more_than_a_quarter() -> None:
 
 
 def test_the_master_logs_a_move_by_more_than_a_quarter() -> None:
-    from apf_gunicorn.server.master import MasterServices
+    from apf_gunicorn.master.master import MasterServices
 
     class Log:
         def __init__(self) -> None:
@@ -177,7 +177,7 @@ def test_routes_of_one_flow_schema_are_kinds_of_their_own() -> None:
     """Issue 26: a 2 ms route and a 200 ms one under one FlowSchema. Per FlowSchema the mean
     swings with the mix of a tick (x7 here) and reads as overload; per route each kind keeps
     its own baseline and the inflation stays 1."""
-    from apf_gunicorn.server.routekinds import RouteTimes, route_shape
+    from apf_gunicorn.admission.routekinds import RouteTimes, route_shape
 
     assert route_shape("/items/42/edit") == "/items/*/edit"
     assert route_shape("/slow") == "/slow"

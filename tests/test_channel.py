@@ -4,7 +4,7 @@ import os
 import select
 import socket
 
-from apf_gunicorn.server.channel import GrantInbox, GrantSender, address
+from apf_gunicorn.admission.channel import GrantInbox, GrantSender, address
 
 
 def _token():
@@ -53,7 +53,7 @@ def test_large_batches_and_garbage():
 def test_datagrams_from_processes_outside_the_server_are_refused(caplog):
     """Abstract names can be reached by any process in the network namespace (another container
     of the pod): the inbox keeps only datagrams whose kernel-given sender pid it trusts."""
-    from apf_gunicorn.server.channel import PeerCheck
+    from apf_gunicorn.admission.channel import PeerCheck
 
     token = _token()
     allowed = {12345}  # this test process is not one of "the server's" pids
@@ -73,7 +73,7 @@ def test_datagrams_from_processes_outside_the_server_are_refused(caplog):
 
 
 def test_peer_check_refuses_other_uids_and_rereads_pids_at_most_every_refresh():
-    from apf_gunicorn.server.channel import PeerCheck
+    from apf_gunicorn.admission.channel import PeerCheck
 
     reads = []
     now = [0.0]
@@ -116,7 +116,7 @@ def test_grant_socket_names_cannot_be_known_before_the_master_starts():
     """The name was ``\\0apf-<instance>_<master pid>-w<index>``: with the master as pid 1 in a
     container, ``\\0apf-_1-w0`` was there for any process of the pod to bind first (the
     worker then failed to boot) or to flood. The token now carries 128 random bits."""
-    from apf_gunicorn.server.channel import grant_token
+    from apf_gunicorn.admission.channel import grant_token
 
     first, second = grant_token("", 1), grant_token("", 1)
     assert first != second
@@ -163,7 +163,7 @@ def test_a_flood_of_forged_datagrams_costs_one_batch_per_wake_up():
     import subprocess
     import sys
 
-    from apf_gunicorn.server.channel import BATCH, PeerCheck
+    from apf_gunicorn.admission.channel import BATCH, PeerCheck
 
     token = _token()
     me = os.getpid()
@@ -195,7 +195,7 @@ def test_a_flood_of_forged_datagrams_costs_one_batch_per_wake_up():
 def test_the_longest_name_fits_a_unix_socket_address():
     """APF_INSTANCE (40 characters at most), the largest pid Linux gives and a four-digit
     worker index, with the random part: still under the 108 bytes of ``sun_path``."""
-    from apf_gunicorn.server.channel import grant_token
+    from apf_gunicorn.admission.channel import grant_token
 
     token = grant_token("i" * 40, 4_194_304)
     inbox = GrantInbox(token, 9999)

@@ -1,4 +1,4 @@
-"""server/head.py against gunicorn's own parser: for every prefix of a set of request heads
+"""gthread/head.py against gunicorn's own parser: for every prefix of a set of request heads
 (valid, bare LF, over-long lines, too many header bytes, garbage), ``head_state`` says COMPLETE
 only when gunicorn's HTTP/1.x parser can decide from those bytes alone (parse the request or
 reject it), so a thread never waits on a socket; and MORE only when the parser would wait for
@@ -20,7 +20,7 @@ from gunicorn.http.errors import (
 )
 from gunicorn.http.parser import RequestParser
 
-from apf_gunicorn.server.head import COMPLETE, MORE, TOO_LARGE, HeadLimits, head_state
+from apf_gunicorn.gthread.head import COMPLETE, MORE, TOO_LARGE, HeadLimits, head_state
 
 
 def _cfg(**settings) -> Config:
@@ -99,7 +99,7 @@ def test_limits_follow_gunicorns_clamping():
 
 
 def test_an_unlimited_request_line_stops_at_a_mebibyte_only_with_the_fast_parser():
-    from apf_gunicorn.server.head import HeadRules
+    from apf_gunicorn.gthread.head import HeadRules
 
     limits = HeadLimits(line=0, headers=100)  # limit_request_line = 0: no limit of its own
     long_line = bytearray(b"GET /" + b"a" * (1 << 20))

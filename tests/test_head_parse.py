@@ -1,4 +1,4 @@
-"""server/head.py's incremental scan: the same answers as a fresh look at the whole buffer,
+"""gthread/head.py's incremental scan: the same answers as a fresh look at the whole buffer,
 each byte looked at a bounded number of times however the head is cut, and what gunicorn's
 parser decides at once (an invalid request line, a PROXY protocol header, no line limit)."""
 
@@ -11,7 +11,7 @@ from gunicorn.config import Config
 from gunicorn.http.errors import NoMoreData
 from gunicorn.http.parser import RequestParser
 
-from apf_gunicorn.server.head import COMPLETE, MORE, TOO_LARGE, HeadRules, HeadScan, head_state
+from apf_gunicorn.gthread.head import COMPLETE, MORE, TOO_LARGE, HeadRules, HeadScan, head_state
 from tests.test_head import _cfg
 
 

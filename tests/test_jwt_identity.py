@@ -12,6 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.flowcontrol.jwtauth import (
     DEFAULT_LEEWAY_S,
     JWTKeyError,
@@ -21,9 +22,8 @@ from apf_gunicorn.flowcontrol.jwtauth import (
 from apf_gunicorn.flowcontrol.loader import load_configuration
 from apf_gunicorn.flowcontrol.matching import Classifier
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 from apf_gunicorn.server.resolver import build_resolver
 from apf_gunicorn.server.settings import SettingsError, load_settings
 from tests.test_identity import EXEMPT_ALICE, environ

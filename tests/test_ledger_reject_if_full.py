@@ -1,6 +1,6 @@
 """``Ledger.reject_if_full``: it rejects exactly what ``admit`` would reject, with the same
 counts, and writes nothing when ``admit`` would run or queue the request (the poller's
-rejection without a thread, ``server/pollreject.py``)."""
+rejection without a thread, ``gthread/pollreject.py``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec, NullLock
-from apf_gunicorn.server.loadreport import (
+from apf_gunicorn.admission.loadreport import (
     ORCA_HEADER,
     OrcaReport,
     RateMeter,
@@ -19,6 +18,7 @@ from apf_gunicorn.server.loadreport import (
     summarize,
     weight_percent,
 )
+from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec, NullLock
 from apf_gunicorn.server.settings import SettingsError, load_settings
 from tests.apps.loadgen import Client
 from tests.conftest import APPS

@@ -17,8 +17,9 @@ from apf_gunicorn.flowcontrol.limits import compute_limits
 from apf_gunicorn.flowcontrol.loader import builtin_path
 from apf_gunicorn.ledger import Capacity, Ledger
 from apf_gunicorn.ledger.lock import NullLock
-from apf_gunicorn.server import hooks, master, state
-from apf_gunicorn.server.autolimit import ServerAutoLimit
+from apf_gunicorn.master import hooks, master
+from apf_gunicorn.master.autolimit import ServerAutoLimit
+from apf_gunicorn.server import state
 from apf_gunicorn.server.generation import configure_ledger, load_generation
 from apf_gunicorn.server.resolver import build_resolver
 from apf_gunicorn.server.settings import load_settings

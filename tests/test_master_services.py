@@ -1,4 +1,4 @@
-"""The master services thread's loop (server/master.py) in virtual time: it sleeps between its
+"""The master services thread's loop (master/master.py) in virtual time: it sleeps between its
 tasks and runs each on its own cadence, whether or not the adaptive limit is on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from apf_gunicorn.server.master import Cadence, MasterServices
+from apf_gunicorn.master.master import Cadence, MasterServices
 
 
 class VirtualStop:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingState, BorrowingStates
-from apf_gunicorn.server.metrics import (
+from apf_gunicorn.master.metrics import (
     LedgerCollector,
     MasterView,
     RequestStatsCollector,
@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(r'''
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = sys.argv[1]
     from prometheus_client import Counter, Histogram, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
-    from apf_gunicorn.server import metrics as m
+    from apf_gunicorn.master import metrics as m
 
     def work(n):
         c = Counter("app_orders", "orders", ["kind"])
@@ -90,7 +90,7 @@ def test_application_multiprocess_files_are_served_and_dead_workers_merged(tmp_p
 
 
 def test_without_multiprocess_dir_nothing_of_it_is_registered(monkeypatch, tmp_path) -> None:
-    from apf_gunicorn.server import metrics
+    from apf_gunicorn.master import metrics
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     reg = build_registry("apf", lambda: MasterView())

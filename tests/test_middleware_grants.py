@@ -12,12 +12,12 @@ from types import SimpleNamespace as NS
 
 from werkzeug.test import EnvironBuilder
 
+from apf_gunicorn.admission.channel import GrantInbox, GrantSender
+from apf_gunicorn.admission.dispatcher import Dispatcher, Parking
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
 from apf_gunicorn.ledger.records import EXECUTE, AdmitResult
-from apf_gunicorn.server.channel import GrantInbox, GrantSender
-from apf_gunicorn.server.dispatcher import Dispatcher, Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 
 LEVEL = NS(name="lvl", uid="uid-pl", is_exempt=False)
 SCHEMA = NS(name="fs", uid="uid-fs")
@@ -183,7 +183,7 @@ def test_a_response_finalizer_never_takes_the_ledger_lock():
 def test_a_grant_that_cannot_be_sent_is_no_500_and_no_leak(caplog):
     """An admission that dispatched another worker's request, whose datagram failed with EPERM:
     the error escaped as a 500 and the admitted request never finished (its seat leaked)."""
-    from apf_gunicorn.server.worker_setup import _deliverer
+    from apf_gunicorn.admission.boot import _deliverer
 
     class Refusing:
         def sendto(self, data, addr):
@@ -238,8 +238,8 @@ def test_an_http2_stream_waits_from_its_own_arrival_not_its_connections(monkeypa
     once."""
     from gunicorn.workers.gthread import ThreadWorker
 
-    from apf_gunicorn.server import middleware
-    from apf_gunicorn.server.worker import ApfThreadWorker
+    from apf_gunicorn.gthread import wsgi as middleware
+    from apf_gunicorn.gthread.worker import ApfThreadWorker
 
     arrivals = []
 

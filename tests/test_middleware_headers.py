@@ -11,10 +11,10 @@ from gunicorn.http.errors import InvalidResponseHeader
 from gunicorn.http.wsgi import Response
 from werkzeug.test import EnvironBuilder
 
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 
 T0 = 1_000_000_000_000
 PF = [("X-Kubernetes-PF-FlowSchema-UID", "uid-fs"), ("X-Kubernetes-PF-PriorityLevel-UID", "uid-pl")]

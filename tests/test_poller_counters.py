@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates
-from apf_gunicorn.server.metrics import LedgerCollector, MasterView
+from apf_gunicorn.master.metrics import LedgerCollector, MasterView
 from apf_gunicorn.server.settings import (
     DEFAULT_HEAD_BUFFER_LIMIT,
     DEFAULT_HEAD_CONNECTIONS,

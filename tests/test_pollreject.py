@@ -1,11 +1,11 @@
-"""The poller's side of a 429 without a thread (``server/pollreject.py``), pure: which heads it
+"""The poller's side of a 429 without a thread (``gthread/pollreject.py``), pure: which heads it
 reads and what it reads of them, and which flows have their 429s held."""
 
 from __future__ import annotations
 
 import pytest
 
-from apf_gunicorn.server.pollreject import HOLD_CAP_S, HeadReader, Strikes
+from apf_gunicorn.gthread.pollreject import HOLD_CAP_S, HeadReader, Strikes
 
 PEER = ("192.0.2.7", 5000)
 read = HeadReader(("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR",

@@ -1,5 +1,5 @@
 """The poller reads a head only when gunicorn would hand it to the app, and reads it as gunicorn
-does (``server/pollreject.py`` ``HeadReader`` against gunicorn's own ``RequestParser`` and
+does (``gthread/pollreject.py`` ``HeadReader`` against gunicorn's own ``RequestParser`` and
 ``wsgi.create``), over a corpus of heads gunicorn accepts and rejects.
 
 A head gunicorn answers 400 (or 417, 501) or closes must never get the poller's 429 with the
@@ -14,7 +14,7 @@ from gunicorn.config import Config
 from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 
-from apf_gunicorn.server.pollreject import HeadReader
+from apf_gunicorn.gthread.pollreject import HeadReader
 
 PEER = ("192.0.2.7", 5000)
 PROXY = ("127.0.0.1", 5000)

@@ -1,4 +1,4 @@
-"""Service time per route for APF_CONCURRENCY_LIMIT=auto (server/routekinds.py): the workers
+"""Service time per route for APF_CONCURRENCY_LIMIT=auto (admission/routekinds.py): the workers
 count each finished request under its route (the path, digit-bearing segments as *) in their
 own row of a shared table; the master sums the rows. Through the real middleware, with an
 injected clock."""
@@ -9,11 +9,11 @@ from types import SimpleNamespace as NS
 
 from werkzeug.test import EnvironBuilder
 
+from apf_gunicorn.admission.dispatcher import Parking
+from apf_gunicorn.admission.routekinds import SLOTS, RouteTimes, route_shape
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-from apf_gunicorn.server.routekinds import SLOTS, RouteTimes, route_shape
 
 T0 = 1_000_000_000_000
 

@@ -102,7 +102,7 @@ def test_auto_limit_starts_reports_and_follows_a_pool(server_factory) -> None:
             assert all(2 <= a <= 16 and 2 <= b <= 16 for a, b, _ in moves()), moves()
             assert all(2 <= x <= 16 for x in limits), limits
             text = metrics(admin)
-            # the kinds are routes (server/routekinds.py): the path's shape, digits as *
+            # the kinds are routes (admission/routekinds.py): the path's shape, digits as *
             assert re.search(r'^apf_adaptive_baseline_seconds\{flow_schema="work",'
                              r'priority_level="work",route="/work/pool"\} ', text, re.M), text
             stop.set()

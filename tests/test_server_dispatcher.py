@@ -7,8 +7,8 @@ import socket
 import threading
 import time
 
-from apf_gunicorn.server.channel import GrantInbox, GrantSender
-from apf_gunicorn.server.dispatcher import (
+from apf_gunicorn.admission.channel import GrantInbox, GrantSender
+from apf_gunicorn.admission.dispatcher import (
     CANCELLED,
     GRANTED,
     STOPPING,

@@ -8,11 +8,11 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.flowcontrol import retryafter
 from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec  # noqa: E402
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 
 T0 = 1_000_000_000_000
 LEVEL = NS(name="rej", uid="uid-pl", is_exempt=False)

@@ -1,5 +1,5 @@
 """429s answered by the worker's poller without a thread, and held for a flow that ignores its
-Retry-After (``server/pollreject.py``), on real servers over real sockets.
+Retry-After (``gthread/pollreject.py``), on real servers over real sockets.
 
 A configuration the poller cannot classify (``APF_REQUEST_INFO``) answers every 429 from the
 middleware on a thread: the reference the poller's answers are compared with. gunicorn's

@@ -1,7 +1,7 @@
 """Recovery that no user hook can switch off (issue 18, item 6).
 
 A config following prometheus_client's multiprocess recipe replaces apf_gunicorn's
-``child_exit``; the master must still reclaim a dead worker's seats (``server/reclaim.py``),
+``child_exit``; the master must still reclaim a dead worker's seats (``master/reclaim.py``),
 log the replaced hook at start, and leave the application's non-live gauge files alone, as
 prometheus_client's own ``mark_process_dead`` does. Unit tests drive the hooks and the master's
 check with stand-ins for gunicorn's Arbiter and Worker; the others run a real gunicorn.
@@ -20,8 +20,8 @@ import urllib.request
 import pytest
 
 from apf_gunicorn.ledger import LevelSpec
-from apf_gunicorn.server import hookcheck, hooks, reclaim
-from apf_gunicorn.server.master import MasterServices
+from apf_gunicorn.master import hookcheck, hooks, reclaim
+from apf_gunicorn.master.master import MasterServices
 from tests.conftest import free_port
 from tests.test_server_review import master  # noqa: F401 - the fixture
 
@@ -187,7 +187,7 @@ def test_replaced_hooks_are_logged_with_what_is_lost(caplog):
 # -- unit: a dead worker's gauge files --------------------------------------------------------
 
 def test_a_dead_workers_sum_gauge_keeps_its_value_and_live_gauges_go(tmp_path, monkeypatch):
-    from apf_gunicorn.server import metrics
+    from apf_gunicorn.master import metrics
 
     for name in ("gauge_sum_4242.db", "gauge_all_4242.db", "gauge_livesum_4242.db",
                  "gauge_liveall_4242.db", "gauge_sum_4343.db"):

@@ -20,8 +20,9 @@ import pytest
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.server import hooks, state
-from apf_gunicorn.server.master import MasterServices
+from apf_gunicorn.master import hooks
+from apf_gunicorn.master.master import MasterServices
+from apf_gunicorn.server import state
 from tests.conftest import children
 
 
@@ -198,7 +199,7 @@ def test_grant_socket_names_of_two_servers_never_collide():
     """Two servers on one host, instances ``a`` (master pid 1234) and ``a1`` (master pid 234),
     got the same token ``a1234``: the second server's workers failed to bind their grant
     sockets (the server halts) or, bound first, received the other server's grants."""
-    from apf_gunicorn.server.channel import address, grant_token
+    from apf_gunicorn.admission.channel import address, grant_token
 
     pairs = [("a", 1234), ("a1", 234), ("", 11234), ("1", 1234), ("g", 1234), ("a_1", 234),
              ("a", 1234_0), ("a-1", 234)]
@@ -211,8 +212,8 @@ def test_dispatcher_survives_a_failing_delivery():
     left behind fails) ended the thread for good: no more cross-worker grants, no backstop
     scan, no lingering-seat releases, so every later parked request waited out its limit and
     the lingering seats were never returned."""
-    from apf_gunicorn.server.channel import GrantInbox, GrantSender
-    from apf_gunicorn.server.dispatcher import GRANTED, Dispatcher, Parking
+    from apf_gunicorn.admission.channel import GrantInbox, GrantSender
+    from apf_gunicorn.admission.dispatcher import GRANTED, Dispatcher, Parking
 
     class Ledger:
         pending_grants = [(3, 1, 1)]
@@ -391,7 +392,7 @@ def test_a_worker_that_never_boots_stops_counting_as_having_room(master, monkeyp
     """A booting worker counts as having room (so the others do not turn requests away for
     threads it is about to bring); one stuck before registering stops counting after
     BOOT_ROOM_S, so the others accept on their exempt reserve again."""
-    from apf_gunicorn.server import master as master_mod
+    from apf_gunicorn.master import master as master_mod
 
     server = _server()
     services = MasterServices(master, server.log)

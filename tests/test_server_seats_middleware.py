@@ -13,13 +13,13 @@ from flask import Flask, Response
 from flask.views import MethodView
 from werkzeug.test import EnvironBuilder
 
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.flask import ViewCosts, cost, view_cost
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
 from apf_gunicorn.flowcontrol.routes import parse_routes
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec  # noqa: E402
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
 
 T0 = 1_000_000_000_000
 LEVEL = NS(name="lvl", uid="uid-pl", is_exempt=False)

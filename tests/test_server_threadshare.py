@@ -1,6 +1,6 @@
 """Threads shared fairly on a real gunicorn: a flood parked on every non-exempt thread gives
 one up to a light user's request, instead of the light user being turned away before fair
-queuing sees it (server/threadshare.py)."""
+queuing sees it (gthread/threadshare.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The accept-gated gthread worker (server/worker.py) against stock gthread, no APF involved.
+"""The accept-gated gthread worker (gthread/worker.py) against stock gthread, no APF involved.
 
 gunicorn-ipc.md 1.4: with 2 workers x 1 thread, eight concurrent 1 s requests took 5 s on stock
 gthread (one worker accepted 5 and queued them in its executor). A worker that stops accepting
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-WORKER = "apf_gunicorn.server.worker.ApfThreadWorker"
+WORKER = "apf_gunicorn.gthread.worker.ApfThreadWorker"
 
 
 def _burst(srv, n=8, ms=500, counter="heavy"):

@@ -530,7 +530,7 @@ def test_past_the_knee_from_a_far_lower_point_it_steps_towards_calm() -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_an_app_that_only_sleeps_ends_where_the_limit_does_not_bind(policy: str) -> None:
     """Issue 26, decision 3: a cheap and a 200 ms route under one FlowSchema, no shared
-    resource; the kinds are routes (as on the server: server/routekinds.py). With auto:2-20
+    resource; the kinds are routes (as on the server: admission/routekinds.py). With auto:2-20
     more seats always pay: the limit ends at its bound and stays there (moves of less than a
     quarter a second once the flood has run 5 s). With plain auto the limit never binds."""
     doc = raw("mixed-sleep")

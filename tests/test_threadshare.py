@@ -1,4 +1,4 @@
-"""Threads shared fairly between flows (server/threadshare.py): the victim choice as a pure
+"""Threads shared fairly between flows (gthread/threadshare.py): the victim choice as a pure
 function, the table's races, and the middleware in process: a request that finds no
 non-exempt thread takes the thread of the heaviest flow's newest parked request, which answers
 429 ``thread-share`` and leaves the ledger clean."""
@@ -11,13 +11,13 @@ from types import SimpleNamespace as NS
 
 from werkzeug.test import EnvironBuilder
 
+from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
+from apf_gunicorn.gthread import wsgi as middleware
+from apf_gunicorn.gthread.threadshare import ThreadShare, choose_victim
+from apf_gunicorn.gthread.wsgi import APFMiddleware, WorkerContext
 from apf_gunicorn.ledger.ledger import Capacity, Ledger, LevelSpec
 from apf_gunicorn.ledger.records import EXECUTE
-from apf_gunicorn.server import middleware
-from apf_gunicorn.server.dispatcher import Parking
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-from apf_gunicorn.server.threadshare import ThreadShare, choose_victim
 
 A, B, C = (0, 1), (0, 2), (0, 3)
 

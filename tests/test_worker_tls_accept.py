@@ -1,4 +1,4 @@
-"""The accept-gated worker's TLS accept on the main thread (server/worker.py,
+"""The accept-gated worker's TLS accept on the main thread (gthread/worker.py,
 ``_apf_tls_accept``), without a server: a connection whose client reset it before the worker
 accepted it makes ``SSLContext.wrap_socket`` raise (``getpeername`` says ENOTCONN, then the
 wrap's probing ``recv`` ECONNRESET). gthread wraps in the request thread for that reason
@@ -17,7 +17,7 @@ import time
 
 from gunicorn.config import Config
 
-from apf_gunicorn.server.worker import ApfThreadWorker
+from apf_gunicorn.gthread.worker import ApfThreadWorker
 from tests.apps.tlsclient import make_cert
 
 

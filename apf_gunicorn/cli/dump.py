@@ -18,7 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from apf_gunicorn.server.admin import DEFAULT_BIND, DUMP_PREFIX, parse_bind
+from apf_gunicorn.master.admin import DEFAULT_BIND, DUMP_PREFIX, parse_bind
 
 WHAT = {"levels": "dump_priority_levels", "queues": "dump_queues", "requests": "dump_requests",
         "flows": "dump_flows"}

@@ -213,7 +213,7 @@ class RequestCounters:
 
     def count_rejection_delayed(self, level: int, fs_index: int, reason: str) -> None:
         """Count one 429 a worker's poller held before writing it (its flow came back before
-        its Retry-After again and again: ``server/pollreject.py``) in the stats entry of its
+        its Retry-After again and again: ``gthread/pollreject.py``) in the stats entry of its
         level and FlowSchema, by its rejection reason (the one its rejection was counted
         with), under the lock.
 

@@ -44,7 +44,7 @@ HEADER_WORDS = 32
 UNDO_PAIRS = 32
 # Server-wide counters, after the undo log, written under the lock and read lock-free:
 # C_HEAD_TIMEOUTS = connections the workers answered 408 for a request head that did not arrive
-# within APF_HEADER_TIMEOUT (server/worker.py); C_DROPPED_HEAD_CONNECTIONS, C_DROPPED_HEAD_BUFFER =
+# within APF_HEADER_TIMEOUT (gthread/worker.py); C_DROPPED_HEAD_CONNECTIONS, C_DROPPED_HEAD_BUFFER =
 # connections a worker's poller closed past APF_HEAD_CONNECTIONS (the oldest idle) and past
 # APF_HEAD_BUFFER_LIMIT (the largest incomplete head, 431). The rest are spare (429s held by
 # a poller are counted per level and FlowSchema in the stats entries: stats.E_DELAYED).
@@ -133,7 +133,7 @@ STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERI
 # -- worker record ----------------------------------------------------------------------------
 W_PID, W_STATE, W_HEARTBEAT, W_ROOM = range(4)
 WORKER_WORDS = 4
-# W_ROOM = 1 while the worker has a thread free for a non-exempt request (server/worker.py:
+# W_ROOM = 1 while the worker has a thread free for a non-exempt request (gthread/worker.py:
 #   a worker without one accepts only while no other worker has one); written and read
 #   lock-free, cleared when the worker is reaped
 WORKER_FREE, WORKER_ALIVE, WORKER_GONE = 0, 1, 2

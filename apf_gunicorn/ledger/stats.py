@@ -12,7 +12,7 @@ Entry layout (8-byte words, see ``E_*``): the owning level's serial (a level ind
 after a level is dropped; the serial is not), the level index, the FlowSchema index, the
 length of the level name captured at creation (the name itself lives in a parallel byte area),
 then the counters. ``delayed`` counts, per rejection reason, the 429s of the pair that a worker's
-poller held before writing them (``server/pollreject.py``; a subset of ``rejected``).
+poller held before writing them (``gthread/pollreject.py``; a subset of ``rejected``).
 ``dispatched`` is not counted on its own: every non-exempt dispatch observes
 the execute="true" wait histogram, which otherwise only time-outs and cancels observe, so
 dispatched = exempt dispatches (``E_DISPATCHED``) + that histogram's count − time-outs −
@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 # rejection reasons, in their word order inside an entry
 # (thread-reserve: turned away by a worker before admit, to keep its last threads for exempt
-# requests; server/worker.py. thread-share: a waiting request taken out of its queue so that a
-# request of a flow holding fewer parked threads gets its thread; server/threadshare.py)
+# requests; gthread/worker.py. thread-share: a waiting request taken out of its queue so that a
+# request of a flow holding fewer parked threads gets its thread; gthread/threadshare.py)
 REASONS = ("queue-full", "concurrency-limit", "time-out", "cancelled", "no-slot",
            "thread-reserve", "thread-share")
 (R_QUEUE_FULL, R_CONCURRENCY_LIMIT, R_TIME_OUT, R_CANCELLED, R_NO_SLOT,

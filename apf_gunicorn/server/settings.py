@@ -107,12 +107,12 @@ class Settings:
     # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
     service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
     learn_service: bool = True
-    # connection handling by the accept-gated worker (server/worker.py, server/head.py)
+    # connection handling by the accept-gated worker (gthread/worker.py, gthread/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
     # False: concurrency_limit is default_concurrency_limit(workers, threads), not set
     concurrency_limit_set: bool = False
-    # APF_CONCURRENCY_LIMIT=auto[:MIN-MAX]: the bounds of the adaptive limit (server/autolimit.py;
+    # APF_CONCURRENCY_LIMIT=auto[:MIN-MAX]: the bounds of the adaptive limit (master/autolimit.py;
     # concurrency_limit is then where it starts, and the master moves it); None: a fixed limit
     concurrency_auto: tuple[int, int] | None = None
     # APF_ADAPTIVE_TICK: seconds between the adaptive controller's ticks (1 s; shorter for tests)

@@ -45,14 +45,18 @@ class MasterState:
     sender: Any = None  # channel.GrantSender
     workers: dict[int, int] = field(default_factory=dict)  # worker index -> pid (0: booting)
     booting: dict[int, float] = field(default_factory=dict)  # worker index -> forked (monotonic)
-    # worker index -> gunicorn's Worker (pre_fork): server/reclaim.py finds dead ones by it
+    # worker index -> gunicorn's Worker (pre_fork): master/reclaim.py finds dead ones by it
     forked: dict[int, Any] = field(default_factory=dict)
     services: Any = None  # master.MasterServices
     reload_errors: int = 0
     borrowing_states: Any = None
     master_pid: int = 0
-    auto_limit: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
-    route_times: Any = None  # server.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
+    auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
+    route_times: Any = None  # admission.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
+    # threads per worker the default limit was computed with, and whether a request holds one
+    # (gthread) or not (an event-loop worker: see admission/boot.py FrontEnd.apf_holds_threads)
+    threads: int = 0
+    holds_threads: bool = True
 
 
 @dataclass

@@ -10,9 +10,10 @@ knows which process to send requests to.
 import os
 import signal
 
+from apf_gunicorn.admission import boot
 from apf_gunicorn.conf import *  # noqa: F403 - the whole product config
 from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.server import hooks, worker_setup
+from apf_gunicorn.master import hooks
 
 DIE_AFTER = int(os.environ.get("APF_TEST_DIE_IN_LOCK", "0"))
 
@@ -33,6 +34,6 @@ class DyingLock(ProcessLock):
 def post_fork(server, worker):
     hooks.post_fork(server, worker)
     if DIE_AFTER and worker.age == 1:  # the first worker only: its replacement lives
-        worker_setup.make_lock = DyingLock
+        boot.make_lock = DyingLock
         worker.log.info("apf test: worker %d dies in its %dth ledger critical section",
                         os.getpid(), DIE_AFTER)

@@ -13,7 +13,7 @@ import os
 from prometheus_client import multiprocess
 
 from apf_gunicorn.conf import *  # noqa: F403 - the whole product config
-from apf_gunicorn.server import hooks
+from apf_gunicorn.master import hooks
 
 
 def post_worker_init(worker):

@@ -1,7 +1,7 @@
 """Sharing a worker's non-exempt threads fairly between flows.
 
 A parked request (waiting in a fair queue) holds its thread. When a request finds every
-non-exempt thread of its worker held (the thread reserve, server/worker.py), turning *it* away
+non-exempt thread of its worker held (the thread reserve, gthread/worker.py), turning *it* away
 would let a flood that parked on every thread shut every other flow out before fair queuing
 sees them. Instead the **newest waiting request of the flow that holds the most parked
 threads** gives up its thread: it is taken out of the ledger (``Ledger.cancel`` with reason
@@ -24,7 +24,7 @@ limit, its client leaving, the worker stopping), learns the verdict only once it
 * ``cancel`` found it dispatched (granted concurrently): it runs as if nothing happened, and
   the arrival tries the flow's next victim (or another flow's), or is turned away.
 
-Usage (server/middleware.py)::
+Usage (gthread/wsgi.py)::
 
     share = ThreadShare()
     entry = share.park((level, flow_hash), slot, gen, waiter)    # the request parks

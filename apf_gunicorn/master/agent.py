@@ -3,7 +3,7 @@
 HAProxy's ``agent-check`` connects to ``agent-port``, reads one line and closes. Each
 connection here gets one line, then is closed:
 
-* ``up ready 73%`` -- the weight of :func:`~apf_gunicorn.server.loadreport.weight_percent`
+* ``up ready 73%`` -- the weight of :func:`~apf_gunicorn.admission.loadreport.weight_percent`
   (100% idle, down to 1% when full or queuing), relative to the server's ``weight`` in
   haproxy.cfg; ``ready`` ends a previous ``drain``, ``up`` a previous ``down``;
 * ``drain`` -- during a graceful stop (the master got SIGTERM: it keeps serving for
@@ -37,8 +37,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from apf_gunicorn.admission.loadreport import summarize, weight_percent
 from apf_gunicorn.ledger.records import LedgerPort
-from apf_gunicorn.server.loadreport import summarize, weight_percent
 
 log = logging.getLogger("apf_gunicorn.agent")
 

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from apf_gunicorn.server.metrics import mark_process_dead
+from apf_gunicorn.master.metrics import mark_process_dead
 
 log = logging.getLogger("apf_gunicorn")
 

@@ -16,7 +16,7 @@ A user config that defines its own hook of the same name should call ours from i
 ``on_starting`` logs each of ours that was replaced and what that loses: ``hookcheck.py``)::
 
     from apf_gunicorn.conf import *
-    from apf_gunicorn.server import hooks
+    from apf_gunicorn.master import hooks
 
     def post_fork(server, worker):
         hooks.post_fork(server, worker)
@@ -32,12 +32,18 @@ import time
 
 from gunicorn.util import load_class
 
+from apf_gunicorn.admission import boot
+from apf_gunicorn.admission.boot import FrontEnd
+from apf_gunicorn.admission.channel import GrantSender, grant_token
+from apf_gunicorn.admission.routekinds import RouteTimes
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
-from apf_gunicorn.server import shm, startup, state, worker_setup
-from apf_gunicorn.server.channel import GrantSender, grant_token
+from apf_gunicorn.master.hookcheck import log_replaced_hooks
+from apf_gunicorn.master.master import SERVICE_LOCK, MasterServices
+from apf_gunicorn.master.reclaim import reclaim_worker
+from apf_gunicorn.server import shm, startup, state
 from apf_gunicorn.server.generation import (
     config_change_lines,
     config_error_lines,
@@ -47,18 +53,13 @@ from apf_gunicorn.server.generation import (
     seat_change_lines,
     thread_budget,
 )
-from apf_gunicorn.server.hookcheck import log_replaced_hooks
-from apf_gunicorn.server.master import SERVICE_LOCK, MasterServices
-from apf_gunicorn.server.reclaim import reclaim_worker
 from apf_gunicorn.server.resolver import (
     ResolverError,
     apply_path_parsing,
     build_resolver,
     path_parsing_note,
 )
-from apf_gunicorn.server.routekinds import RouteTimes
 from apf_gunicorn.server.settings import SettingsError, load_settings
-from apf_gunicorn.server.worker import ApfThreadWorker
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -70,7 +71,8 @@ def _fail(server, lines: list[str]) -> None:
 
 
 def check_worker_class(worker_class, cfg=None) -> str | None:
-    """An error message if ``worker_class`` is not our ``ApfThreadWorker`` (or a subclass).
+    """An error message if ``worker_class`` is not one of our workers (a ``FrontEnd``:
+    ``ApfThreadWorker``, the ASGI workers, or a subclass).
 
     Args:
         worker_class: the class gunicorn runs (``server.worker_class``: after its own switch
@@ -79,7 +81,7 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
     Returns:
         None, or the message to refuse the server with.
     """
-    if isinstance(worker_class, type) and issubclass(worker_class, ApfThreadWorker):
+    if isinstance(worker_class, type) and issubclass(worker_class, FrontEnd):
         return None
     name = getattr(worker_class, "__name__", str(worker_class))
     asked = cfg.settings["worker_class"].get() if cfg is not None else worker_class
@@ -88,15 +90,34 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
             name = getattr(load_class(asked), "__name__", asked)
         except Exception:
             name = asked
-    return (f"worker class {name!r} is not supported: apf_gunicorn needs its threaded "
-            "worker, a gthread (worker_class = 'apf_gunicorn.server.worker.ApfThreadWorker', "
-            "as apf_gunicorn.conf sets; gunicorn's stock gthread, which it also runs for sync "
-            "with --threads > 1, lacks its protections); "
-            "requests park a thread while they wait in a queue")
+    return (f"worker class {name!r} is not supported: apf_gunicorn needs one of its workers: "
+            "for WSGI apps its gthread (worker_class = "
+            "'apf_gunicorn.gthread.worker.ApfThreadWorker', as apf_gunicorn.conf sets; "
+            "gunicorn's stock gthread, which it also runs for sync with --threads > 1, lacks "
+            "its protections), for ASGI apps -k apf_gunicorn.asgi.UvicornWorker or "
+            "-k apf_gunicorn.asgi.ASGIWorker")
 
 
 
 
+
+
+def _holds_threads(server) -> bool:
+    return getattr(server.worker_class, "apf_holds_threads", True)
+
+
+def _threads(server) -> int:
+    """Threads per worker for the default limit: gunicorn's ``threads`` when a request holds
+    one (gthread), else what an event-loop worker counts as (``boot.LOOP_THREADS``)."""
+    return server.cfg.threads if _holds_threads(server) else boot.LOOP_THREADS
+
+
+def _thread_budget(server, gen, settings) -> str | None:
+    """The thread-budget warning (gthread only: an event loop's waiting requests hold no
+    thread)."""
+    if not _holds_threads(server):
+        return None
+    return thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
 
 
 # -- master hooks -----------------------------------------------------------------------------
@@ -108,7 +129,7 @@ def on_starting(server) -> None:
     if problem:
         _fail(server, [problem])
     try:
-        settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
+        settings = load_settings(workers=server.cfg.workers, threads=_threads(server))
     except SettingsError as e:
         _fail(server, [str(e)])
     startup.warn_unknown_variables(server.log)
@@ -124,7 +145,7 @@ def on_starting(server) -> None:
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
-    warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
+    warning = _thread_budget(server, gen, settings)
     if warning:
         server.log.warning("apf: %s", warning)
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
@@ -150,6 +171,7 @@ def on_starting(server) -> None:
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid,
+        threads=_threads(server), holds_threads=_holds_threads(server),
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
                      if getattr(settings, "concurrency_auto", None) is not None else None))
@@ -192,7 +214,7 @@ def pre_fork(server, worker) -> None:
     m.forked[index] = worker  # reclaim.py: how the master tells that this worker is gone
     worker.apf_index = index
     # A booting worker counts as having room, so the running ones do not answer 429 for
-    # threads it is about to bring (server/worker.py: the accept gate); reaped if it fails.
+    # threads it is about to bring (gthread/worker.py: the accept gate); reaped if it fails.
     m.ledger.set_worker_room(index, True)
     m.booting[index] = time.monotonic()
 
@@ -238,7 +260,7 @@ def on_reload(server) -> None:
                     path_parsing_note(settings, gen.configuration))
     for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
         server.log.info("apf:   %s", line)
-    warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
+    warning = _thread_budget(server, gen, settings)
     if warning:
         server.log.warning("apf: %s", warning)
 
@@ -264,7 +286,7 @@ def post_fork(server, worker) -> None:
         m.sender.close()
     if m.services is not None:
         m.services.close_in_child()
-    worker_setup.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
+    boot.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
                                           server.log)
 
 
@@ -282,7 +304,7 @@ def post_worker_init(worker) -> None:
                          "to size the table for the new number of workers.",
                          m.capacity.workers, os.getpid())
         return
-    state.WORKER = worker_setup.attach(worker, m)
+    state.WORKER = boot.attach(worker, m)
 
 
 def worker_exit(server, worker) -> None:

@@ -7,7 +7,7 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
 ``reference/gunicorn-ipc.md`` 1.4). This subclass changes three things:
 
 * **Heads are read in the poller.** A new connection, and a kept-alive one that becomes
-  readable, is read non-blocking by the main thread into a buffer until ``server/head.py``
+  readable, is read non-blocking by the main thread into a buffer until ``gthread/head.py``
   says gunicorn's parser can take it without waiting; the buffer then goes into the parser's
   unreader and the connection to a thread. A head must be complete within
   ``APF_HEADER_TIMEOUT`` (default 10 s) counted from accept, or from its first byte on a
@@ -36,7 +36,7 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   is done with it (``handle``, ``handle_http2_request``).
 
 While the worker is rejecting (it did in the last second, or its reserve is reached), a
-complete head is first offered to ``server/pollreject.py``: a request the middleware would
+complete head is first offered to ``gthread/pollreject.py``: a request the middleware would
 certainly reject is answered ``429`` here, without a thread, and the connection stays in the
 poller; a flow that keeps retrying before its Retry-After has its ``429`` held (a socket and a
 heap entry, at most ``APF_HELD_REJECTIONS``, not counted by the accept gate) until that is due,
@@ -49,7 +49,7 @@ counts the time spent in gthread's queue (``middleware.hidden.enqueued_ns``).
 Override points: ``apf_head_readable`` (a reading connection has bytes),
 ``apf_start_request`` (a complete head goes to a thread), ``apf_head_expired`` (deadline).
 
-Use ``worker_class = "apf_gunicorn.server.worker.ApfThreadWorker"`` (conf.py does).
+Use ``worker_class = "apf_gunicorn.gthread.worker.ApfThreadWorker"`` (conf.py does).
 """
 
 from __future__ import annotations
@@ -69,9 +69,13 @@ from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
+from apf_gunicorn.admission.boot import FrontEnd
+from apf_gunicorn.admission.dispatcher import Parking
+from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
+from apf_gunicorn.gthread.pollreject import PollerRejector
+from apf_gunicorn.gthread.threadshare import reserve_full
+from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state
-from apf_gunicorn.server.head import COMPLETE, MORE, HeadRules, HeadScan
-from apf_gunicorn.server.middleware import hidden
 from apf_gunicorn.server.settings import (
     DEFAULT_ACCEPT_GRACE_S,
     DEFAULT_HEAD_BUFFER_LIMIT,
@@ -79,7 +83,6 @@ from apf_gunicorn.server.settings import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_HELD_REJECTIONS,
 )
-from apf_gunicorn.server.threadshare import reserve_full
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 RESERVE_AFTER_S = 0.03
@@ -95,7 +98,7 @@ DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head
 log = logging.getLogger("apf_gunicorn.worker")
 
 
-class ApfThreadWorker(ThreadWorker):
+class ApfThreadWorker(FrontEnd, ThreadWorker):
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -113,7 +116,7 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_accept_grace = (settings.accept_grace_s if settings is not None
                                  else DEFAULT_ACCEPT_GRACE_S)
         # below this many busy threads a worker has room for a non-exempt request (the
-        # middleware's nonexempt_threads: worker_setup._thread_reserve)
+        # middleware's nonexempt_threads: boot._thread_reserve)
         self.apf_room_limit = self.cfg.threads - reserve
         self._apf_room = None  # last published room flag
         self._apf_load = 0  # connections wanting a thread, at the last apf_load()
@@ -162,6 +165,31 @@ class ApfThreadWorker(ThreadWorker):
         self.apf_hidden_wait_max_ns = 0
         self.apf_hidden_wait_sum_ns = 0
         self.apf_handled = 0
+
+    # -- the front end's override points (admission/boot.py: FrontEnd) ------------------------
+
+    def apf_parking(self) -> Parking:
+        return Parking()
+
+    def apf_context(self) -> dict:
+        # the thread reserve: the threads non-exempt requests hold, and how many they may
+        return {"inflight": self.apf_inflight, "nonexempt_threads": self.apf_room_limit}
+
+    def apf_app(self):
+        return self.wsgi
+
+    def apf_attach(self, ctx, ledger) -> APFMiddleware:
+        index = ctx.owner
+        self.apf_on_head_timeout = ledger.count_head_timeout
+        self.apf_on_drop = ledger.count_connection_dropped
+        self.apf_publish_room = partial(ledger.set_worker_room, index)
+        self.apf_others_have_room = partial(ledger.other_worker_has_room, index)
+        middleware = APFMiddleware(self.wsgi, ctx)
+        self.wsgi = middleware
+        rejector = PollerRejector(middleware, self.cfg)
+        self.apf_rejector = rejector if rejector.enabled else None
+        self.apf_on_delayed = ledger.count_rejection_delayed
+        return middleware
 
     def init_process(self):
         # The TLS context is made once per worker, here (stock gthread makes one per
@@ -558,7 +586,7 @@ class ApfThreadWorker(ThreadWorker):
         conn.data_ready = True
         self.enqueue_req(conn)
 
-    # -- answering 429 in the poller (server/pollreject.py) ---------------------------------
+    # -- answering 429 in the poller (gthread/pollreject.py) ---------------------------------
 
     def _apf_reserve_full(self) -> bool:
         """Every thread for non-exempt requests is taken (the thread reserve applies)."""

@@ -338,7 +338,7 @@ class LedgerCollector:
 
 def _server_limit_families(p: str, view: MasterView) -> list:
     """The server concurrency limit and, with ``APF_CONCURRENCY_LIMIT=auto``, what its
-    controller sees (server/autolimit.py)."""
+    controller sees (master/autolimit.py)."""
     from prometheus_client.core import GaugeMetricFamily as G
 
     out = []

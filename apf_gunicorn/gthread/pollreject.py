@@ -1,6 +1,6 @@
 """Answering 429 from the worker's poller, without a thread, and holding a storm's 429s.
 
-The accept-gated worker (``server/worker.py``) reads request heads in its poller. While this
+The accept-gated worker (``gthread/worker.py``) reads request heads in its poller. While this
 worker has lately rejected something (or its thread reserve is reached), it asks
 :class:`PollerRejector` about each complete head before handing it to a thread: the head is
 turned into the few environ keys the built-in resolver reads (:class:`HeadReader`), classified
@@ -54,7 +54,7 @@ from gunicorn.http.message import Request
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response
 
-from apf_gunicorn.server.middleware import REJECTED_STATUS, TOO_MANY, rejection_headers
+from apf_gunicorn.gthread.wsgi import REJECTED_STATUS, TOO_MANY, rejection_headers
 
 #: How long after this worker's last rejection the poller keeps asking about each head (each
 #: ask classifies the head and takes the ledger's lock for ``reject_if_full``): a calm worker
@@ -233,7 +233,7 @@ class RejectionBytes:
         access log reads of a response: ``status``, ``headers``, ``sent``; never change it).
 
         Args:
-            route: the request's FlowSchema route (``middleware._Route``); retry: seconds.
+            route: the request's FlowSchema route (``admission.core.Route``); retry: seconds.
             version: the request's HTTP version; method: its method (HEAD: no body).
             keep: the response keeps the connection alive (else ``Connection: close``).
         Returns:
@@ -298,7 +298,7 @@ class Answer(NamedTuple):
     data: bytes  # the response, ready to send
     keep: bool  # keep the connection alive after it
     hold: float  # seconds to hold it first (0: at once)
-    route: Any  # the request's FlowSchema route (``middleware._Route``: level, fs_index)
+    route: Any  # the request's FlowSchema route (``admission.core.Route``: level, fs_index)
     reason: str  # the reason its rejection was counted with (to count a held one)
     req: Any  # gunicorn's parsed ``Request`` (for the access log)
     resp: Any  # gunicorn's ``Response`` that wrote ``data`` (for the access log)

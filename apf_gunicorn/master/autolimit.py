@@ -5,7 +5,7 @@ Once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread calls
 what the simulator feeds it (``simulate/autolimit.py``), read from the ledger's per-request
 statistics (``ledger.request_stats()``, one short read under the ledger lock):
 
-* per kind of request, a route (``server/routekinds.py``: the path's shape within its level
+* per kind of request, a route (``admission/routekinds.py``: the path's shape within its level
   and FlowSchema, counted by the workers): how many finished and their summed service time
   (dispatch to the end of the response, queue wait excluded). Without that table (tests), a
   ``(priority level, FlowSchema)`` pair of a non-exempt level: the deltas of its

@@ -1,7 +1,7 @@
 """Master services: the thread that runs borrowing every 10 s (``APF_BORROWING_PERIOD``),
 with ``APF_CONCURRENCY_LIMIT=auto`` the adaptive limit's controller every second
-(``APF_ADAPTIVE_TICK``, ``server/autolimit.py``), reclaims every second the seats of
-workers that died unseen by our ``child_exit`` (``server/reclaim.py``), and hosts the
+(``APF_ADAPTIVE_TICK``, ``master/autolimit.py``), reclaims every second the seats of
+workers that died unseen by our ``child_exit`` (``master/reclaim.py``), and hosts the
 admin endpoint and the HAProxy agent-check endpoint (``APF_AGENT_BIND``).
 
 Started from ``when_ready`` (after the listeners are bound, before the first fork), it lives
@@ -26,10 +26,10 @@ import threading
 import time
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
-from apf_gunicorn.server.admin import AdminServer
-from apf_gunicorn.server.autolimit import ServerAutoLimit, large_move
-from apf_gunicorn.server.metrics import view_of_master_state
-from apf_gunicorn.server.reclaim import find_gone, reclaim_worker
+from apf_gunicorn.master.admin import AdminServer
+from apf_gunicorn.master.autolimit import ServerAutoLimit, large_move
+from apf_gunicorn.master.metrics import view_of_master_state
+from apf_gunicorn.master.reclaim import find_gone, reclaim_worker
 
 log = logging.getLogger("apf_gunicorn.master")
 
@@ -166,7 +166,7 @@ class MasterServices(threading.Thread):
 
     def reclaim_gone(self) -> None:
         """Reclaim the seats of workers gunicorn has reaped but our ``child_exit`` did not see
-        (a config's own ``child_exit`` replaced it): server/reclaim.py. Each one is logged."""
+        (a config's own ``child_exit`` replaced it): master/reclaim.py. Each one is logged."""
         if self.arbiter is None:
             return
         try:
@@ -269,7 +269,7 @@ class MasterServices(threading.Thread):
         self.agent_retry = False
         if bind is None or self.agent is not None:
             return
-        from apf_gunicorn.server.agent import AgentServer, AgentState, install_drain_on_term
+        from apf_gunicorn.master.agent import AgentServer, AgentState, install_drain_on_term
 
         if self.agent_state is None:
             self.agent_state = AgentState(self.state, arbiter)

@@ -2,7 +2,7 @@
 
 Two exports read the same lock-free summary of the ledger (:meth:`Ledger.load`):
 
-* the HAProxy agent-check weight (:func:`weight_percent`, served by ``server/agent.py``);
+* the HAProxy agent-check weight (:func:`weight_percent`, served by ``master/agent.py``);
 * ORCA load reports on responses (:class:`OrcaReport`, ``APF_LOAD_REPORT=orca``): the
   ``endpoint-load-metrics`` header in Envoy's TEXT encoding, plus ``x-envoy-ratelimited`` on
   429s so Envoy does not retry a rejected request on the same host.

@@ -5,7 +5,7 @@
     admin.close_in_child() # post_fork: the worker must not hold the listening socket
     admin.stop()           # on_exit
 
-``state_provider()`` returns a :class:`~apf_gunicorn.server.metrics.MasterView` (ledger,
+``state_provider()`` returns a :class:`~apf_gunicorn.master.metrics.MasterView` (ledger,
 level limits, borrowing states, number of registered workers); a ``server.state.MasterState``
 may be passed instead and is read through ``view_of_master_state`` (its settings also give the
 metrics prefix). Paths:
@@ -55,8 +55,8 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from apf_gunicorn.master.metrics import view_of_master_state
 from apf_gunicorn.server import dumps
-from apf_gunicorn.server.metrics import view_of_master_state
 
 log = logging.getLogger("apf_gunicorn.admin")
 
@@ -409,7 +409,7 @@ class AdminServer:
 
     def registry(self) -> Any:
         if self._registry is None:
-            from apf_gunicorn.server.metrics import build_registry
+            from apf_gunicorn.master.metrics import build_registry
 
             self._registry = build_registry(self.prefix, self.state_provider,
                                             self._metrics_source)

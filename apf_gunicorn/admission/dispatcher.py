@@ -17,7 +17,7 @@ an outcome) and waits in :meth:`Parking.wait`. These wake it:
 * the worker stopping (``worker.alive`` false, or :meth:`Parking.stop_all` from
   ``worker_exit``): outcome ``STOPPING``, answered 503;
 * another request of its worker taking its thread (:meth:`Parking.evict`, outcome ``EVICTED``;
-  ``server/threadshare.py``: the ledger has already removed it);
+  ``gthread/threadshare.py``: the ledger has already removed it);
 * or its own wait limit running out.
 
 The dispatcher also releases lingering seats (Kubernetes' additional latency) when their time
@@ -48,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from apf_gunicorn.ledger.lock import LockBusy
 from apf_gunicorn.ledger.records import LedgerPort
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
@@ -173,7 +174,7 @@ class Parking:
 
     def evict(self, w: Waiter) -> None:
         """Wake ``w``'s thread with EVICTED: another request of this worker took its thread,
-        and the ledger no longer holds it (``server/threadshare.py``)."""
+        and the ledger no longer holds it (``gthread/threadshare.py``)."""
         with self._lock:
             self._wake(w, EVICTED)
 
@@ -236,10 +237,13 @@ def finish_request(finish: Callable[[int, int, int], tuple[list, int]],
         finish: ``Ledger.finish``; deliver: wakes the requests it dispatched; add_linger:
             schedules the release of its lingering seats (``Dispatcher.add_linger``).
         slot, gen: the request; now: monotonic ns.
-    Never raises: a failed finish is logged (the seats stay taken until the worker's reap).
+    Never raises but ``LockBusy`` (only on an event loop's thread, with nothing done): a failed
+    finish is logged (the seats stay taken until the worker's reap).
     """
     try:
         granted, linger_until = finish(slot, gen, now)
+    except LockBusy:
+        raise  # nothing done: an event loop's caller hands it to the dispatcher thread
     except Exception:
         log.exception("apf: finish failed for slot %d", slot)
         return

@@ -5,11 +5,13 @@
 
 ``attach`` maps the master's ledger with this process's lock, registers the worker, binds its
 grant socket (accepting datagrams only from the master and the workers in the ledger's worker
-table: ``channel.PeerCheck``), starts its dispatcher thread, connects the accept-gated worker to the ledger
-(room flags, head timeouts) and wraps ``worker.wsgi`` in the middleware.
+table: ``channel.PeerCheck``), builds the worker's :class:`~.core.WorkerContext`, hands it to
+the worker's front end (:class:`FrontEnd`: it wraps its app in its middleware) and starts the
+dispatcher thread.
 
-Override point: :data:`make_lock` builds the worker's ledger lock (tests replace it with one
-that dies inside its Nth critical section: ``tests/apps/dying_conf.py``).
+Override points: :data:`make_lock` builds the worker's ledger lock (tests replace it with one
+that dies inside its Nth critical section: ``tests/apps/dying_conf.py``); a worker class is a
+front end by subclassing :class:`FrontEnd` (``gthread/worker.py``, ``asgi/workers.py``).
 """
 
 from __future__ import annotations
@@ -21,19 +23,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from apf_gunicorn.admission.channel import GrantInbox, GrantSender, PeerCheck
+from apf_gunicorn.admission.core import Admission, WorkerContext
+from apf_gunicorn.admission.dispatcher import Dispatcher
+from apf_gunicorn.admission.loadreport import OrcaReport
 from apf_gunicorn.flowcontrol.retryafter import RetryAfterTracker
 from apf_gunicorn.flowcontrol.workestimate import load_estimator_hook
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import startup, state
-from apf_gunicorn.server.channel import GrantInbox, GrantSender, PeerCheck
-from apf_gunicorn.server.dispatcher import Dispatcher, Parking
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
-from apf_gunicorn.server.loadreport import OrcaReport
-from apf_gunicorn.server.middleware import APFMiddleware, WorkerContext
-from apf_gunicorn.server.pollreject import PollerRejector
-from apf_gunicorn.server.worker import ApfThreadWorker
 
 if TYPE_CHECKING:
     from apf_gunicorn.server.settings import Settings
@@ -44,9 +44,48 @@ log = logging.getLogger("apf_gunicorn.worker")
 make_lock: Callable[[], ProcessLock] = ProcessLock
 
 
-def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
+#: what an event-loop worker counts as for the default limit (workers x LOOP_THREADS / 2: 32
+#: seats a worker, as gthread's 64 threads give)
+LOOP_THREADS = 64
+
+
+class FrontEnd:
+    """What a worker class provides so that :func:`attach` can run APF in it: a mixin of
+    small override points, each with the gthread worker's answer as the example."""
+
+    #: this worker's owner index in the ledger, given by ``pre_fork`` (None: no room)
+    apf_index: int | None = None
+    #: whether a request holds one of gunicorn's ``threads`` while it runs or waits (gthread):
+    #: then the default limit and the thread-budget warning follow ``threads``. An event
+    #: loop's worker (False) counts as :data:`LOOP_THREADS` instead.
+    apf_holds_threads: bool = True
+
+    def apf_parking(self) -> Any:
+        """Where queued requests wait: ``dispatcher.Parking()`` for threads,
+        ``asyncparking.AsyncParking()`` for an event loop."""
+        raise NotImplementedError
+
+    def apf_alive(self) -> bool:
+        """False once the worker is stopping (queued requests are then answered 503)."""
+        return self.alive
+
+    def apf_context(self) -> dict:
+        """Extra :class:`~.core.WorkerContext` fields (gthread: its thread reserve)."""
+        return {}
+
+    def apf_app(self) -> Any:
+        """The application the middleware will wrap (for the start-up notes)."""
+        raise NotImplementedError
+
+    def apf_attach(self, ctx: WorkerContext, ledger: Ledger) -> Admission:
+        """Wrap the worker's app in this front end's middleware built on ``ctx``, connect
+        whatever else of the worker needs the ledger, and return the middleware."""
+        raise NotImplementedError
+
+
+def attach(worker: FrontEnd, m: state.MasterState) -> state.WorkerState:
     """Bring APF up in ``worker`` (its ``apf_index`` given by ``pre_fork``) and return the
-    worker's state; ``worker.wsgi`` is wrapped in the middleware."""
+    worker's state; the worker's app is wrapped in its front end's middleware."""
     index = worker.apf_index
     gen = m.generation
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=make_lock())
@@ -55,34 +94,24 @@ def attach(worker: Any, m: state.MasterState) -> state.WorkerState:
     inbox = GrantInbox(m.token, index, trusted=peers)
     os.register_at_fork(after_in_child=_close_grant_socket_in_child)
     sender = GrantSender(m.token)
-    parking = Parking()
+    parking = worker.apf_parking()
     deliver = _deliverer(parking, sender, index)
-    dispatcher = Dispatcher(parking, inbox, ledger, owner=index, deliver=deliver,
-                            alive=lambda: worker.alive)
+    alive = worker.apf_alive
+    dispatcher = Dispatcher(parking, inbox, ledger, owner=index, deliver=deliver, alive=alive)
     ctx = WorkerContext(
         ledger=ledger, resolver=m.resolver, classifier=gen.classifier,
         level_index=gen.level_index, fs_index=gen.fs_index, owner=index, parking=parking,
         deliver=deliver, add_linger=dispatcher.add_linger,
-        queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=lambda: worker.alive,
+        queue_wait_limit_ns=m.settings.queue_wait_limit_ns, alive=alive,
         max_seats=level_max_seats(gen, m.settings), routes=route_table(m.resolver),
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
         encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
         finish_later=dispatcher.finish_later, route_times=getattr(m, "route_times", None),
-        **_thread_reserve(worker))
-    if isinstance(worker, ApfThreadWorker):
-        worker.apf_on_head_timeout = ledger.count_head_timeout
-        worker.apf_on_drop = ledger.count_connection_dropped
-        worker.apf_publish_room = functools.partial(ledger.set_worker_room, index)
-        worker.apf_others_have_room = functools.partial(ledger.other_worker_has_room, index)
+        **worker.apf_context())
     if index == 0:
-        startup.log_route_notes(worker.log, worker.wsgi, ctx.routes, ctx.max_seats, gen,
+        startup.log_route_notes(worker.log, worker.apf_app(), ctx.routes, ctx.max_seats, gen,
                                 m.settings.paths)
-    middleware = APFMiddleware(worker.wsgi, ctx)
-    worker.wsgi = middleware
-    if isinstance(worker, ApfThreadWorker):
-        rejector = PollerRejector(middleware, worker.cfg)
-        worker.apf_rejector = rejector if rejector.enabled else None
-        worker.apf_on_delayed = ledger.count_rejection_delayed
+    middleware = worker.apf_attach(ctx, ledger)
     dispatcher.start()
     return state.WorkerState(index=index, pid=os.getpid(), ledger=ledger, parking=parking,
                              dispatcher=dispatcher, inbox=inbox, sender=sender,
@@ -99,7 +128,7 @@ def _worker_pids(ledger: Ledger) -> Callable[[], list[int]]:
     return pids
 
 
-def _deliverer(parking: Parking, sender: GrantSender, me: int) -> Callable[[list], None]:
+def _deliverer(parking: Any, sender: GrantSender, me: int) -> Callable[[list], None]:
     """Hand grants to their owners: this worker's parked threads directly, the others' over
     their grant sockets. Never raises: it runs after a ledger call took or freed seats, and an
     exception there would leak them (a grant that is not delivered is found by its owner's
@@ -128,14 +157,6 @@ def _close_grant_socket_in_child() -> None:
     w = state.WORKER
     if w is not None and w.inbox is not None and os.getpid() != w.pid:
         w.inbox.close()
-
-
-def _thread_reserve(worker: Any) -> dict:
-    """The middleware's view of the worker's thread reserve (ApfThreadWorker only): its
-    ``apf_inflight`` and how many threads non-exempt requests may hold (``apf_room_limit``)."""
-    if not isinstance(worker, ApfThreadWorker):
-        return {}
-    return {"inflight": worker.apf_inflight, "nonexempt_threads": worker.apf_room_limit}
 
 
 def _work_estimator(settings: Settings):

@@ -65,7 +65,7 @@ def replaced_hooks(cfg: Any, ours: types.ModuleType) -> list[tuple[str, Any, boo
 
     Args:
         cfg: gunicorn's ``Config`` (``cfg.child_exit`` ... are the functions gunicorn calls).
-        ours: the module that defines our hook functions (:mod:`apf_gunicorn.server.hooks`,
+        ours: the module that defines our hook functions (:mod:`apf_gunicorn.master.hooks`,
             handed in by it, so this module need not import the one that calls it).
     Returns:
         ``[(name, the config's function, whether it seems to call ours)]``.
@@ -94,6 +94,6 @@ def log_replaced_hooks(cfg: Any, glog: Any, ours: types.ModuleType) -> None:
                       "it", name, where)
             continue
         glog.warning("apf: the config's %s hook (%s) replaces apf_gunicorn's and does not call "
-                     "it: %s. Call apf_gunicorn.server.hooks.%s from yours (from "
+                     "it: %s. Call apf_gunicorn.master.hooks.%s from yours (from "
                      "apf_gunicorn.server import hooks; hooks.%s(...)).",
                      name, where, LOST[name], name, name)

@@ -1,6 +1,6 @@
 """When a request head read so far is complete enough to hand to gunicorn's parser.
 
-The accept-gated worker (``server/worker.py``) reads each connection's request head in its
+The accept-gated worker (``gthread/worker.py``) reads each connection's request head in its
 poller, without a thread, and hands the connection to a thread only once gunicorn's HTTP/1.x
 parser can process what is buffered without waiting for the client. That is when the buffer
 holds the blank line that ends the head, or when it already breaks a rule the parser rejects

@@ -1,0 +1,241 @@
+"""The ASGI front end: API Priority and Fairness in front of any ASGI app, as pure ASGI middleware.
+
+The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subclasses its
+:class:`~apf_gunicorn.admission.core.Admission`); what is ASGI's here:
+
+* **Waiting costs no thread, and the loop never blocks.** A queued request awaits a future of
+  the worker's event loop (``admission/asyncparking.py``); the grant wakes it through the loop.
+  Ledger calls on the loop are the same microsecond critical sections as on a thread, but the
+  loop never waits for the ledger lock: when another process holds it past a short spin, the
+  call raises ``LockBusy`` having done nothing (``Ledger.never_wait_on``, set for the loop's
+  thread by the worker), and runs again on a small thread pool (admit, cancel: awaited) or the
+  dispatcher thread (finish). Admission happens before the app runs, so a FastAPI sync
+  endpoint never waits in AnyIO's thread pool behind ours.
+* **A client that leaves while queued frees its place at once.** ASGI tells an app of a
+  disconnect only through ``receive()``: while a request waits, a task reads ``receive()``
+  and keeps what it read (the request body, up to 64 KiB) to replay to the app; an
+  ``http.disconnect`` cancels the wait (``cancelled``). Past 64 KiB of body it stops reading
+  (a disconnect is then noticed by the app, or the wait limit ends the wait).
+* **Seats are held until the response has been sent**: the app's coroutine returns after its
+  last ``send``, so a streamed response holds them to its end. A watch or a request declared
+  long-running (``@cost(long_running=True)``, ``?watch=``) holds them only until its response
+  starts, as Kubernetes does; a WebSocket connection is classified at its handshake and holds
+  them only until it is accepted or refused. An exception in the app gives them back.
+* **Answers** are ASGI messages: 429 (with the level's server-wide Retry-After and the PF
+  UID headers), 503 while the worker stops; a refused WebSocket handshake gets the 429 through
+  the ``websocket.http.response`` extension when the server has it, else ``websocket.close``
+  with code 1013 (try again later), which servers answer 403.
+* ``lifespan`` (and any other scope type) passes through untouched.
+
+Usage (the ASGI workers' ``apf_attach`` does this)::
+
+    worker.asgi = ASGIMiddleware(worker.asgi, WorkerContext(..., parking=AsyncParking()))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from apf_gunicorn.admission.core import (
+    RUN,
+    STOPPED,
+    STOPPING_BODY,
+    TOO_MANY,
+    Admission,
+    Route,
+    WorkerContext,
+)
+from apf_gunicorn.admission.dispatcher import CANCELLED
+from apf_gunicorn.asgi.scope import ScopeEnviron
+from apf_gunicorn.ledger.lock import LockBusy
+from apf_gunicorn.ledger.records import EXECUTE, QUEUED
+
+log = logging.getLogger("apf_gunicorn.middleware")
+
+WATCH_BODY_LIMIT = 64 * 1024  # request body a queued request's watcher reads and keeps
+_DISCONNECTS = ("http.disconnect", "websocket.disconnect")
+# the messages after which a WebSocket connection's seats go back
+_WS_SETTLED = ("websocket.accept", "websocket.close", "websocket.http.response.start")
+
+
+def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+
+
+class ASGIMiddleware(Admission):
+    """APF in front of an ASGI app (:class:`Admission` decides; see the module docstring).
+
+    Args:
+        app: the ASGI application.
+        ctx: the worker's context; ``ctx.parking`` is an
+            :class:`~apf_gunicorn.admission.asyncparking.AsyncParking`.
+    """
+
+    def __init__(self, app: Any, ctx: WorkerContext):
+        super().__init__(app, ctx)
+        resolver = ctx.resolver
+        self._to_environ = ScopeEnviron(getattr(resolver, "environ_keys", None)
+                                        if self._cache is not None else None)
+        self._parking = ctx.parking
+        self._dispatched = ctx.ledger.dispatched
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        typ = scope["type"]
+        if typ != "http" and typ != "websocket":
+            return await self.app(scope, receive, send)
+        try:
+            environ = self._to_environ(scope)
+            (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
+             kind) = self.shape_of(environ)
+            if self._hook is not None:
+                dynamic = self.hook_estimate(environ, attrs, c, route)
+                if dynamic is not None:
+                    initial, final, al, early = dynamic
+            now = self._clock()
+            try:
+                outcome, slot, gen, _reason, granted = self._admit(
+                    level, flow_hash, initial, final, al, self._owner, now, fs_index, detail,
+                    early)
+            except LockBusy:  # another process holds the ledger lock: wait on a thread
+                outcome, slot, gen, _reason, granted = await _off_loop(
+                    self._admit, level, flow_hash, initial, final, al, self._owner, now,
+                    fs_index, detail, early)
+        except Exception:
+            log.exception("apf: admission failed; serving the request without APF")
+            self.stats["bypassed"] += 1
+            return await self.app(scope, receive, send)
+
+        if granted:
+            self._deliver(granted)
+        if outcome != EXECUTE:
+            if outcome != QUEUED:
+                return await self._answer(scope, send, route, 429)
+            verdict, receive = await self._wait(scope, receive, slot, gen, now)
+            if verdict != RUN:
+                return await self._answer(scope, send, route, 503 if verdict == STOPPED else 429)
+            if kind >= 0:
+                now = self._clock()  # dispatched: the route's service time starts here
+        self.stats["served"] += 1
+        extra = route.raw_headers
+        if self._orca is not None:  # APF_LOAD_REPORT=orca: the cached ORCA header
+            extra = [*extra, *_raw(self._orca.extend([], now))]
+        held = [slot, gen]  # emptied once the seats are given back
+        websocket = typ == "websocket"
+        settle = early or websocket
+
+        async def send_(message: dict) -> None:
+            mtype = message["type"]
+            if mtype == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+            if settle and held and (mtype == "http.response.start" or mtype in _WS_SETTLED):
+                held.clear()
+                self.finish(slot, gen)
+
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            if held:
+                held.clear()
+                if settle:
+                    self.finish(slot, gen)
+                else:
+                    self.finish_timed(slot, gen, kind, now)
+
+    async def _wait(self, scope: dict, receive: Any, slot: int, gen: int, arrival: int):
+        """Await the grant, watching ``receive()`` for the client leaving.
+
+        Returns:
+            ``(verdict, receive)``: :meth:`Admission.after_wait`'s verdict, and the receive
+            callable the app must use (replaying what the watcher read).
+        """
+        self.stats["queued"] += 1
+        deadline = self.wait_deadline(scope.get("query_string", b"").decode("latin-1"), arrival)
+        parking = self._parking
+        w = parking.park(slot, gen)
+        if not self.ctx.alive():
+            parking.stop(w)
+        read: list[dict] = []
+        watcher = asyncio.ensure_future(_watch(receive, read, parking, w))
+        try:
+            outcome = await parking.wait(w, deadline, self._clock, self._dispatched)
+        except asyncio.CancelledError:
+            # The request's task was cancelled (the server is closing the connection): it
+            # leaves the ledger, or gives back the seats a grant gave it meanwhile.
+            try:
+                self.after_wait(CANCELLED, slot, gen)
+            except LockBusy:
+                _pool().submit(self.after_wait, CANCELLED, slot, gen)
+            raise
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+        try:
+            verdict = self.after_wait(outcome, slot, gen)
+        except LockBusy:
+            verdict = await _off_loop(self.after_wait, outcome, slot, gen)
+        return verdict, _replay(read, receive) if read else receive
+
+    async def _answer(self, scope: dict, send: Any, route: Route, status: int) -> None:
+        """Answer 429 (counted, with Retry-After) or 503 (the worker is stopping)."""
+        if status == 429:
+            headers, body = self.reject_headers(route), TOO_MANY
+        else:
+            headers, body = self.stopping_headers(route), STOPPING_BODY
+        raw = _raw(headers)
+        if scope["type"] == "websocket":
+            if "websocket.http.response" in (scope.get("extensions") or {}):
+                await send({"type": "websocket.http.response.start", "status": status,
+                            "headers": raw})
+                await send({"type": "websocket.http.response.body", "body": body})
+            else:
+                await send({"type": "websocket.close", "code": 1013})
+            return
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body})
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The worker's threads for ledger calls the loop must not wait for (made on first use,
+    after the fork)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="apf-ledger")
+    return _POOL
+
+
+async def _off_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a thread of :func:`_pool`, awaited: a ledger call whose lock another
+    process holds (``LockBusy``: nothing was done), run again where waiting is harmless."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)
+
+
+async def _watch(receive: Any, read: list, parking: Any, w: Any) -> None:
+    """While ``w`` waits: read ``receive()`` into ``read``; a disconnect cancels the wait."""
+    size = 0
+    while True:
+        message = await receive()
+        read.append(message)
+        mtype = message.get("type")
+        if mtype in _DISCONNECTS:
+            parking.cancel(w)
+            return
+        size += len(message.get("body") or b"")
+        if size > WATCH_BODY_LIMIT:
+            return
+
+
+def _replay(read: list, receive: Any) -> Any:
+    """A ``receive`` that first returns what the watcher read, then asks the server."""
+    async def replay() -> dict:
+        if read:
+            return read.pop(0)
+        return await receive()
+
+    return replay

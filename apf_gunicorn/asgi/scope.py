@@ -1,0 +1,77 @@
+"""What the request resolver reads, from an ASGI scope: a small WSGI-style environ.
+
+Classification (``flowcontrol/requestinfo.py``) reads a request as WSGI keys: the method,
+``PATH_INFO``, ``QUERY_STRING``, ``REMOTE_ADDR`` and the ``HTTP_*`` headers its identity
+sources name. :class:`ScopeEnviron` builds exactly those from a scope, so an ASGI request is
+classified by the same resolver, cache and FlowSchemas as a WSGI one::
+
+    to_environ = ScopeEnviron(resolver.environ_keys)   # None: every header (a custom hook)
+    environ = to_environ(scope)
+
+Conversions follow PEP 3333 and the ASGI spec: header names are lower-case bytes in the scope
+and become ``HTTP_NAME_WITH_UNDERSCORES`` (``CONTENT_TYPE`` and ``CONTENT_LENGTH`` without the
+prefix); values and the query string are latin-1 (native strings); repeated headers are joined
+with ``,``; ``PATH_INFO`` is the scope's decoded ``path`` carried as latin-1 (WSGI's bytes-in-str
+convention). A WebSocket handshake is a ``GET``. ASGI has no ``REMOTE_USER``: the
+``remote-user`` identity source names nobody here. The environ also carries the scope itself
+(``asgi.scope``), for an ``APF_WORK_ESTIMATOR`` or ``APF_REQUEST_INFO`` hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+_UNPREFIXED = {"CONTENT_TYPE", "CONTENT_LENGTH"}
+
+
+def header_key(name: bytes) -> str:
+    """The WSGI environ key of an ASGI header name (``b"x-api-key"`` -> ``HTTP_X_API_KEY``)."""
+    key = name.decode("latin-1").upper().replace("-", "_")
+    return key if key in _UNPREFIXED else "HTTP_" + key
+
+
+def _native(text: str) -> str:
+    """A decoded str as a WSGI native string (its UTF-8 bytes as latin-1)."""
+    return text if text.isascii() else text.encode("utf-8").decode("latin-1")
+
+
+class ScopeEnviron:
+    """Builds the environ classification reads from an ASGI scope (see the module docstring).
+
+    Args:
+        keys: the environ keys the resolver reads (``RequestInfoResolver.environ_keys``); only
+            their headers are copied. None: every header (a custom resolver may read any).
+    """
+
+    def __init__(self, keys: Iterable[str] | None):
+        self._all = keys is None
+        # header name as the scope has it -> environ key
+        self._wanted: dict[bytes, str] = {}
+        for key in keys or ():
+            if key.startswith("HTTP_") or key in _UNPREFIXED:
+                name = key[5:] if key.startswith("HTTP_") else key
+                self._wanted[name.lower().replace("_", "-").encode("latin-1")] = key
+
+    def __call__(self, scope: dict[str, Any]) -> dict[str, Any]:
+        """The environ of ``scope`` (an ``http`` or ``websocket`` scope)."""
+        env = {"REQUEST_METHOD": scope.get("method", "GET"),
+               "PATH_INFO": _native(scope.get("path", "/")),
+               "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+               "SERVER_PROTOCOL": "HTTP/" + scope.get("http_version", "1.1"),
+               "asgi.scope": scope}
+        client = scope.get("client")
+        if client:
+            env["REMOTE_ADDR"] = client[0]
+        wanted = None if self._all else self._wanted
+        for name, value in scope.get("headers", ()):
+            if wanted is None:
+                key = header_key(name)
+            else:
+                key = wanted.get(name)
+                if key is None:
+                    continue
+            text = value.decode("latin-1")
+            seen = env.get(key)
+            env[key] = text if seen is None else seen + "," + text
+        return env
