@@ -2,7 +2,8 @@
 app's own route objects (path parameters, mounts, included routers, methods, HEAD, 405, slash
 redirects) and checked against what the app itself runs; the decorator on either side of
 FastAPI's; explain naming the endpoint; costs that cannot take effect reported; and the
-example app (examples/fastapi_app.py). No server: the app is called in process."""
+example app (examples/fastapi_app.py), in process and under a real gunicorn with each ASGI
+worker (the last test)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import gc
 import json
 import logging
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -40,7 +43,8 @@ from apf_gunicorn.appcosts import (  # noqa: E402
 from apf_gunicorn.cli import main  # noqa: E402
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate  # noqa: E402
 from apf_gunicorn.starlette import StarletteViewCosts, cost  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.apps.overload import scrape, total  # noqa: E402
+from tests.conftest import ROOT, free_port  # noqa: E402
 
 EXAMPLE_CONFIG = str(ROOT / "examples" / "mysite" / "apf.yaml")
 HERE = __name__
@@ -489,3 +493,37 @@ def test_endpoints_tagged_then_dropped_are_forgotten() -> None:
     make()
     gc.collect()
     assert not [e for e in apf_starlette._tagged if e.__name__ == "transient"]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("worker", ["apf_gunicorn.asgi.UvicornWorker",
+                                    "apf_gunicorn.asgi.ASGIWorker"])
+def test_example_app_admits_its_report_with_four_seats(server_factory, worker) -> None:
+    """The example under a real gunicorn with each ASGI worker, on examples/mysite/apf.yaml
+    (8 seats; /reports/* on a level annotated for 4): six concurrent reports are each admitted
+    with their 4 seats (the level's work_estimated_seats counts six of 4), the probe and the
+    hello with one, and the log has no warning (no cost clamped, none unreadable)."""
+    aport = free_port()
+    env = {"APF_CONCURRENCY_LIMIT": "8", "APF_ADMIN_BIND": f"127.0.0.1:{aport}",
+           "APF_QUEUE_WAIT_LIMIT": "60"}
+    with server_factory(workers=2, env=env, config=EXAMPLE_CONFIG,
+                        args=("-k", worker, "examples.fastapi_app:app")) as srv:
+        barrier = threading.Barrier(6)
+
+        def report(_):
+            barrier.wait()
+            return srv.request("/reports/2024", timeout=60)[:3:2]
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(report, range(6)))
+        assert answers == [(200, b"report 2024\n")] * 6, srv.log()
+        assert srv.request("/")[::2] == (200, b"hello\n")
+        samples = scrape(aport)
+        assert (total(samples, "apf_work_estimated_seats_count", priority_level="reports"),
+                total(samples, "apf_work_estimated_seats_sum", priority_level="reports")) \
+            == (6, 24), samples
+        assert (total(samples, "apf_work_estimated_seats_count", priority_level="web"),
+                total(samples, "apf_work_estimated_seats_sum", priority_level="web")) == (1, 1)
+        log = srv.log()
+    assert "clamped" not in log and "has no effect" not in log, log
+    assert "[WARNING]" not in log and "Traceback" not in log, log
