@@ -131,7 +131,8 @@ def test_only_django_apps_get_django_costs(app):
             self._inner = inner
 
     assert view_costs_for_app(Hiding(app)) is None
-    (hidden,) = unusable_costs(Hiding(app))
+    # (endpoints other tests tagged with apf_gunicorn.starlette.cost are hidden from it too)
+    (hidden,) = [m for m in unusable_costs(Hiding(app)) if m.startswith("Django")]
     assert hidden.startswith("Django views declare @cost, but the app (")
     assert hidden.endswith("Hiding) is not Django's WSGIHandler or ASGIHandler and keeps none in "
                            ".application or .app: the costs have no effect (keep the handler "
