@@ -20,7 +20,8 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   last ``send``, so a streamed response holds them to its end. A watch or a request declared
   long-running (``@cost(long_running=True)``, ``?watch=``) holds them only until its response
   starts, as Kubernetes does; a WebSocket connection is classified at its handshake and holds
-  them only until it is accepted or refused. An exception in the app gives them back.
+  one seat only until it is accepted or refused (not the cost of an HTTP route on its path).
+  An exception in the app gives them back.
 * **Answers** are ASGI messages: 429 (with the level's server-wide Retry-After and the PF
   UID headers), 503 while the worker stops; a refused WebSocket handshake gets the 429 through
   the ``websocket.http.response`` extension when the server has it, else ``websocket.close``
@@ -94,6 +95,8 @@ class ASGIMiddleware(Admission):
                 dynamic = self.hook_estimate(environ, attrs, c, route)
                 if dynamic is not None:
                     initial, final, al, early = dynamic
+            if typ == "websocket":  # one seat for the handshake, whatever the path's HTTP cost
+                initial, final, al = 1, 0, 0
             now = self._clock()
             try:
                 outcome, slot, gen, _reason, granted = self._admit(
