@@ -5,49 +5,26 @@ arbiter kills the worker as timed out). Real POSIX shared memory and the real Pr
 from __future__ import annotations
 
 import asyncio
-import mmap
-import os
 import threading
 import time
-import uuid
 from types import SimpleNamespace as NS
 
-import posix_ipc
 import pytest
 
 from apf_gunicorn.admission.asyncparking import AsyncParking
 from apf_gunicorn.admission.core import WorkerContext
 from apf_gunicorn.asgi.middleware import ASGIMiddleware
 from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
-from apf_gunicorn.ledger import Capacity, Ledger, LevelSpec, ProcessLock
+from apf_gunicorn.ledger import LevelSpec
 from apf_gunicorn.ledger.lock import LockBusy
 
 LEVEL = NS(name="lvl", uid="uid-pl", is_exempt=False)
 SCHEMA = NS(name="fs", uid="uid-fs")
-CAP = Capacity(levels=2, queues=16, slots=64, workers=4, flow_schemas=2, detail_bytes=8)
 
 
 class Classifier:
     def classify(self, attrs):
         return NS(flow_schema=SCHEMA, priority_level=LEVEL, distinguisher="", flow_hash=7)
-
-
-@pytest.fixture
-def shm_ledger():
-    name = f"/apf_test_asgilock_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    size = Ledger.size(CAP)
-    seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
-    mm = mmap.mmap(seg.fd, size)
-    seg.close_fd()
-    led = Ledger.create(mm, CAP, lock=ProcessLock())
-    try:
-        yield led
-    finally:
-        try:
-            led.close()
-            mm.close()
-        finally:
-            posix_ipc.unlink_shared_memory(name)
 
 
 def _middleware(app, led):
@@ -76,7 +53,7 @@ def _scope():
 
 
 def test_a_busy_ledger_lock_never_blocks_the_loop(shm_ledger) -> None:
-    led = shm_ledger
+    led, _ = shm_ledger
     mw, _ = _middleware(_hello, led)
     held, release = threading.Event(), threading.Event()
 
@@ -118,7 +95,7 @@ def test_a_busy_ledger_lock_never_blocks_the_loop(shm_ledger) -> None:
 
 
 def test_lock_busy_is_raised_only_on_the_marked_thread(shm_ledger) -> None:
-    led = shm_ledger
+    led, _ = shm_ledger
     levels, _ = led.configure([LevelSpec("lvl", 4, 2, 10, 4)], ["fs"], 0)
     held, release = threading.Event(), threading.Event()
 

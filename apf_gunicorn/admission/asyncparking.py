@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from apf_gunicorn.admission.dispatcher import CANCELLED, GRANTED, STOPPING
+from apf_gunicorn.admission.dispatcher import CANCELLED, GRANTED, STOPPING, ParkingTable
 from apf_gunicorn.ledger.lock import LockBusy
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
@@ -63,7 +63,7 @@ def _resolve_waiter(w: AsyncWaiter) -> None:
     _resolve(w.fut)
 
 
-class AsyncParking:
+class AsyncParking(ParkingTable):
     """Queued requests of one worker's event loop, by slot; its waking side is thread-safe."""
 
     def __init__(self) -> None:
@@ -75,9 +75,6 @@ class AsyncParking:
         self.false_wakeups = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-
-    def __len__(self) -> int:
-        return len(self._by_slot)
 
     def park(self, slot: int, gen: int) -> AsyncWaiter:
         """Register a waiter for ``(slot, gen)``; call on the event loop."""
@@ -172,18 +169,6 @@ class AsyncParking:
         with self._lock:
             self._wake(w, CANCELLED)
 
-    def grant(self, slot: int, gen: int) -> None:
-        """Wake the request queued on ``(slot, gen)``, if any; from any thread (a grant for
-        nobody is dropped: a request that parks later asks the ledger first)."""
-        with self._lock:
-            w = self._by_slot.get(slot)
-            if w is not None and w.gen == gen:
-                self._wake(w, GRANTED)
-
-    def grant_many(self, pairs) -> None:
-        for slot, gen in pairs:
-            self.grant(slot, gen)
-
     def poll_mark(self) -> int:
         return 0  # no client sockets in the dispatcher's epoll
 
@@ -193,20 +178,3 @@ class AsyncParking:
             self.epoll.unregister(fd)
         except (OSError, ValueError):
             pass
-
-    def stop_all(self) -> int:
-        """Answer every queued request (and every later one) with STOPPING; returns how many."""
-        with self._lock:
-            self.stopping = True
-            n = 0
-            for w in self._by_slot.values():
-                if not w.outcome:
-                    n += 1
-                self._wake(w, STOPPING)
-            return n
-
-    def waiting(self, older_than_ns: int) -> dict[int, int]:
-        """{slot: gen} of waiters parked before ``older_than_ns`` and not yet woken."""
-        with self._lock:
-            return {w.slot: w.gen for w in self._by_slot.values()
-                    if not w.outcome and w.since_ns < older_than_ns}
