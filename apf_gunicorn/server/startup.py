@@ -25,8 +25,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from apf_gunicorn.flowcontrol.kube_paths import path_parsing
 from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
-from apf_gunicorn.flowcontrol.requestinfo import path_parsing
 from apf_gunicorn.flowcontrol.routereach import reachable_levels
 from apf_gunicorn.flowcontrol.suggest import closest
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
