@@ -152,7 +152,10 @@ class AsyncParking(ParkingTable):
             return
         w.outcome = outcome
         if threading.get_ident() == self._loop_thread:
-            _resolve(w.fut)
+            try:
+                _resolve(w.fut)
+            except RuntimeError:  # its loop is closed (worker_exit): nobody waits any more
+                pass
             return
         try:
             self._loop.call_soon_threadsafe(_resolve_waiter, w)
@@ -168,6 +171,10 @@ class AsyncParking(ParkingTable):
         """Wake ``w`` with CANCELLED: its client went away (on the loop)."""
         with self._lock:
             self._wake(w, CANCELLED)
+
+    def drain(self, timeout_s: float) -> None:
+        """Nothing to wait for: ``worker_exit`` runs after the event loop has ended (the
+        server's shutdown answered queued requests; the worker's reap frees their slots)."""
 
     def poll_mark(self) -> int:
         return 0  # no client sockets in the dispatcher's epoll

@@ -125,6 +125,13 @@ class ParkingTable:
             return {w.slot: w.gen for w in self._by_slot.values()
                     if not w.outcome and w.since_ns < older_than_ns}
 
+    def drain(self, timeout_s: float) -> None:
+        """After :meth:`stop_all` (``worker_exit``): give the woken requests up to
+        ``timeout_s`` to answer 503 and unpark."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._by_slot) and time.monotonic() < deadline:
+            time.sleep(0.01)  # parked threads answer 503 and unpark
+
 
 class Parking(ParkingTable):
     """Parked requests of one worker, by slot; thread-safe."""

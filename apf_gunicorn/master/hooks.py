@@ -315,9 +315,7 @@ def worker_exit(server, worker) -> None:
             child_exit(server, worker)
         return
     w.parking.stop_all()
-    deadline = time.monotonic() + 1.0
-    while len(w.parking) and time.monotonic() < deadline:
-        time.sleep(0.01)  # parked threads answer 503 and unpark
+    w.parking.drain(1.0)
     w.dispatcher.release_all_lingers()
     w.dispatcher.stop()
     try:
