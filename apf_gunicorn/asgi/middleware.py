@@ -223,7 +223,10 @@ async def _watch(receive: Any, read: list, parking: Any, w: Any) -> None:
     """While ``w`` waits: read ``receive()`` into ``read``; a disconnect cancels the wait."""
     size = 0
     while True:
-        message = await receive()
+        try:
+            message = await receive()
+        except Exception:  # noqa: BLE001 - the app's own receive() will meet it again
+            return
         read.append(message)
         mtype = message.get("type")
         if mtype in _DISCONNECTS:
