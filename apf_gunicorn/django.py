@@ -22,9 +22,10 @@ sit above or below Django's decorators (``login_required``, ``require_GET``: the
 ``functools.wraps``). Flask's decorator on a Django view is not read; it is reported at start
 and by ``apf-gunicorn explain`` (:func:`apf_gunicorn.appcosts.unusable_costs`).
 
-Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` (or a
-WSGI wrapper that keeps it in ``.application``, as WhiteNoise does, or ``.app``); costs behind a
-wrapper that hides the handler are reported (:func:`unreachable_costs`). Resolution uses the
+Nothing here imports Django unless the app gunicorn loads is Django's ``WSGIHandler`` or, under
+an ASGI worker, its ``ASGIHandler`` (or a wrapper that keeps it in ``.application``, as
+WhiteNoise does, or ``.app``); costs behind a wrapper that hides the handler are reported
+(:func:`unreachable_costs`). Resolution uses the
 project's ``ROOT_URLCONF``, so a urlconf a middleware sets per request (``request.urlconf``)
 is not seen; ``i18n_patterns`` resolve in the language the path's prefix names (else
 ``LANGUAGE_CODE``), never in the language a thread happens to have active. Each (method, path) is resolved
@@ -36,21 +37,23 @@ paths share nothing, even when Django resolves them to the same view, so no gues
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from apf_gunicorn import viewcost
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate
 from apf_gunicorn.viewcost import (
     DJANGO_ATTRIBUTE,
     NamedView,
+    cached_by_path,
     costs_for_app,
     declares_cost,
     is_flask_like,
     tag,
     view_cost,
+    view_name,
 )
 
 log = logging.getLogger("apf_gunicorn.django")
@@ -58,9 +61,9 @@ log = logging.getLogger("apf_gunicorn.django")
 #: The attribute ``@cost`` sets on a view function, method or class.
 COST_ATTRIBUTE = DJANGO_ATTRIBUTE
 #: Resolved (method, path) pairs kept per worker.
-CACHE_SIZE = 4096
+CACHE_SIZE = viewcost.CACHE_SIZE
 #: Longest path whose resolution is cached (longer ones are resolved per request shape).
-MAX_CACHED_PATH = 1024
+MAX_CACHED_PATH = viewcost.MAX_CACHED_PATH
 #: How many WSGI wrappers are looked through to find Django's handler, and the attributes
 #: they keep the wrapped app in (WhiteNoise: ``application``; Sentry's middleware: ``app``).
 _MAX_WRAPPERS = 4
@@ -90,27 +93,22 @@ def cost(seats: int = 1, final_seats: int = 0, additional_latency: Any = 0,
 
 
 def django_handler(app: Any) -> Any:
-    """Django's ``WSGIHandler`` behind ``app`` (itself, or kept in ``.application`` or
-    ``.app`` by WSGI wrappers), or None. Never imports Django: an app is Django's only if
-    Django is loaded."""
-    module = sys.modules.get("django.core.handlers.wsgi")
-    if module is None:
+    """Django's ``WSGIHandler`` or ``ASGIHandler`` behind ``app`` (itself, or kept in
+    ``.application`` or ``.app`` by WSGI or ASGI wrappers), or None. Never imports Django: an
+    app is Django's only if Django is loaded."""
+    kinds = tuple(module.WSGIHandler if kind == "wsgi" else module.ASGIHandler
+                  for kind in ("wsgi", "asgi")
+                  if (module := sys.modules.get(f"django.core.handlers.{kind}")) is not None)
+    if not kinds:
         return None
     for _ in range(_MAX_WRAPPERS + 1):
-        if isinstance(app, module.WSGIHandler):
+        if isinstance(app, kinds):
             return app
         app = next((w for w in (getattr(app, a, None) for a in _WRAPPED) if w is not None),
                    None)
         if app is None:
             return None
     return None
-
-
-def view_name(view: Any) -> str:
-    """A view's dotted name: the class of a class-based view, else the function."""
-    target = getattr(view, "view_class", None) or view
-    module = getattr(target, "__module__", None) or "?"
-    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
 
 
 def iter_views() -> list[tuple[str, Any]]:
@@ -143,7 +141,7 @@ class DjangoViewCosts:
 
         self._urlconf = settings.ROOT_URLCONF
         self._language = settings.LANGUAGE_CODE
-        self._cached = functools.lru_cache(maxsize=cache_size)(self._lookup)
+        self._cached = cached_by_path(self._lookup, cache_size, MAX_CACHED_PATH)
 
     @classmethod
     def for_app(cls, app: Any, require_costs: bool = True) -> DjangoViewCosts | None:
@@ -181,8 +179,6 @@ class DjangoViewCosts:
 
     def lookup(self, method: str, path: str) -> WorkEstimate | None:
         """The cost the request's view declares, or None (no view, or no cost)."""
-        if len(path) > MAX_CACHED_PATH:
-            return self._lookup(method, path)
         return self._cached(method, path)
 
     def name(self, method: str, path: str) -> str | None:
@@ -233,7 +229,7 @@ def unreachable_costs(app: Any) -> list[str]:
             return []
     except Exception:
         return []
-    return [f"Django views declare @cost, but the WSGI app ({type(app).__module__}."
-            f"{type(app).__qualname__}) is not Django's WSGIHandler and keeps none in "
-            f".{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
+    return [f"Django views declare @cost, but the app ({type(app).__module__}."
+            f"{type(app).__qualname__}) is not Django's WSGIHandler or ASGIHandler and keeps "
+            f"none in .{' or .'.join(_WRAPPED)}: the costs have no effect (keep the handler "
             "reachable, or declare the costs in APF_ROUTES)"]

@@ -21,9 +21,9 @@ The decorator only sets an attribute and returns the function itself, so it may 
 below ``@app.route`` and under decorators that use ``functools.wraps``. Arguments are checked
 when the module is imported (a bad cost fails at start, not per request). Nothing here imports
 Flask: the middleware recognises a Flask app by its ``url_map`` and ``view_functions``.
-Django apps have their own decorator, :func:`apf_gunicorn.django.cost`; each module's decorator
-on the other framework's view is reported at start
-(:func:`apf_gunicorn.appcosts.unusable_costs`).
+Django apps have their own decorator, :func:`apf_gunicorn.django.cost`, and FastAPI and
+Starlette apps theirs, :func:`apf_gunicorn.starlette.cost`; each module's decorator on another
+framework's view is reported at start (:func:`apf_gunicorn.appcosts.unusable_costs`).
 
 :class:`ViewCosts` is what the middleware uses: ``ViewCosts.for_app(app)`` (None when the app
 is not Flask-like or tags no view), then ``lookup(method, path) -> WorkEstimate | None``.

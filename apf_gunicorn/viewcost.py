@@ -1,16 +1,19 @@
 """What the framework modules share: tagging a view with its cost and reading it back.
 
-:mod:`apf_gunicorn.flask` and :mod:`apf_gunicorn.django` each export a ``cost(...)``
-decorator with the same arguments; both check them here (:func:`tag`) and set their own
-attribute on the view, so a decorator imported from the wrong module is recognised and
-reported instead of silently ignored (:func:`apf_gunicorn.appcosts.unusable_costs`). Each
-framework module lists its app's views as :class:`NamedView` (``app_views``) and builds its
-lookup through :func:`costs_for_app`; :func:`declared_costs` reads the costs of both. Finding
-the costs of whatever app gunicorn loaded is :mod:`apf_gunicorn.appcosts`, above both.
+:mod:`apf_gunicorn.flask`, :mod:`apf_gunicorn.django` and :mod:`apf_gunicorn.starlette` each
+export a ``cost(...)`` decorator with the same arguments; each checks them here (:func:`tag`)
+and sets its own attribute on the view, so a decorator imported from the wrong module is
+recognised and reported instead of silently ignored
+(:func:`apf_gunicorn.appcosts.unusable_costs`). Each framework module lists its app's views as
+:class:`NamedView` (``app_views``) and builds its lookup through :func:`costs_for_app`;
+:func:`declared_costs` reads the costs of all. Lookups that resolve a path against a route
+list keep their answers per (method, path) in a bounded cache (:func:`cached_by_path`).
+Finding the costs of whatever app gunicorn loaded is :mod:`apf_gunicorn.appcosts`, above them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +30,13 @@ T = TypeVar("T")
 FLASK_ATTRIBUTE = "_apf_cost"
 #: The attribute ``apf_gunicorn.django.cost`` sets on a view function, method or class.
 DJANGO_ATTRIBUTE = "_apf_django_cost"
+#: The attribute ``apf_gunicorn.starlette.cost`` sets on an endpoint function, method or class.
+STARLETTE_ATTRIBUTE = "_apf_starlette_cost"
+#: (method, path) answers a :func:`cached_by_path` lookup keeps.
+CACHE_SIZE = 4096
+#: Longest path whose answer is cached (longer ones are resolved every time, so the cache's
+#: memory stays bounded).
+MAX_CACHED_PATH = 1024
 HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete", "options", "trace", "connect")
 
 
@@ -35,7 +45,8 @@ def tag(attribute: str, seats: int, final_seats: int, additional_latency: Any,
     """A decorator that sets ``attribute`` of a view to the checked cost.
 
     Args:
-        attribute: :data:`FLASK_ATTRIBUTE` or :data:`DJANGO_ATTRIBUTE`.
+        attribute: :data:`FLASK_ATTRIBUTE`, :data:`DJANGO_ATTRIBUTE` or
+            :data:`STARLETTE_ATTRIBUTE`.
         seats, final_seats, additional_latency, long_running: as :func:`~apf_gunicorn.
             flowcontrol.workestimate.make_estimate` takes them.
 
@@ -61,16 +72,28 @@ def _tagged(obj: Any, attribute: str) -> WorkEstimate | None:
     return found if isinstance(found, WorkEstimate) else None
 
 
+def _view_class(view: Any) -> Any:
+    """The class of a class-based view: Flask's ``MethodView.as_view`` and Django's
+    ``View.as_view`` leave it in ``view_class``; Starlette routes a class (``HTTPEndpoint``)
+    itself."""
+    return view if isinstance(view, type) else getattr(view, "view_class", None)
+
+
+def view_handler(view_class: Any, method: str) -> Any:
+    """The method of a class-based view that serves ``method`` (HEAD: ``head``, else
+    ``get``, as Flask, Django and Starlette dispatch it), or None."""
+    handler = getattr(view_class, method.lower(), None)
+    if handler is None and method == "HEAD":
+        handler = getattr(view_class, "get", None)
+    return handler
+
+
 def view_cost(view: Any, method: str, attribute: str = FLASK_ATTRIBUTE) -> WorkEstimate | None:
     """The cost a view declares for ``method``: a class-based view's method first, then the
-    view function, then the view class (Flask's ``MethodView.as_view`` and Django's
-    ``View.as_view`` both leave the class in ``view_class``)."""
-    view_class = getattr(view, "view_class", None)
+    view function, then the view class."""
+    view_class = _view_class(view)
     if view_class is not None:
-        handler = getattr(view_class, method.lower(), None)
-        if handler is None and method == "HEAD":
-            handler = getattr(view_class, "get", None)
-        found = _tagged(handler, attribute)
+        found = _tagged(view_handler(view_class, method), attribute)
         if found is not None:
             return found
     found = _tagged(view, attribute)
@@ -83,11 +106,40 @@ def declares_cost(view: Any, attribute: str) -> bool:
     """Whether the view, its class or one of its class's handler methods carries a cost."""
     if _tagged(view, attribute) is not None:
         return True
-    view_class = getattr(view, "view_class", None)
+    view_class = _view_class(view)
     if view_class is None:
         return False
     handlers = [getattr(view_class, m, None) for m in HTTP_METHODS]
     return any(_tagged(v, attribute) is not None for v in [view_class, *handlers])
+
+
+def view_name(view: Any) -> str:
+    """A view's dotted name: the class of a class-based view, else the function
+    (``"mysite.views.report"``), the class of an instance (a mounted ASGI app)."""
+    target = _view_class(view) or view
+    if not hasattr(target, "__qualname__"):
+        target = type(target)
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def cached_by_path(lookup: Callable[[str, str], T], size: int = CACHE_SIZE,
+                   max_path: int = MAX_CACHED_PATH) -> Callable[[str, str], T]:
+    """``lookup(method, path)`` with its answers kept in an LRU of ``size`` entries.
+
+    Two paths share nothing, even when they reach the same view, so no guess about "path
+    shapes" can give a request another view's cost; paths longer than ``max_path`` are
+    resolved every time (a client walking ever longer paths cannot grow the cache).
+    Thread-safe (``functools.lru_cache``).
+    """
+    cached = functools.lru_cache(maxsize=size)(lookup)
+
+    def lookup_cached(method: str, path: str) -> T:
+        if len(path) > max_path:
+            return lookup(method, path)
+        return cached(method, path)
+
+    return lookup_cached
 
 
 def is_flask_like(app: Any) -> bool:
@@ -102,12 +154,14 @@ class NamedView:
 
     Attributes:
         name: the view and its route (``"'report' (/reports/<int:year>)"`` for Flask,
-            ``"mysite.views.report (reports/<int:year>/)"`` for Django).
+            ``"mysite.views.report (reports/<int:year>/)"`` for Django,
+            ``"myapp.main.report (/reports/{year})"`` for Starlette).
         view: the view function (a class-based view's ``as_view()`` function).
         costs_at: ``(HTTP method, where)`` per method whose declared cost is read up front,
             ``where`` naming it (``"@cost on GET /reports/<int:year>"``).
         route: the URL path template of its requests (``"/reports/<int:year>"``; Django's
-            route text, a regular expression for ``re_path``).
+            route text, a regular expression for ``re_path``; Starlette's with its parameters
+            in werkzeug's brackets, ``"/reports/<year>"``).
     """
 
     name: str

@@ -81,7 +81,21 @@ def gunicorn(tmp: Path, apf_env: dict | None, *, workers: int = WORKERS, threads
     cmd = [GUNICORN, *conf, "-w", str(workers), "--threads", str(threads), "-b",
            f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"), "--graceful-timeout",
            "3", "effect_app:app"]
-    log = open(tmp / f"gunicorn-{label}.log", "wb")
+    try:
+        with running(cmd, env, tmp / f"gunicorn-{label}.log", port):
+            yield port, sem
+    finally:
+        sem.unlink()
+        sem.close()
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], env: dict, log_path: Path, port: int):
+    """Runs the gunicorn ``cmd`` (its own session, output to ``log_path``) and waits until
+    ``GET /ok`` on ``port`` answers 200 (30 s at most: then, or if it exits, RuntimeError
+    naming the log). Yields the process; stops it after (SIGTERM, then SIGKILL to its session
+    if it lingers). Shared with ``bench_asgi.py``."""
+    log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -98,7 +112,7 @@ def gunicorn(tmp: Path, apf_env: dict | None, *, workers: int = WORKERS, threads
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn did not answer: see {log.name}")
             time.sleep(0.1)
-        yield port, sem
+        yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -110,8 +124,6 @@ def gunicorn(tmp: Path, apf_env: dict | None, *, workers: int = WORKERS, threads
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         log.close()
-        sem.unlink()
-        sem.close()
 
 
 def _client_loop(port: int, user: str, t0: float, start: float, end: float, think: float,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import mmap
 import os
 import signal
 import subprocess
@@ -17,8 +18,10 @@ import time
 import uuid
 from pathlib import Path
 
+import posix_ipc
 import pytest
 
+from apf_gunicorn.ledger import Capacity, Ledger, ProcessLock
 from tests.apps.procs import children, free_port  # noqa: F401 - tests import these from here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,3 +239,27 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 def server_factory(tmp_path):
     """``with server_factory(workers=4, threads=16) as srv: ...``"""
     return lambda **kw: serve(tmp_path, **kw)
+
+
+#: the capacity of :func:`shm_ledger`'s ledger
+SHM_CAP = Capacity(levels=2, queues=16, slots=64, workers=4, flow_schemas=2, detail_bytes=8)
+
+
+@pytest.fixture
+def shm_ledger():
+    """A ledger with a ProcessLock on real POSIX shared memory: ``(ledger, mmap)``."""
+    name = f"/apf_test_lock_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    size = Ledger.size(SHM_CAP)
+    seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
+    mm = mmap.mmap(seg.fd, size)
+    seg.close_fd()
+    led = Ledger.create(mm, SHM_CAP, lock=ProcessLock())
+    try:
+        yield led, mm
+    finally:
+        try:  # (a failed test can leave the mapping busy: unlink the segment anyway)
+            led.close()
+            mm.close()
+        finally:
+            posix_ipc.unlink_shared_memory(name)
+    assert not os.path.exists(f"/dev/shm{name}")

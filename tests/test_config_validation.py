@@ -10,12 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apf_gunicorn.flowcontrol.bootstrap import mandatory_manifests
+from apf_gunicorn.flowcontrol.flowschema_validation import non_resource_url_error
 from apf_gunicorn.flowcontrol.loader import V1BETA3_PRESERVE_ZERO, load_text, parse_object
-from apf_gunicorn.flowcontrol.validation import (
-    ConfigError,
-    ConfigErrors,
-    non_resource_url_error,
-)
+from apf_gunicorn.flowcontrol.validation import ConfigError, ConfigErrors
 
 SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "

@@ -131,11 +131,25 @@ def test_only_django_apps_get_django_costs(app):
             self._inner = inner
 
     assert view_costs_for_app(Hiding(app)) is None
-    (hidden,) = unusable_costs(Hiding(app))
-    assert hidden.startswith("Django views declare @cost, but the WSGI app (")
-    assert hidden.endswith("Hiding) is not Django's WSGIHandler and keeps none in .application "
-                           "or .app: the costs have no effect (keep the handler reachable, or "
-                           "declare the costs in APF_ROUTES)")
+    # (endpoints other tests tagged with apf_gunicorn.starlette.cost are hidden from it too)
+    (hidden,) = [m for m in unusable_costs(Hiding(app)) if m.startswith("Django")]
+    assert hidden.startswith("Django views declare @cost, but the app (")
+    assert hidden.endswith("Hiding) is not Django's WSGIHandler or ASGIHandler and keeps none in "
+                           ".application or .app: the costs have no effect (keep the handler "
+                           "reachable, or declare the costs in APF_ROUTES)")
+
+
+def test_django_asgi_apps_get_their_costs_too(app):
+    """Under an ASGI worker gunicorn loads Django's ASGIHandler (mysite/asgi.py): the same
+    URLconf, the same costs."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    handler = ASGIHandler()
+    assert apf_django.django_handler(handler) is handler
+    costs = view_costs_for_app(handler)
+    assert isinstance(costs, apf_django.DjangoViewCosts)
+    assert costs.lookup("GET", "/reports/2024/") == WorkEstimate(4)
+    assert unusable_costs(handler) == unusable_costs(app)
 
 
 def test_declared_and_unusable_costs(app):

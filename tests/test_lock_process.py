@@ -3,39 +3,16 @@ after a holder is SIGKILLed while holding the robust mutex."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import signal
 import threading
 import time
-import uuid
 
-import posix_ipc
 import pytest
 
-from apf_gunicorn.ledger import EXECUTE, Capacity, Ledger, LevelSpec, ProcessLock, verify
+from apf_gunicorn.ledger import EXECUTE, Ledger, LevelSpec, ProcessLock, verify
 from apf_gunicorn.ledger import layout as L
-
-CAP = Capacity(levels=2, queues=16, slots=64, workers=4, flow_schemas=2, detail_bytes=8)
-
-
-@pytest.fixture
-def shm_ledger():
-    name = f"/apf_test_lock_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    size = Ledger.size(CAP)
-    seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
-    mm = mmap.mmap(seg.fd, size)
-    seg.close_fd()
-    led = Ledger.create(mm, CAP, lock=ProcessLock())
-    try:
-        yield led, mm
-    finally:
-        try:  # (a failed test can leave the mapping busy: unlink the segment anyway)
-            led.close()
-            mm.close()
-        finally:
-            posix_ipc.unlink_shared_memory(name)
-    assert not os.path.exists(f"/dev/shm{name}")
+from tests.conftest import SHM_CAP as CAP  # the shm_ledger fixture's capacity
 
 
 def test_process_lock_refuses_a_bytearray() -> None:

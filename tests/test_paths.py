@@ -11,8 +11,9 @@ import json
 import pytest
 
 from apf_gunicorn.cli import main
+from apf_gunicorn.flowcontrol.kube_paths import path_parsing
 from apf_gunicorn.flowcontrol.loader import load_configuration
-from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver, path_parsing
+from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
 from apf_gunicorn.server.resolver import build_resolver, path_parsing_note
 from apf_gunicorn.server.settings import SettingsError, load_settings
 from tests.conftest import APPS

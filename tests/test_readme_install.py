@@ -96,3 +96,13 @@ def test_pip_install_line_works_from_the_repository_root(where: str, cmd: str) -
     proc = subprocess.run([sys.executable, "-m", "pip", "install", *OFFLINE, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{where}: {cmd!r} fails:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_every_package_is_installed() -> None:
+    """``pip install .`` (not editable) installs only the packages pyproject.toml lists: every
+    folder of apf_gunicorn with an ``__init__.py`` must be among them."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "apf_gunicorn").rglob("__init__.py")}
+    assert found - listed == set(), f"not in pyproject.toml's packages: {found - listed}"

@@ -13,11 +13,8 @@ from hypothesis import strategies as st
 
 from apf_gunicorn.flowcontrol.identity import MAX_GROUPS, MAX_NAME_LENGTH, identity_groups
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
-from apf_gunicorn.flowcontrol.requestinfo import (
-    HookError,
-    RequestInfoResolver,
-    load_request_info_hook,
-)
+from apf_gunicorn.flowcontrol.request_info_hook import HookError, load_request_info_hook
+from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
 from apf_gunicorn.flowcontrol.routes import RouteError, load_routes, parse_routes
 
 

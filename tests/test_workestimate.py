@@ -176,7 +176,8 @@ def test_load_estimator_hook(monkeypatch) -> None:
 
 def test_settings_and_server_wiring(tmp_path) -> None:
     from apf_gunicorn.flowcontrol.loader import load_configuration
-    from apf_gunicorn.flowcontrol.requestinfo import HookedResolver, RequestInfoResolver
+    from apf_gunicorn.flowcontrol.request_info_hook import HookedResolver
+    from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
     from apf_gunicorn.flowcontrol.routes import parse_routes
     from apf_gunicorn.server import generation
     from apf_gunicorn.server.settings import SettingsError, load_settings

@@ -9,7 +9,8 @@ either. What differs:
   dispatcher: grants from other workers, the backstop scan, ``stop_all``) hands the wake-up to
   the loop with ``call_soon_threadsafe``; on the loop thread it is set at once;
 * a waiting request costs no thread, and nothing here blocks the loop: the table's lock is
-  only ever held for a dict operation;
+  only ever held for a dict operation, and a ledger whose lock another process holds is asked
+  again 1 ms later rather than waited for (``LockBusy``);
 * the client going away is not seen through an ``epoll`` on its socket (an ASGI app has no
   socket): the front end watches ``receive()`` and calls :meth:`AsyncParking.cancel`.
 
@@ -29,9 +30,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from apf_gunicorn.admission.dispatcher import CANCELLED, GRANTED, STOPPING
+from apf_gunicorn.admission.dispatcher import CANCELLED, GRANTED, STOPPING, ParkingTable
+from apf_gunicorn.ledger.lock import LockBusy
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
+
+RECHECK_S = 0.001  # a ledger whose lock was busy is asked again this soon
 
 
 class AsyncWaiter:
@@ -59,7 +63,7 @@ def _resolve_waiter(w: AsyncWaiter) -> None:
     _resolve(w.fut)
 
 
-class AsyncParking:
+class AsyncParking(ParkingTable):
     """Queued requests of one worker's event loop, by slot; its waking side is thread-safe."""
 
     def __init__(self) -> None:
@@ -71,9 +75,6 @@ class AsyncParking:
         self.false_wakeups = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-
-    def __len__(self) -> int:
-        return len(self._by_slot)
 
     def park(self, slot: int, gen: int) -> AsyncWaiter:
         """Register a waiter for ``(slot, gen)``; call on the event loop."""
@@ -115,18 +116,22 @@ class AsyncParking:
                         return outcome
                 if w.fut.done():
                     w.fut = loop.create_future()
+                busy = False
                 try:
                     if dispatched(slot, gen):
                         return GRANTED
+                except LockBusy:  # confirming needs the lock, held elsewhere: ask again soon
+                    busy = True
                 except Exception:  # noqa: BLE001 - wait on: after_wait's cancel asks again
                     log.exception("apf: checking slot %d in the ledger failed", slot)
-                if outcome == GRANTED:
+                if outcome == GRANTED and not busy:
                     self.false_wakeups += 1
                 remaining = deadline_ns - clock()
                 if remaining <= 0:
                     return 0
                 fut = w.fut
-                timer = loop.call_later(remaining / 1e9, _resolve, fut)
+                delay = remaining / 1e9
+                timer = loop.call_later(min(delay, RECHECK_S) if busy else delay, _resolve, fut)
                 try:
                     await fut
                 finally:
@@ -147,7 +152,10 @@ class AsyncParking:
             return
         w.outcome = outcome
         if threading.get_ident() == self._loop_thread:
-            _resolve(w.fut)
+            try:
+                _resolve(w.fut)
+            except RuntimeError:  # its loop is closed (worker_exit): nobody waits any more
+                pass
             return
         try:
             self._loop.call_soon_threadsafe(_resolve_waiter, w)
@@ -164,17 +172,9 @@ class AsyncParking:
         with self._lock:
             self._wake(w, CANCELLED)
 
-    def grant(self, slot: int, gen: int) -> None:
-        """Wake the request queued on ``(slot, gen)``, if any; from any thread (a grant for
-        nobody is dropped: a request that parks later asks the ledger first)."""
-        with self._lock:
-            w = self._by_slot.get(slot)
-            if w is not None and w.gen == gen:
-                self._wake(w, GRANTED)
-
-    def grant_many(self, pairs) -> None:
-        for slot, gen in pairs:
-            self.grant(slot, gen)
+    def drain(self, timeout_s: float) -> None:
+        """Nothing to wait for: ``worker_exit`` runs after the event loop has ended (the
+        server's shutdown answered queued requests; the worker's reap frees their slots)."""
 
     def poll_mark(self) -> int:
         return 0  # no client sockets in the dispatcher's epoll
@@ -185,20 +185,3 @@ class AsyncParking:
             self.epoll.unregister(fd)
         except (OSError, ValueError):
             pass
-
-    def stop_all(self) -> int:
-        """Answer every queued request (and every later one) with STOPPING; returns how many."""
-        with self._lock:
-            self.stopping = True
-            n = 0
-            for w in self._by_slot.values():
-                if not w.outcome:
-                    n += 1
-                self._wake(w, STOPPING)
-            return n
-
-    def waiting(self, older_than_ns: int) -> dict[int, int]:
-        """{slot: gen} of waiters parked before ``older_than_ns`` and not yet woken."""
-        with self._lock:
-            return {w.slot: w.gen for w in self._by_slot.values()
-                    if not w.outcome and w.since_ns < older_than_ns}

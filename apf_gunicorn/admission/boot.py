@@ -44,12 +44,21 @@ log = logging.getLogger("apf_gunicorn.worker")
 make_lock: Callable[[], ProcessLock] = ProcessLock
 
 
+#: what an event-loop worker counts as for the default limit (workers x LOOP_THREADS / 2: 32
+#: seats a worker, as gthread's 64 threads give)
+LOOP_THREADS = 64
+
+
 class FrontEnd:
     """What a worker class provides so that :func:`attach` can run APF in it: a mixin of
     small override points, each with the gthread worker's answer as the example."""
 
     #: this worker's owner index in the ledger, given by ``pre_fork`` (None: no room)
     apf_index: int | None = None
+    #: whether a request holds one of gunicorn's ``threads`` while it runs or waits (gthread):
+    #: then the default limit and the thread-budget warning follow ``threads``. An event
+    #: loop's worker (False) counts as :data:`LOOP_THREADS` instead.
+    apf_holds_threads: bool = True
 
     def apf_parking(self) -> Any:
         """Where queued requests wait: ``dispatcher.Parking()`` for threads,

@@ -55,6 +55,7 @@ from apf_gunicorn.flowcontrol.workestimate import (
     declared_estimate,
     default_estimator,
 )
+from apf_gunicorn.ledger.lock import LockBusy
 from apf_gunicorn.ledger.records import LedgerPort
 
 log = logging.getLogger("apf_gunicorn.middleware")
@@ -219,6 +220,7 @@ class Admission:
         self._deliver = ctx.deliver
         self._finish_ledger = ctx.ledger.finish
         self._add_linger = ctx.add_linger
+        self._finish_later = ctx.finish_later
         self._clock = ctx.clock
         self._owner = ctx.owner
         self._resolve = ctx.resolver
@@ -392,6 +394,8 @@ class Admission:
         reason = "cancelled" if outcome in (CANCELLED, STOPPING) else "time-out"
         try:
             removed = self.ctx.ledger.cancel(slot, gen, self._clock(), reason)
+        except LockBusy:
+            raise  # nothing done: the event-loop front end runs this again off the loop
         except Exception:
             log.exception("apf: cancel failed")
             removed = True
@@ -452,9 +456,13 @@ class Admission:
     # -- finishing -------------------------------------------------------------------------
 
     def finish(self, slot: int, gen: int) -> None:
-        """Give a request's seats back now (never raises)."""
-        finish_request(self._finish_ledger, self._deliver, self._add_linger, slot, gen,
-                       self._clock())
+        """Give a request's seats back now (never raises; on an event loop whose ledger lock
+        is busy, the dispatcher thread gives them back)."""
+        try:
+            finish_request(self._finish_ledger, self._deliver, self._add_linger, slot, gen,
+                           self._clock())
+        except LockBusy:
+            self._finish_later(slot, gen)
 
     def finish_timed(self, slot: int, gen: int, kind: int, t0: int) -> None:
         """Give a served request's seats back (never raises); with ``APF_CONCURRENCY_LIMIT=auto``
@@ -470,6 +478,9 @@ class Admission:
             words[kind + 1] += end - t0
         try:
             granted, linger_until = self._finish_ledger(slot, gen, end)
+        except LockBusy:  # an event loop does not wait for the lock: the dispatcher does
+            self._finish_later(slot, gen)
+            return
         except Exception:
             log.exception("apf: finish failed for slot %d", slot)
             return

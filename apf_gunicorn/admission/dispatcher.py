@@ -48,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from apf_gunicorn.ledger.lock import LockBusy
 from apf_gunicorn.ledger.records import LedgerPort
 
 log = logging.getLogger("apf_gunicorn.dispatcher")
@@ -77,7 +78,62 @@ class Waiter:
         self.reg = 0  # when its fd was registered (Parking's registration count)
 
 
-class Parking:
+class ParkingTable:
+    """What both parkings share (this module's :class:`Parking` for threads,
+    ``asyncparking.AsyncParking`` for an event loop): the table of waiters by slot under a
+    lock, and the dispatcher's side of it. A subclass sets ``_lock``, ``_by_slot``,
+    ``stopping`` and ``epoll`` (what the dispatcher polls), wakes a waiter in
+    ``_wake(w, outcome)`` (called holding the lock) and answers ``poll_mark`` and
+    ``disconnected`` (client sockets it watches, if any)."""
+
+    _lock: threading.Lock
+    _by_slot: dict
+    stopping: bool
+
+    def _wake(self, w, outcome: int) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._by_slot)
+
+    def grant(self, slot: int, gen: int) -> None:
+        """Wake the request parked on ``(slot, gen)``, if any; from any thread (a grant for
+        nobody is dropped: a request that parks later asks the ledger first)."""
+        with self._lock:
+            w = self._by_slot.get(slot)
+            if w is not None and w.gen == gen:
+                self._wake(w, GRANTED)
+
+    def grant_many(self, pairs) -> None:
+        for slot, gen in pairs:
+            self.grant(slot, gen)
+
+    def stop_all(self) -> int:
+        """Answer every parked request (and every later one) with STOPPING; returns how many."""
+        with self._lock:
+            self.stopping = True
+            n = 0
+            for w in self._by_slot.values():
+                if not w.outcome:
+                    n += 1
+                self._wake(w, STOPPING)
+            return n
+
+    def waiting(self, older_than_ns: int) -> dict[int, int]:
+        """{slot: gen} of waiters parked before ``older_than_ns`` and not yet woken."""
+        with self._lock:
+            return {w.slot: w.gen for w in self._by_slot.values()
+                    if not w.outcome and w.since_ns < older_than_ns}
+
+    def drain(self, timeout_s: float) -> None:
+        """After :meth:`stop_all` (``worker_exit``): give the woken requests up to
+        ``timeout_s`` to answer 503 and unpark."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._by_slot) and time.monotonic() < deadline:
+            time.sleep(0.01)  # parked threads answer 503 and unpark
+
+
+class Parking(ParkingTable):
     """Parked requests of one worker, by slot; thread-safe."""
 
     def __init__(self, epoll: select.epoll | None = None):
@@ -89,9 +145,6 @@ class Parking:
         self._registrations = 0
         # wake-ups the ledger did not confirm (stale or forged grants), for tests and dumps
         self.false_wakeups = 0
-
-    def __len__(self) -> int:
-        return len(self._by_slot)
 
     def park(self, slot: int, gen: int, fd: int = -1) -> Waiter:
         """Register a waiter (and its client socket ``fd`` for hang-ups, if >= 0)."""
@@ -177,18 +230,6 @@ class Parking:
         with self._lock:
             self._wake(w, EVICTED)
 
-    def grant(self, slot: int, gen: int) -> None:
-        """Wake the request parked on ``(slot, gen)``, if any (a grant for nobody is dropped:
-        a thread that parks later asks the ledger first)."""
-        with self._lock:
-            w = self._by_slot.get(slot)
-            if w is not None and w.gen == gen:
-                self._wake(w, GRANTED)
-
-    def grant_many(self, pairs) -> None:
-        for slot, gen in pairs:
-            self.grant(slot, gen)
-
     def poll_mark(self) -> int:
         """Take before ``epoll.poll``: :meth:`disconnected` ignores registrations made later."""
         return self._registrations
@@ -209,24 +250,6 @@ class Parking:
             # socket whose number was reused); epoll is level-triggered: if this socket did hang
             # up, the next poll says so again
 
-    def stop_all(self) -> int:
-        """Answer every parked request (and every later one) with STOPPING; returns how many."""
-        with self._lock:
-            self.stopping = True
-            n = 0
-            for w in self._by_slot.values():
-                if not w.outcome:
-                    n += 1
-                self._wake(w, STOPPING)
-            return n
-
-    def waiting(self, older_than_ns: int) -> dict[int, int]:
-        """{slot: gen} of waiters parked before ``older_than_ns`` and not yet woken."""
-        with self._lock:
-            return {w.slot: w.gen for w in self._by_slot.values()
-                    if not w.outcome and w.since_ns < older_than_ns}
-
-
 def finish_request(finish: Callable[[int, int, int], tuple[list, int]],
                    deliver: Callable[[list], None], add_linger: Callable[[int, int, int], None],
                    slot: int, gen: int, now: int) -> None:
@@ -236,10 +259,13 @@ def finish_request(finish: Callable[[int, int, int], tuple[list, int]],
         finish: ``Ledger.finish``; deliver: wakes the requests it dispatched; add_linger:
             schedules the release of its lingering seats (``Dispatcher.add_linger``).
         slot, gen: the request; now: monotonic ns.
-    Never raises: a failed finish is logged (the seats stay taken until the worker's reap).
+    Never raises but ``LockBusy`` (only on an event loop's thread, with nothing done): a failed
+    finish is logged (the seats stay taken until the worker's reap).
     """
     try:
         granted, linger_until = finish(slot, gen, now)
+    except LockBusy:
+        raise  # nothing done: an event loop's caller hands it to the dispatcher thread
     except Exception:
         log.exception("apf: finish failed for slot %d", slot)
         return
@@ -257,7 +283,7 @@ def granted_slots(ledger: LedgerPort, owner: int) -> dict[int, int]:
 class Dispatcher(threading.Thread):
     """One per worker process; a daemon thread."""
 
-    def __init__(self, parking: Parking, inbox, ledger: LedgerPort, *, owner: int,
+    def __init__(self, parking: ParkingTable, inbox, ledger: LedgerPort, *, owner: int,
                  deliver: Callable[[list], None], alive: Callable[[], bool],
                  clock: Callable[[], int] = time.monotonic_ns):
         super().__init__(name="apf-dispatcher", daemon=True)

@@ -3,10 +3,14 @@
 The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subclasses its
 :class:`~apf_gunicorn.admission.core.Admission`); what is ASGI's here:
 
-* **Waiting costs no thread.** A queued request awaits a future of the worker's event loop
-  (``admission/asyncparking.py``); the grant wakes it through the loop. Ledger calls on the
-  loop are the same microsecond critical sections as on a thread. Admission happens before the
-  app runs, so a FastAPI sync endpoint never waits in AnyIO's thread pool behind ours.
+* **Waiting costs no thread, and the loop never blocks.** A queued request awaits a future of
+  the worker's event loop (``admission/asyncparking.py``); the grant wakes it through the loop.
+  Ledger calls on the loop are the same microsecond critical sections as on a thread, but the
+  loop never waits for the ledger lock: when another process holds it past a short spin, the
+  call raises ``LockBusy`` having done nothing (``Ledger.never_wait_on``, set for the loop's
+  thread by the worker), and runs again on a small thread pool (admit, cancel: awaited) or the
+  dispatcher thread (finish). Admission happens before the app runs, so a FastAPI sync
+  endpoint never waits in AnyIO's thread pool behind ours.
 * **A client that leaves while queued frees its place at once.** ASGI tells an app of a
   disconnect only through ``receive()``: while a request waits, a task reads ``receive()``
   and keeps what it read (the request body, up to 64 KiB) to replay to the app; an
@@ -16,7 +20,8 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   last ``send``, so a streamed response holds them to its end. A watch or a request declared
   long-running (``@cost(long_running=True)``, ``?watch=``) holds them only until its response
   starts, as Kubernetes does; a WebSocket connection is classified at its handshake and holds
-  them only until it is accepted or refused. An exception in the app gives them back.
+  one seat only until it is accepted or refused (not the cost of an HTTP route on its path).
+  An exception in the app gives them back.
 * **Answers** are ASGI messages: 429 (with the level's server-wide Retry-After and the PF
   UID headers), 503 while the worker stops; a refused WebSocket handshake gets the 429 through
   the ``websocket.http.response`` extension when the server has it, else ``websocket.close``
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from apf_gunicorn.admission.core import (
@@ -45,6 +51,7 @@ from apf_gunicorn.admission.core import (
 )
 from apf_gunicorn.admission.dispatcher import CANCELLED
 from apf_gunicorn.asgi.scope import ScopeEnviron
+from apf_gunicorn.ledger.lock import LockBusy
 from apf_gunicorn.ledger.records import EXECUTE, QUEUED
 
 log = logging.getLogger("apf_gunicorn.middleware")
@@ -89,9 +96,17 @@ class ASGIMiddleware(Admission):
                 dynamic = self.hook_estimate(environ, attrs, c, route)
                 if dynamic is not None:
                     initial, final, al, early = dynamic
+            if typ == "websocket":  # one seat for the handshake, whatever the path's HTTP cost
+                initial, final, al = 1, 0, 0
             now = self._clock()
-            outcome, slot, gen, _reason, granted = self._admit(
-                level, flow_hash, initial, final, al, self._owner, now, fs_index, detail, early)
+            try:
+                outcome, slot, gen, _reason, granted = self._admit(
+                    level, flow_hash, initial, final, al, self._owner, now, fs_index, detail,
+                    early)
+            except LockBusy:  # another process holds the ledger lock: wait on a thread
+                outcome, slot, gen, _reason, granted = await _off_loop(
+                    self._admit, level, flow_hash, initial, final, al, self._owner, now,
+                    fs_index, detail, early)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1
@@ -166,12 +181,19 @@ class ASGIMiddleware(Admission):
         except asyncio.CancelledError:
             # The request's task was cancelled (the server is closing the connection): it
             # leaves the ledger, or gives back the seats a grant gave it meanwhile.
-            self.after_wait(CANCELLED, slot, gen)
+            try:
+                self.after_wait(CANCELLED, slot, gen)
+            except LockBusy:
+                _pool().submit(self.after_wait, CANCELLED, slot, gen)
             raise
         finally:
             if not watcher.done():
                 watcher.cancel()
-        return self.after_wait(outcome, slot, gen), _replay(read, receive) if read else receive
+        try:
+            verdict = self.after_wait(outcome, slot, gen)
+        except LockBusy:
+            verdict = await _off_loop(self.after_wait, outcome, slot, gen)
+        return verdict, _replay(read, receive) if read else receive
 
     async def _answer(self, scope: dict, send: Any, route: Route, status: int) -> None:
         """Answer 429 (counted, with Retry-After) or 503 (the worker is stopping)."""
@@ -192,11 +214,32 @@ class ASGIMiddleware(Admission):
         await send({"type": "http.response.body", "body": body})
 
 
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The worker's threads for ledger calls the loop must not wait for (made on first use,
+    after the fork)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="apf-ledger")
+    return _POOL
+
+
+async def _off_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a thread of :func:`_pool`, awaited: a ledger call whose lock another
+    process holds (``LockBusy``: nothing was done), run again where waiting is harmless."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)
+
+
 async def _watch(receive: Any, read: list, parking: Any, w: Any) -> None:
     """While ``w`` waits: read ``receive()`` into ``read``; a disconnect cancels the wait."""
     size = 0
     while True:
-        message = await receive()
+        try:
+            message = await receive()
+        except Exception:  # noqa: BLE001 - the app's own receive() will meet it again
+            return
         read.append(message)
         mtype = message.get("type")
         if mtype in _DISCONNECTS:

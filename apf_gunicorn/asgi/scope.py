@@ -12,7 +12,8 @@ Conversions follow PEP 3333 and the ASGI spec: header names are lower-case bytes
 and become ``HTTP_NAME_WITH_UNDERSCORES`` (``CONTENT_TYPE`` and ``CONTENT_LENGTH`` without the
 prefix); values and the query string are latin-1 (native strings); repeated headers are joined
 with ``,``; ``PATH_INFO`` is the scope's decoded ``path`` carried as latin-1 (WSGI's bytes-in-str
-convention). A WebSocket handshake is a ``GET``. ASGI has no ``REMOTE_USER``: the
+convention), without the scope's ``root_path`` (``SCRIPT_NAME``), as the app routes on it. A
+WebSocket handshake is a ``GET``. ASGI has no ``REMOTE_USER``: the
 ``remote-user`` identity source names nobody here. The environ also carries the scope itself
 (``asgi.scope``), for an ``APF_WORK_ESTIMATOR`` or ``APF_REQUEST_INFO`` hook.
 """
@@ -55,11 +56,15 @@ class ScopeEnviron:
 
     def __call__(self, scope: dict[str, Any]) -> dict[str, Any]:
         """The environ of ``scope`` (an ``http`` or ``websocket`` scope)."""
-        # once a request on the event loop: no call for an ASCII path or an empty query
+        # once a request on the event loop: no call for an ASCII path or root, or an empty query
         path = scope.get("path", "/")
+        root = scope.get("root_path", "")
         query = scope.get("query_string", b"")
+        if root and path.startswith(root):  # WSGI's PATH_INFO does not hold SCRIPT_NAME
+            path = path[len(root):] or "/"
         env = {"REQUEST_METHOD": scope.get("method", "GET"),
                "PATH_INFO": path if path.isascii() else _native(path),
+               "SCRIPT_NAME": root if root.isascii() else _native(root),
                "QUERY_STRING": query.decode("latin-1") if query else "",
                "SERVER_PROTOCOL": "HTTP/" + scope.get("http_version", "1.1"),
                "asgi.scope": scope}

@@ -24,6 +24,7 @@ server reads heads and accepts connections itself, and a waiting request holds n
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 from gunicorn.workers.gasgi import ASGIWorker as _GunicornASGIWorker
@@ -47,6 +48,8 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
         # gthread worker, and an ASGI worker rightly ignores them.
         pass
 
+    apf_holds_threads = False
+
     def apf_parking(self) -> AsyncParking:
         return AsyncParking()
 
@@ -54,6 +57,7 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
         return self.asgi
 
     def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
+        ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
         middleware = ASGIMiddleware(self.asgi, ctx)
         self.asgi = middleware
         return middleware
@@ -66,6 +70,7 @@ if _StockUvicornWorker is not None:
         """uvicorn-worker's ``UvicornWorker`` with APF in front of its app."""
 
         apf_server: Any = None
+        apf_holds_threads = False
 
         def apf_parking(self) -> AsyncParking:
             return AsyncParking()
@@ -78,6 +83,7 @@ if _StockUvicornWorker is not None:
             return self.wsgi
 
         def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
+            ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
             middleware = ASGIMiddleware(self.wsgi, ctx)
             self.wsgi = middleware  # uvicorn-worker serves self.wsgi (config.app = self.wsgi)
             return middleware

@@ -71,6 +71,7 @@ from apf_gunicorn.flowcontrol import fairness, identity
 from apf_gunicorn.flowcontrol.configuration import Configuration
 from apf_gunicorn.flowcontrol.gomath import format_duration
 from apf_gunicorn.flowcontrol.identity import ANONYMOUS_USER, identity_groups
+from apf_gunicorn.flowcontrol.kube_paths import parse_kubernetes_path, path_parsing
 from apf_gunicorn.flowcontrol.limits import compute_limits, max_seats_origin
 from apf_gunicorn.flowcontrol.matching import (
     Classification,
@@ -80,7 +81,6 @@ from apf_gunicorn.flowcontrol.matching import (
     hand,
 )
 from apf_gunicorn.flowcontrol.objects import FlowSchema, RequestAttributes
-from apf_gunicorn.flowcontrol.requestinfo import parse_kubernetes_path, path_parsing
 from apf_gunicorn.flowcontrol.workestimate import (
     ONE_SEAT,
     WorkEstimate,

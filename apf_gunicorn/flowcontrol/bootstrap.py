@@ -5,7 +5,7 @@ changes to them (except the ``spec.exempt`` field of the ``exempt`` priority lev
 holds them in two forms:
 
 * ``MANDATORY_*_SPECS``: the defaulted v1 ``spec`` as a plain dict, shaped like the normalized
-  specs :mod:`apf_gunicorn.flowcontrol.validation` produces, for the equality checks;
+  specs :mod:`apf_gunicorn.flowcontrol.spec_decoding` produces, for the equality checks;
 * ``MANDATORY_FLOW_SCHEMAS`` / ``MANDATORY_PRIORITY_LEVELS``: the typed objects
   (``source="<built-in>"``, a derived uid) that :mod:`apf_gunicorn.flowcontrol.configuration` adds
   when a configuration lacks them, as the ensurer does.

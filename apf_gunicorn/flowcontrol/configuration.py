@@ -166,7 +166,7 @@ def digest(
 
 
 # --------------------------------------------------------------------------------------------
-# Normalized, defaulted specs (see validation.py) -> typed objects
+# Normalized, defaulted specs (see spec_decoding.py) -> typed objects
 
 
 def flow_schema_from_spec(

@@ -33,28 +33,28 @@ from typing import Any
 
 import yaml
 
+from apf_gunicorn.flowcontrol.apf_annotations import validate_annotations
 from apf_gunicorn.flowcontrol.configuration import (
     Configuration,
     digest,
     flow_schema_from_spec,
     priority_level_from_spec,
 )
-from apf_gunicorn.flowcontrol.objects import FlowSchema, PriorityLevel
-from apf_gunicorn.flowcontrol.suggest import unknown_field
-from apf_gunicorn.flowcontrol.validation import (
+from apf_gunicorn.flowcontrol.flowschema_validation import validate_flow_schema
+from apf_gunicorn.flowcontrol.objects import (
     KIND_FLOW_SCHEMA,
     KIND_PRIORITY_LEVEL,
-    ConfigError,
-    ConfigErrors,
-    ErrorList,
-    broken_reason,
+    FlowSchema,
+    PriorityLevel,
+)
+from apf_gunicorn.flowcontrol.prioritylevel_validation import broken_reason, validate_priority_level
+from apf_gunicorn.flowcontrol.spec_decoding import (
     decode_flow_schema_spec,
     decode_priority_level_spec,
     decode_status,
-    validate_annotations,
-    validate_flow_schema,
-    validate_priority_level,
 )
+from apf_gunicorn.flowcontrol.suggest import unknown_field
+from apf_gunicorn.flowcontrol.validation import ConfigError, ConfigErrors, ErrorList
 
 GROUP = "flowcontrol.apiserver.k8s.io"
 API_V1 = f"{GROUP}/v1"

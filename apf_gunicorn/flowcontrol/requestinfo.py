@@ -37,32 +37,30 @@ file one identity's shape under the other's key). Without trusted proxies, the s
 
 What the request does, in this order: a declarative route (:mod:`.routes`) if one matches;
 Kubernetes API paths under ``/api/`` and ``/apis/`` parsed exactly as Kubernetes'
-``RequestInfoFactory`` when ``kubernetes_paths`` is on; anything else is a non-resource request
-whose verb is the lower-cased method. Whether Kubernetes paths are parsed is the server's
-``APF_PATHS`` (:func:`path_parsing`): ``kubernetes``, ``plain``, or ``auto`` (the default): only
-when some FlowSchema has resource rules that can tell the two apart, so a web app's REST-style
-``/api/v1/items`` is classified like ``/items``.
+``RequestInfoFactory`` (:mod:`.kube_paths`) when ``kubernetes_paths`` is on; anything else is a
+non-resource request whose verb is the lower-cased method. Whether Kubernetes paths are parsed
+is the server's ``APF_PATHS`` (:func:`.kube_paths.path_parsing`): ``kubernetes``, ``plain``, or
+``auto`` (the default): only when some FlowSchema has resource rules that can tell the two
+apart, so a web app's REST-style ``/api/v1/items`` is classified like ``/items``.
 
 Hostile input never raises: headers and paths are decoded from WSGI's latin-1 transport as UTF-8
-with replacement characters, and values are truncated to the bounds below.
+with replacement characters, and values are truncated to the bounds below (the query string to
+:data:`.kube_paths.MAX_QUERY_LENGTH`).
 
-The ``APF_REQUEST_INFO`` hook (:func:`load_request_info_hook`) replaces this resolver with a
-user function, falling back to it when the function fails.
+The ``APF_REQUEST_INFO`` hook (:func:`.request_info_hook.load_request_info_hook`) replaces this
+resolver with a user function, falling back to it when the function fails.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import logging
 import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl
 
 from . import identity as sources
-from .hookspec import import_callable
 from .identity import (
     ANONYMOUS_USER,
     MAX_GROUPS,
@@ -70,7 +68,7 @@ from .identity import (
     UNAUTHENTICATED_GROUP,
     identity_groups,
 )
-from .matching import resource_rules_schema
+from .kube_paths import MAX_QUERY_LENGTH, parse_kubernetes_path
 from .objects import RequestAttributes
 
 if TYPE_CHECKING:
@@ -84,23 +82,10 @@ MAX_HEADER_LENGTH = 16384
 MAX_PATH_LENGTH = 8192
 #: Longest method kept.
 MAX_METHOD_LENGTH = 32
-#: Longest query string parsed (only ``watch`` and ``fieldSelector`` are read from it).
-MAX_QUERY_LENGTH = 8192
 
 Environ = Mapping[str, Any]
 Resolver = Callable[[Environ], RequestAttributes]
 
-_SPECIAL_VERBS = frozenset(("proxy", "watch"))
-_SPECIAL_VERBS_NO_SUBRESOURCES = frozenset(("proxy",))
-_NAMESPACE_SUBRESOURCES = frozenset(("status", "finalize"))
-_METHOD_VERBS = {
-    "POST": "create",
-    "GET": "get",
-    "HEAD": "get",
-    "PUT": "update",
-    "PATCH": "patch",
-    "DELETE": "delete",
-}
 _ANONYMOUS_GROUPS = (UNAUTHENTICATED_GROUP,)
 _TRUST_CACHE_SIZE = 4096
 #: The trusted-proxy entry that trusts peers connected over a Unix socket.
@@ -141,148 +126,6 @@ def _split_groups(raw: str) -> tuple[str, ...]:
             if len(groups) >= MAX_GROUPS:
                 break
     return tuple(groups)
-
-
-def _watch_requested(values: list[str]) -> bool:
-    # Kubernetes decodes ?watch= with Convert_Slice_string_To_bool: the first value counts and
-    # anything but "0" or "false" (any case) is true, even an empty value.
-    return bool(values) and values[0].lower() not in ("0", "false")
-
-
-def _exact_name_from_field_selector(selector: str) -> str:
-    """The name a ``fieldSelector`` pins with ``metadata.name=X`` (Kubernetes
-    ``RequiresExactMatch``), or "" when it pins none or does not parse."""
-    found = ""
-    for term in selector.split(","):
-        if "!=" in term:
-            field, value = term.split("!=", 1)
-        elif "==" in term:
-            field, value = term.split("==", 1)
-            if field.strip() == "metadata.name":
-                found = value.strip()
-            continue
-        elif "=" in term:
-            field, value = term.split("=", 1)
-            if field.strip() == "metadata.name":
-                found = value.strip()
-            continue
-        else:
-            return ""  # an invalid selector: Kubernetes keeps no name
-    if found in (".", "..") or "/" in found or "%" in found:
-        return ""  # not a valid path segment name
-    return found
-
-
-def parse_kubernetes_path(method: str, path: str, query: str) -> dict[str, Any] | None:
-    """Kubernetes ``RequestInfoFactory.NewRequestInfo`` for ``/api`` and ``/apis`` paths.
-
-    Returns the resource fields (``verb``, ``api_group``, ``api_version``, ``namespace``,
-    ``resource``, ``subresource``, ``name``) or None for a non-resource request.
-    """
-    parts = path.strip("/").split("/") if path.strip("/") else []
-    if len(parts) < 3 or parts[0] not in ("api", "apis"):
-        return None
-    prefix = parts[0]
-    parts = parts[1:]
-    api_group = ""
-    if prefix == "apis":
-        if len(parts) < 3:
-            return None
-        api_group = parts[0]
-        parts = parts[1:]
-    api_version = parts[0]
-    parts = parts[1:]
-
-    if parts[0] in _SPECIAL_VERBS:
-        if len(parts) < 2:
-            # Kubernetes returns an error with what it has so far (a resource request whose verb
-            # is still the lower-cased method); we classify by that instead of failing.
-            return {
-                "verb": method.lower(),
-                "api_group": api_group,
-                "api_version": api_version,
-                "namespace": "",
-                "resource": "",
-                "subresource": "",
-                "name": "",
-            }
-        verb = parts[0]
-        parts = parts[1:]
-    else:
-        verb = _METHOD_VERBS.get(method, "")
-
-    namespace = ""
-    if parts[0] == "namespaces":
-        if len(parts) > 1:
-            namespace = parts[1]
-            if len(parts) > 2 and parts[2] not in _NAMESPACE_SUBRESOURCES:
-                parts = parts[2:]
-
-    resource = name = subresource = ""
-    if len(parts) >= 3 and verb not in _SPECIAL_VERBS_NO_SUBRESOURCES:
-        subresource = parts[2]
-    if len(parts) >= 2:
-        name = parts[1]
-    if len(parts) >= 1:
-        resource = parts[0]
-
-    if not name and verb == "get":
-        params: dict[str, list[str]] = {}
-        if query:
-            for key, value in parse_qsl(query[:MAX_QUERY_LENGTH], keep_blank_values=True,
-                                        errors="replace"):
-                params.setdefault(key, []).append(value)
-        verb = "watch" if _watch_requested(params.get("watch", [])) else "list"
-        selectors = params.get("fieldSelector")
-        if selectors:
-            name = _exact_name_from_field_selector(selectors[0])
-    if not name and verb == "delete":
-        verb = "deletecollection"
-    return {
-        "verb": verb,
-        "api_group": api_group,
-        "api_version": api_version,
-        "namespace": namespace,
-        "resource": resource,
-        "subresource": subresource,
-        "name": name,
-    }
-
-
-#: ``APF_PATHS`` values: how ``/api/`` and ``/apis/`` paths are read.
-PATHS_AUTO = "auto"
-PATHS_KUBERNETES = "kubernetes"
-PATHS_PLAIN = "plain"
-PATH_MODES = (PATHS_AUTO, PATHS_KUBERNETES, PATHS_PLAIN)
-
-
-def path_parsing(mode: str, flow_schemas: Iterable[Any]) -> tuple[bool, str]:
-    """Whether ``/api/`` and ``/apis/`` paths are parsed as Kubernetes API requests, and why.
-
-    Args:
-        mode: ``APF_PATHS``: ``kubernetes`` (always), ``plain`` (never) or ``auto``: when some
-            FlowSchema has resource rules that can change a request's FlowSchema
-            (:func:`.matching.resource_rules_schema`; the mandatory schemas' match-everything
-            rules do not count).
-        flow_schemas: the configuration's FlowSchemas (read for ``auto`` only).
-
-    Returns:
-        ``(kubernetes, reason)``, e.g. ``(True, "APF_PATHS=auto: FlowSchema 'system-nodes' has
-        resource rules")``.
-
-    Raises:
-        ValueError: ``mode`` is not one of :data:`PATH_MODES`.
-    """
-    if mode == PATHS_KUBERNETES:
-        return True, "APF_PATHS=kubernetes"
-    if mode == PATHS_PLAIN:
-        return False, "APF_PATHS=plain"
-    if mode != PATHS_AUTO:
-        raise ValueError(f"APF_PATHS must be one of {', '.join(PATH_MODES)}, got {mode!r}")
-    fs = resource_rules_schema(flow_schemas)
-    if fs is not None:
-        return True, f"APF_PATHS=auto: FlowSchema {fs.name!r} has resource rules"
-    return False, "APF_PATHS=auto: no FlowSchema has resource rules"
 
 
 def key_function(keys: Iterable[str],
@@ -351,9 +194,9 @@ class RequestInfoResolver:
         output; a bad one raises ValueError). ``jwt_verifier``: verifies ``jwt-sub`` tokens
         (:class:`.jwtauth.JWTVerifier`); None: ``jwt-sub`` reads ``sub`` unverified.
         ``kubernetes_paths``: parse ``/api/`` and ``/apis/`` paths as Kubernetes API requests
-        (:func:`path_parsing` decides it for the server); False: they are non-resource requests
-        like any other path. ``clock``: seconds, to space the warnings about identity headers
-        from untrusted peers."""
+        (:func:`.kube_paths.path_parsing` decides it for the server); False: they are
+        non-resource requests like any other path. ``clock``: seconds, to space the warnings
+        about identity headers from untrusted peers."""
         networks = []
         self.trust_unix = False
         for cidr in trusted_proxies:
@@ -600,78 +443,3 @@ class RequestInfoResolver:
             if fields is not None:
                 return RequestAttributes(user, groups, path=path, is_resource=True, **fields)
         return RequestAttributes(user, groups, method.lower(), path)
-
-
-# --- the APF_REQUEST_INFO hook ------------------------------------------------------------------
-
-_FIELDS = {f.name for f in dataclasses.fields(RequestAttributes)}
-_STR_FIELDS = _FIELDS - {"groups", "is_resource", "extra"}
-
-
-class HookError(ValueError):
-    """``APF_REQUEST_INFO`` names nothing callable (raised at load, never per request)."""
-
-
-def attributes_from_hook_result(result: Any, fallback: Callable[[], RequestAttributes]
-                                ) -> RequestAttributes:
-    """Check and convert what a hook returned: a RequestAttributes, or a dict with some of its
-    field names whose missing fields are taken from ``fallback()``. Raises TypeError/ValueError
-    for anything else."""
-    if isinstance(result, RequestAttributes):
-        attrs = result
-    elif isinstance(result, Mapping):
-        unknown = set(result) - _FIELDS
-        if unknown:
-            raise ValueError(f"unknown request attribute(s) {sorted(map(str, unknown))}")
-        changes = dict(result)
-        if "groups" in changes:
-            changes["groups"] = tuple(changes["groups"])
-        elif "user" in changes:
-            changes["groups"] = identity_groups(changes["user"], ())
-        attrs = dataclasses.replace(fallback(), **changes)
-    else:
-        raise TypeError(f"expected RequestAttributes or a dict, got {type(result).__name__}")
-    for name in _STR_FIELDS:
-        if not isinstance(getattr(attrs, name), str):
-            raise TypeError(f"request attribute {name!r} must be a str")
-    if not isinstance(attrs.groups, tuple) or not all(isinstance(g, str) for g in attrs.groups):
-        raise TypeError("request attribute 'groups' must be a sequence of str")
-    if not isinstance(attrs.is_resource, bool):
-        raise TypeError("request attribute 'is_resource' must be a bool")
-    return attrs
-
-
-class HookedResolver:
-    """A user function in front of the built-in resolver.
-
-    ``resolve(environ)`` returns ``(attributes, failed)``: ``failed`` is True when the hook
-    raised or returned something unusable and the built-in resolver answered instead (the
-    server counts it). Calling the object returns only the attributes.
-    """
-
-    def __init__(self, hook: Callable[[Environ], Any], fallback: Resolver, name: str = "") -> None:
-        self.hook = hook
-        self.fallback = fallback
-        self.name = name or getattr(hook, "__qualname__", repr(hook))
-        self.failures = 0  # approximate under threads; the server counts the flag instead
-
-    def resolve(self, environ: Environ) -> tuple[RequestAttributes, bool]:
-        try:
-            return attributes_from_hook_result(self.hook(environ), lambda: self.fallback(environ)), False
-        except Exception:
-            self.failures += 1
-            log.exception("APF_REQUEST_INFO hook %s failed; using the built-in resolver", self.name)
-            return self.fallback(environ), True
-
-    def __call__(self, environ: Environ) -> RequestAttributes:
-        return self.resolve(environ)[0]
-
-
-def load_request_info_hook(spec: str, fallback: Resolver | None = None) -> HookedResolver:
-    """Import ``module:callable`` (dotted attribute paths allowed after the colon).
-
-    Raises :class:`HookError` naming the spec when it cannot be imported or is not callable.
-    ``fallback`` answers when the hook fails (default: a built-in resolver trusting no proxy).
-    """
-    obj = import_callable(spec, "APF_REQUEST_INFO", HookError)
-    return HookedResolver(obj, fallback or RequestInfoResolver(), name=spec)

@@ -1,6 +1,6 @@
 """The closest known name to a misspelt one, for "did you mean" hints.
 
-Used for unknown fields of a configuration object (:mod:`.validation`, :mod:`.loader`) and for
+Used for unknown fields of a configuration object (:mod:`.spec_decoding`, :mod:`.loader`) and for
 unknown ``APF_*`` variables (:mod:`apf_gunicorn.server.startup`)::
 
     closest("queueLenghtLimit", ["queues", "handSize", "queueLengthLimit"])

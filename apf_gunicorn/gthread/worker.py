@@ -55,10 +55,8 @@ Use ``worker_class = "apf_gunicorn.gthread.worker.ApfThreadWorker"`` (conf.py do
 from __future__ import annotations
 
 import errno
-import heapq
 import logging
 import selectors
-import ssl
 import time
 from functools import partial
 from time import monotonic_ns
@@ -72,8 +70,9 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 from apf_gunicorn.admission.boot import FrontEnd
 from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
+from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
-from apf_gunicorn.gthread.threadshare import reserve_full
+from apf_gunicorn.gthread.tls import RECV_BYTES, TlsConn, TlsHandshakes, recv_tls
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state
 from apf_gunicorn.server.settings import (
@@ -84,7 +83,6 @@ from apf_gunicorn.server.settings import (
     DEFAULT_HELD_REJECTIONS,
 )
 
-RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 RESERVE_AFTER_S = 0.03
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
@@ -98,7 +96,7 @@ DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head
 log = logging.getLogger("apf_gunicorn.worker")
 
 
-class ApfThreadWorker(FrontEnd, ThreadWorker):
+class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -129,7 +127,7 @@ class ApfThreadWorker(FrontEnd, ThreadWorker):
         self.apf_head_rules = HeadRules.of(self.cfg)
         self.apf_tls = self.cfg.is_ssl
         # reads what a reading or kept-alive connection has (a TLS one: decrypted)
-        self.apf_recv = _recv_tls if self.apf_tls else _recv
+        self.apf_recv = recv_tls if self.apf_tls else _recv
         self.apf_tls_context = None  # set by init_process when apf_tls
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
@@ -364,73 +362,6 @@ class ApfThreadWorker(FrontEnd, ThreadWorker):
                         or self.nr_conns >= self.worker_connections):
             self._apf_drop_idle(conn)
 
-    # -- TLS: the handshake in the poller -------------------------------------------------------
-
-    def _apf_tls_accept(self, conn, deadline: float) -> None:
-        """Wrap a new connection for TLS and make its handshake in the poller, then read its
-        head there (:meth:`_apf_tls_event`); all within ``deadline``. Until its handshake is
-        done it is a reading connection that has sent nothing (``apf_silent``), so it is
-        among the first dropped past ``APF_HEAD_CONNECTIONS``."""
-        try:
-            conn.sock = self.apf_tls_context.wrap_socket(
-                conn.sock, server_side=True, do_handshake_on_connect=False,
-                suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
-        except OSError as e:
-            # A client that reset the connection before it was accepted: the wrap's own
-            # probe (getpeername ENOTCONN, then recv) raises ECONNRESET. gthread wraps in a
-            # thread for this reason; here, on the main thread, it closes this connection
-            # only (the wrap detached the socket: the fd closes with the lost SSLSocket).
-            self.log.debug("TLS wrap of %s failed: %s", conn.client, e)
-            self._apf_close(conn)
-            return
-        conn.apf_buf = bytearray()
-        conn.apf_scan = None
-        conn.apf_handshake = True
-        conn.timeout = deadline
-        if self._apf_tls_event(conn):
-            return
-        self.apf_reading[conn] = None
-        self.poller.register(conn.sock, conn.apf_events, partial(self._apf_on_tls_event, conn))
-
-    def _apf_on_tls_event(self, conn, client) -> None:
-        if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
-            return
-        self._apf_tls_event(conn)
-
-    def _apf_tls_event(self, conn) -> bool:
-        """Advance the handshake while it lasts, then read the head; True when the connection
-        has left the reading state (handed to a thread or closed)."""
-        if conn.apf_handshake:
-            tls = conn.sock
-            try:
-                tls.do_handshake()
-            except ssl.SSLWantReadError:
-                self._apf_tls_wait(conn, selectors.EVENT_READ)
-                return False
-            except ssl.SSLWantWriteError:  # the kernel's send buffer is full: wait for room
-                self._apf_tls_wait(conn, selectors.EVENT_WRITE)
-                return False
-            except OSError as e:  # (ssl.SSLError among them) a failed handshake: no answer
-                self.log.debug("TLS handshake with %s failed: %s", conn.client, e)
-                self._apf_close(conn)
-                return True
-            conn.apf_handshake = False
-            self._apf_tls_wait(conn, selectors.EVENT_READ)
-            if gsock.is_http2_negotiated(tls):
-                # ALPN chose HTTP/2: its thread makes the HTTP/2 parser (_TlsConn.init)
-                self._apf_leave_reading(conn)
-                self.enqueue_req(conn)
-                return True
-            conn.parser = http.get_parser(self.cfg, tls, conn.client)
-        return self.apf_head_readable(conn)
-
-    def _apf_tls_wait(self, conn, events: int) -> None:
-        """Wait for ``events`` on a registered handshaking connection (a handshake that wants
-        to write waits for room in the send buffer, then reads again)."""
-        if conn in self.apf_reading and conn.apf_events != events:
-            self.poller.modify(conn.sock, events, partial(self._apf_on_tls_event, conn))
-        conn.apf_events = events
-
     def _apf_leave_reading(self, conn) -> None:
         """A connection leaves the reading state without closing (a TLS one whose ALPN chose
         HTTP/2, before it sent a byte of a head)."""
@@ -586,89 +517,6 @@ class ApfThreadWorker(FrontEnd, ThreadWorker):
         conn.data_ready = True
         self.enqueue_req(conn)
 
-    # -- answering 429 in the poller (gthread/pollreject.py) ---------------------------------
-
-    def _apf_reserve_full(self) -> bool:
-        """Every thread for non-exempt requests is taken (the thread reserve applies)."""
-        return reserve_full(len(self.apf_inflight), self.apf_room_limit)
-
-    def apf_reject_here(self, conn, data: bytes, kept: bool = False) -> bool:
-        """Answer the complete head ``data`` 429 from the poller when the middleware would
-        certainly reject it (``PollerRejector.answer``); True when answered (or held to be
-        answered), False: it goes to a thread as usual. ``kept``: the connection is still
-        registered and among the kept-alive ones (a kept-alive connection's next head)."""
-        room = (self.alive and self._apf_keepalive_on
-                and len(self.keepalived_conns) - kept < self.max_keepalived
-                and self.nr + 1 < self.max_requests)  # (the last one closes, as in gthread)
-        try:
-            verdict = self.apf_rejector.answer(data, conn.client, room)
-        except Exception:
-            log.exception("apf: classifying a request head in the poller failed; a thread "
-                          "takes it")
-            return False
-        if verdict is None:
-            return False
-        # a request answered, as gthread's handle_request counts it towards max_requests
-        self.nr += 1
-        if self.nr >= self.max_requests and self.alive:
-            self.log.info("Autorestarting worker after current request.")
-            self.alive = False
-        held = self.apf_held
-        if verdict.hold > 0 and len(held) < self.apf_held_max and self.alive:
-            if kept:
-                self.poller.unregister(conn.sock)
-                self.keepalived_conns.remove(conn)
-            self._apf_held_seq += 1
-            heapq.heappush(held, (time.monotonic() + verdict.hold, self._apf_held_seq, conn,
-                                  verdict))
-            count = self.apf_on_delayed
-            if count is not None:
-                count(verdict.route.level, verdict.route.fs_index, verdict.reason)
-            return True
-        self._apf_answer(conn, verdict, kept)
-        return True
-
-    def _apf_answer(self, conn, verdict, kept: bool = False) -> None:
-        """Write a 429 (``PollerRejector.answer``'s: a few hundred bytes, one send), log it in
-        gunicorn's access log, and keep the connection alive as gthread does after a response,
-        or close it. ``kept``: it is registered and kept alive already (then it stays
-        registered: it moves to the end of the kept-alive ones)."""
-        out, keep = verdict.data, verdict.keep
-        try:
-            sent = conn.sock.send(out)
-        except OSError:
-            sent = -1
-        self.apf_rejector.log_access(self.log, verdict, conn.client, conn.server)
-        if sent != len(out):  # a client that does not read, or is gone
-            keep = False
-        if keep and self.alive:
-            conn.timeout = time.monotonic() + self._apf_keepalive_s  # (TConn.set_timeout)
-            kept_alive = self.keepalived_conns
-            if kept:
-                kept_alive.remove(conn)
-                kept_alive.append(conn)
-                return
-            kept_alive.append(conn)
-            self.poller.register(conn.sock, selectors.EVENT_READ,
-                                 partial(self.on_client_socket_readable, conn))
-            return
-        if kept:
-            self.poller.unregister(conn.sock)
-            self.keepalived_conns.remove(conn)
-        self.nr_conns -= 1
-        # (nothing unread: the head was the whole input, so a plain close sends no reset;
-        # gthread's graceful close would linger here, on the poller)
-        conn.close()
-
-    def _apf_release_held(self) -> None:
-        """Write the held 429s that are due (all of them once the worker stops)."""
-        held = self.apf_held
-        now = time.monotonic()
-        alive = self.alive
-        while held and (held[0][0] <= now or not alive):
-            _, _, conn, verdict = heapq.heappop(held)
-            self._apf_answer(conn, verdict)
-
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
         if conn.apf_buf:
@@ -764,28 +612,6 @@ def _recv(sock) -> bytes | None:
         return b""
 
 
-def _recv_tls(sock) -> bytes | None:
-    """What a non-blocking TLS socket has, decrypted: None if nothing yet (also when only
-    part of a TLS record has arrived: ``SSLWantReadError``), b"" at its end or on an error.
-    Reads what the TLS layer holds decrypted too (``pending``): it would not make the socket
-    readable again."""
-    try:
-        data = sock.recv(RECV_BYTES)
-    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-        return None
-    except OSError:  # (ssl.SSLError among them)
-        return b""
-    while data:
-        more = sock.pending()
-        if not more:
-            break
-        try:
-            data += sock.recv(more)
-        except OSError:
-            break
-    return data
-
-
 def _buffered(conn) -> int:
     return len(conn.apf_buf)
 
@@ -798,27 +624,10 @@ def _false() -> bool:
     return False
 
 
-class _TlsConn(TConn):
-    """A TLS connection whose handshake the poller made (``ApfThreadWorker._apf_tls_event``):
-    its socket is wrapped already, and its parser set (HTTP/1) or left to make here
-    (HTTP/2 chosen by ALPN), where stock gthread's ``init`` would wrap the socket again."""
-
-    def init(self):
-        if self.initialized:
-            return
-        self.initialized = True
-        self.sock.setblocking(True)
-        if self.parser is None:
-            self.is_http2 = True
-            self.parser = http.get_parser(self.cfg, self.sock, self.client,
-                                          http2_connection=True)
-            self.parser.initiate_connection()
-
-
 def _new_conn(worker, sock, client, server, tls: bool = False):
     """A gthread connection (non-blocking from here) with this worker's fields; ``tls``: one
     whose handshake the poller makes."""
-    conn = (_TlsConn if tls else TConn)(worker.cfg, sock, client, server)
+    conn = (TlsConn if tls else TConn)(worker.cfg, sock, client, server)
     conn.apf_handshake = False
     conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None

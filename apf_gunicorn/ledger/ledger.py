@@ -221,6 +221,12 @@ class Ledger(FastPaths, RequestPath, VirtualClock, MinTree, RequestCounters,
             led._accelerate()
         return led
 
+    def never_wait_on(self, thread_ident: int) -> None:
+        """Calls on thread ``thread_ident`` raise ``lock.LockBusy`` (before anything is held or
+        changed) instead of waiting while another process holds the lock: for an event loop
+        (``ProcessLock.never_wait_on``)."""
+        self._lock.never_wait_on(thread_ident)
+
     def close(self) -> None:
         """Release the buffer views (and the C fast paths' hold on them) so the underlying mmap
         can be closed; the ledger is unusable afterwards.

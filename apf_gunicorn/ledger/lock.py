@@ -44,6 +44,7 @@ import ctypes.util
 import errno
 import mmap
 import os
+import threading
 import weakref
 
 from apf_gunicorn.ledger.layout import H_HOLDER_PID, H_MUTEX, MUTEX_BYTES, WORD
@@ -51,6 +52,12 @@ from apf_gunicorn.ledger.layout import H_HOLDER_PID, H_MUTEX, MUTEX_BYTES, WORD
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
 _SPINS = 20  # trylock attempts (~0.15 µs each) before a blocking wait
+
+
+class LockBusy(Exception):
+    """The lock is held by someone else and this thread must not wait for it (an event loop's:
+    :meth:`ProcessLock.never_wait_on`). Raised by ``acquire`` before anything is held or
+    changed, so the caller can run the same ledger call again on a thread that may wait."""
 
 
 class NullLock:
@@ -61,6 +68,9 @@ class NullLock:
 
     def acquire(self) -> int | None:
         return None
+
+    def never_wait_on(self, thread_ident: int) -> None:
+        """Nothing to wait for without mutual exclusion."""
 
     def consistent(self) -> None:
         pass
@@ -148,6 +158,7 @@ class ProcessLock:
         self._ref = None  # ctypes.byref(self._mutex): the argument of trylock/unlock
         self._words = None
         self._pid = os.getpid()
+        self._no_wait_thread = 0  # never_wait_on: a thread that gets LockBusy, not a wait
         ref = weakref.ref(self)
 
         def _after_fork() -> None:
@@ -210,6 +221,17 @@ class ProcessLock:
         self.acquire = acquire
         self.release = release
 
+    def never_wait_on(self, thread_ident: int) -> None:
+        """From now on, an ``acquire`` on thread ``thread_ident`` that finds the mutex held by
+        another process (after the short spin) raises :class:`LockBusy` instead of waiting: an
+        event loop must never block behind a holder that may be descheduled or stopped. The
+        fast path is unchanged (only the contended, slow path reads this).
+
+        Args:
+            thread_ident: ``threading.get_ident()`` of that thread (0: none).
+        """
+        self._no_wait_thread = thread_ident
+
     def unbind(self) -> None:
         """Drop the ctypes view so the mmap can be closed."""
         self.__dict__.pop("acquire", None)
@@ -241,6 +263,8 @@ class ProcessLock:
                 if rc != errno.EBUSY:
                     break
             else:
+                if self._no_wait_thread and threading.get_ident() == self._no_wait_thread:
+                    raise LockBusy
                 rc = self._wait(self._addr)
         if rc == 0:
             self._words[H_HOLDER_PID] = self._pid

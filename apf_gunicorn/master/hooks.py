@@ -102,6 +102,24 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
 
 
 
+def _holds_threads(server) -> bool:
+    return getattr(server.worker_class, "apf_holds_threads", True)
+
+
+def _threads(server) -> int:
+    """Threads per worker for the default limit: gunicorn's ``threads`` when a request holds
+    one (gthread), else what an event-loop worker counts as (``boot.LOOP_THREADS``)."""
+    return server.cfg.threads if _holds_threads(server) else boot.LOOP_THREADS
+
+
+def _thread_budget(server, gen, settings) -> str | None:
+    """The thread-budget warning (gthread only: an event loop's waiting requests hold no
+    thread)."""
+    if not _holds_threads(server):
+        return None
+    return thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
+
+
 # -- master hooks -----------------------------------------------------------------------------
 
 def on_starting(server) -> None:
@@ -111,7 +129,7 @@ def on_starting(server) -> None:
     if problem:
         _fail(server, [problem])
     try:
-        settings = load_settings(workers=server.cfg.workers, threads=server.cfg.threads)
+        settings = load_settings(workers=server.cfg.workers, threads=_threads(server))
     except SettingsError as e:
         _fail(server, [str(e)])
     startup.warn_unknown_variables(server.log)
@@ -127,7 +145,7 @@ def on_starting(server) -> None:
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
-    warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
+    warning = _thread_budget(server, gen, settings)
     if warning:
         server.log.warning("apf: %s", warning)
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
@@ -153,6 +171,7 @@ def on_starting(server) -> None:
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid,
+        threads=_threads(server), holds_threads=_holds_threads(server),
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
                      if getattr(settings, "concurrency_auto", None) is not None else None))
@@ -241,7 +260,7 @@ def on_reload(server) -> None:
                     path_parsing_note(settings, gen.configuration))
     for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
         server.log.info("apf:   %s", line)
-    warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
+    warning = _thread_budget(server, gen, settings)
     if warning:
         server.log.warning("apf: %s", warning)
 
@@ -296,9 +315,7 @@ def worker_exit(server, worker) -> None:
             child_exit(server, worker)
         return
     w.parking.stop_all()
-    deadline = time.monotonic() + 1.0
-    while len(w.parking) and time.monotonic() < deadline:
-        time.sleep(0.01)  # parked threads answer 503 and unpark
+    w.parking.drain(1.0)
     w.dispatcher.release_all_lingers()
     w.dispatcher.stop()
     try:

@@ -18,13 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from apf_gunicorn.flowcontrol.requestinfo import (
-    PATHS_PLAIN,
-    HookedResolver,
-    RequestInfoResolver,
-    load_request_info_hook,
-    path_parsing,
-)
+from apf_gunicorn.flowcontrol.kube_paths import PATHS_PLAIN, path_parsing
+from apf_gunicorn.flowcontrol.request_info_hook import HookedResolver, load_request_info_hook
+from apf_gunicorn.flowcontrol.requestinfo import RequestInfoResolver
 from apf_gunicorn.flowcontrol.routes import load_routes
 
 

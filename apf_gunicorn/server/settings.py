@@ -31,8 +31,9 @@ from apf_gunicorn.flowcontrol.identity import (
     is_reserved_name,
     parse_user_from,
 )
+from apf_gunicorn.flowcontrol.kube_paths import PATH_MODES, PATHS_AUTO
 from apf_gunicorn.flowcontrol.loader import DEFAULT_BUILTIN, PUBLIC_BUILTIN
-from apf_gunicorn.flowcontrol.requestinfo import PATH_MODES, PATHS_AUTO, UNIX_PEER
+from apf_gunicorn.flowcontrol.requestinfo import UNIX_PEER
 from apf_gunicorn.ledger.ledger import DEFAULT_SERVICE_ESTIMATE_NS, MAX_SERVICE_ESTIMATE_NS
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from apf_gunicorn.flowcontrol.kube_paths import path_parsing
 from apf_gunicorn.flowcontrol.limits import MAX_SEATS_ANNOTATION
-from apf_gunicorn.flowcontrol.requestinfo import path_parsing
 from apf_gunicorn.flowcontrol.routereach import reachable_levels
 from apf_gunicorn.flowcontrol.suggest import closest
 from apf_gunicorn.flowcontrol.workestimate import WorkEstimate, clamp
@@ -213,7 +213,7 @@ def log_identity(glog: Any, settings: Any) -> None:
 # -- the ready line ----------------------------------------------------------------------------
 
 def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | None,
-               admin_state: str, workers: int, threads: int,
+               admin_state: str, workers: int, threads: int, holds_threads: bool = True,
                env: Mapping[str, str] | None = None) -> str:
     """The one line that says what the server runs with.
 
@@ -223,7 +223,8 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         admin_address: the admin endpoint's bound (host, port), or None.
         admin_state: ``"off"``, ``"busy"`` (the port is taken, retried) or ``"on"``.
         workers: gunicorn's ``workers``.
-        threads: gunicorn's ``threads``.
+        threads: gunicorn's ``threads`` (an event-loop worker's: ``boot.LOOP_THREADS``).
+        holds_threads: whether a request holds a thread (gthread); False: an event loop.
         env: the environment the settings came from (default ``os.environ``): whether
             ``APF_CONCURRENCY_LIMIT`` set the limit.
 
@@ -247,7 +248,8 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
     if env.get("APF_CONCURRENCY_LIMIT", "").strip():
         limit_src = "APF_CONCURRENCY_LIMIT"
     elif limit == default_concurrency_limit(workers, threads):
-        limit_src = f"default: {workers} workers x {threads} threads / 2"
+        limit_src = (f"default: {workers} workers x {threads} threads / 2" if holds_threads
+                     else f"default: {workers} workers x {threads // 2} seats")
     else:
         limit_src = "default"
     levels = generation.configuration.priority_levels
@@ -304,7 +306,8 @@ def log_ready(glog: Any, master: Any, cfg: Any) -> None:
         state, address = "on", (admin.address[0], admin.port)
     segment = getattr(getattr(master, "segment", None), "name", "?")
     glog.info("apf: %s (ledger in shared memory %s)",
-              ready_line(settings, master.generation, address, state, cfg.workers, cfg.threads),
+              ready_line(settings, master.generation, address, state, cfg.workers,
+                         master.threads or cfg.threads, master.holds_threads),
               segment)
 
 

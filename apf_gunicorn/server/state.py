@@ -51,8 +51,12 @@ class MasterState:
     reload_errors: int = 0
     borrowing_states: Any = None
     master_pid: int = 0
-    auto_limit: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
-    route_times: Any = None  # server.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
+    auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
+    route_times: Any = None  # admission.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
+    # threads per worker the default limit was computed with, and whether a request holds one
+    # (gthread) or not (an event-loop worker: see admission/boot.py FrontEnd.apf_holds_threads)
+    threads: int = 0
+    holds_threads: bool = True
 
 
 @dataclass
