@@ -1,0 +1,363 @@
+"""Real gunicorn servers with both ASGI workers (issue 28 item 8): ``-c python:apf_gunicorn.conf
+-k apf_gunicorn.asgi.UvicornWorker`` and ``-k apf_gunicorn.asgi.ASGIWorker``, 2 workers,
+serving ``tests/apps/asgi_app.py`` on 127.0.0.1, with ``tests/apps/apf.yaml`` (levels ``work``
+and ``other`` of 8 seats each at limit 16; ``/healthz`` exempt) unless a test says otherwise.
+
+Every test waits for conditions (the server's ledger, read from its shared memory; the app's
+cross-process counters; the log), never for a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.apps.loadgen import Client
+from tests.conftest import APPS, GUNICORN, ROOT, Server, free_port, stop
+from tests.promtool import check_metrics
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+WORKERS = ["apf_gunicorn.asgi.UvicornWorker", "apf_gunicorn.asgi.ASGIWorker"]
+WORK_SEATS = 8  # the "work" level's seats at APF_CONCURRENCY_LIMIT=16 (tests/apps/apf.yaml)
+
+
+@contextlib.contextmanager
+def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | None = None,
+               workers: int = 2, boot_timeout: float = 60.0):
+    """``gunicorn -c python:apf_gunicorn.conf -k WORKER tests.apps.asgi_app:app`` on a free port,
+    as ``tests/conftest.py``'s ``serve`` starts the WSGI app: waits until it answers and all
+    its workers are forked; always stops it and checks no ``/dev/shm`` entry is left.
+    ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration)."""
+    port = free_port()
+    instance = "t" + uuid.uuid4().hex[:10]
+    log_path = tmp_path / f"gunicorn-{instance}.log"
+    counter_path = tmp_path / f"counter-{instance}.bin"
+    counter_path.write_bytes(bytes(256))
+    full_env = dict(os.environ)
+    full_env.update({"APF_INSTANCE": instance, "APF_ADMIN_BIND": "off",
+                     "APF_CONFIG": str(APPS / "apf.yaml") if config is None else config,
+                     "APF_CONCURRENCY_LIMIT": "16", "APF_TRUSTED_PROXIES": "127.0.0.1",
+                     "APP_COUNTER": str(counter_path), "PYTHONPATH": str(ROOT)})
+    if config == "":
+        del full_env["APF_CONFIG"]
+    full_env.update(env or {})
+    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-k", worker, "-w", str(workers),
+           "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "info",
+           "tests.apps.asgi_app:app"]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(proc, port, instance, log_path, counter_path)
+    try:
+        deadline = time.monotonic() + boot_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited {proc.returncode}:\n{server.log()}")
+            with contextlib.suppress(OSError):
+                # waits as long as the boot may take (see conftest.serve: a probe given up on
+                # would be served later, behind the test's back)
+                if server.request("/healthz",
+                                  timeout=max(0.5, deadline - time.monotonic()))[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn did not answer in {boot_timeout}s:\n"
+                                   f"{server.log()}")
+            time.sleep(0.1)
+        if not server.wait_for(lambda: len(server.workers()) >= workers,
+                               max(1.0, deadline - time.monotonic())):
+            raise RuntimeError(f"{len(server.workers())} of {workers} workers:\n{server.log()}")
+        yield server
+    finally:
+        stop(proc)
+        log.close()
+        leftovers = server.shm_entries()
+        for name in leftovers:
+            import posix_ipc
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                posix_ipc.unlink_shared_memory("/" + name)
+        assert not leftovers, f"/dev/shm entries left behind: {leftovers}"
+
+
+@pytest.fixture(params=WORKERS, ids=["uvicorn", "gunicorn-asgi"])
+def asgi(request, tmp_path):
+    """``with asgi(env=..., config=...) as srv:`` a server on the parametrized worker class."""
+    if request.param.endswith("UvicornWorker"):
+        pytest.importorskip("uvicorn_worker")
+    return lambda **kw: serve_asgi(tmp_path, request.param, **kw)
+
+
+def _start(clients):
+    for c in clients:
+        c.start()
+    return clients
+
+
+def _finish(clients, stop_event=None, timeout=60.0):
+    if stop_event is not None:
+        stop_event.set()
+    deadline = time.monotonic() + timeout
+    for c in clients:
+        c.join(max(0.1, deadline - time.monotonic()))
+    assert not [c for c in clients if c.is_alive()], "a client never finished"
+
+
+def _statuses(clients) -> list[int]:
+    return [s for c in clients for s in c.statuses]
+
+
+def _queue(srv: Server, n: int, path: str = "/work?ms=1", user: str = "q") -> list[socket.socket]:
+    """``n`` requests on raw connections (to be queued), each its own user (flow)."""
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Remote-User: {user}{i}\r\n\r\n".encode())
+        socks.append(s)
+    return socks
+
+
+def _hold(srv: Server, n: int, ms: int, user: str = "h") -> list[Client]:
+    """``n`` requests of ``ms`` each on the ``work`` level, started; returns once they hold
+    ``n`` seats."""
+    hold = _start([Client(srv.port, f"/work?ms={ms}", user=f"{user}{i}", count=1,
+                          timeout=60) for i in range(n)])
+    assert srv.wait_for(lambda: srv.level("work").seats_in_use == n, timeout=60), (
+        f"{n} requests never held their seats:\n{srv.log()}")
+    return hold
+
+
+def test_the_limit_holds_across_workers_under_a_flood(asgi):
+    """24 connections flood the 8-seat level from both workers: the app never sees more than 8
+    at once, and does see 8 (the seats are used)."""
+    with asgi() as srv:
+        clients = _start([Client(srv.port, "/work?ms=30", user=f"f{i}", count=15, timeout=60)
+                          for i in range(24)])
+        _finish(clients, timeout=120)
+        statuses = _statuses(clients)
+        now, top = srv.counters()["work"]
+        print(f"{len(statuses)} answers: {statuses.count(200)} x 200, "
+              f"{statuses.count(429)} x 429; most executing at once: {top}")
+        assert not [e for c in clients for e in c.errors]
+        assert set(statuses) <= {200, 429} and statuses.count(200) > 0
+        assert now == 0 and top == WORK_SEATS, top
+        assert srv.idle() is not None
+
+
+def test_a_light_flow_is_served_beside_a_heavy_one(asgi):
+    """One user floods the level with 16 connections; another user's requests, one at a time,
+    are all served, and wait less than the flood's (fair queuing: her own queue)."""
+    with asgi() as srv:
+        stop_event = threading.Event()
+        heavy = _start([Client(srv.port, "/work?ms=50", user="heavy", stop=stop_event,
+                               timeout=60) for _ in range(16)])
+        try:
+            assert srv.wait_for(lambda: srv.level("work").requests_waiting > 0, timeout=60)
+            light = Client(srv.port, "/work?ms=50", user="light", count=20, timeout=60)
+            light.start()
+            light.join(120)
+            assert not light.is_alive()
+        finally:
+            _finish(heavy, stop_event)
+        lat = sorted(light.latencies)
+        hv = sorted(x for c in heavy for s, x in zip(c.statuses, c.latencies, strict=True)
+                    if s == 200)
+        print(f"light: {len(lat)} answers {sorted(set(light.statuses))}, median "
+              f"{lat[len(lat) // 2] * 1000:.0f} ms; heavy: {len(hv)} served, median "
+              f"{hv[len(hv) // 2] * 1000:.0f} ms, 429s {_statuses(heavy).count(429)}")
+        assert light.statuses == [200] * 20 and not light.errors
+        assert lat[len(lat) // 2] < hv[len(hv) // 2]
+
+
+def test_exempt_probes_never_wait_while_the_level_is_full(asgi):
+    """The built-in configuration (APF_CONFIG unset): every seat of ``anonymous`` held and its
+    queues full, GET /healthz, /readyz and /livez are still answered 200, through the exempt
+    level, with nothing of it ever waiting; the held seats stay held meanwhile."""
+    with asgi(config="") as srv:
+        names = [lv.name for lv in srv.ledger_snapshot().levels]
+        assert "anonymous" in names and "exempt" in names, names
+        limit = srv.level("anonymous").concurrency_limit
+        stop_event = threading.Event()
+        # one client address, one flow: its 3 queues of 2 fill, the rest is answered 429
+        hold = _start([Client(srv.port, "/x?ms=3000", stop=stop_event, timeout=60)
+                       for _ in range(limit + 8)])
+        try:
+            full = srv.wait_for(lambda: (lv := srv.level("anonymous")).seats_in_use == limit
+                                and lv.requests_waiting > 0 and lv, timeout=60)
+            assert full, f"the level never filled:\n{srv.log()}"
+            before = srv.level("exempt").dispatched
+            for path in ("/healthz", "/readyz", "/livez") * 5:
+                status, headers, body = srv.request(path)
+                assert (status, body) == (200, b"ok"), (path, status)
+            lv = srv.level("anonymous")
+            ex = srv.level("exempt")
+            assert lv.seats_in_use == limit  # not served by seats freed meanwhile
+            assert ex.dispatched - before == 15
+            assert ex.requests_waiting == 0 and ex.rejected == 0 and ex.timedout == 0
+        finally:
+            _finish(hold, stop_event)
+
+
+def _owned(srv: Server) -> dict[int, int]:
+    """{worker pid: slots its requests hold} from the ledger."""
+    with srv.attached_ledger() as led:
+        return {pid: len(led.owned_slots(index)) for index, pid, _, _ in led.workers()
+                if pid in srv.workers()}
+
+
+def test_a_killed_workers_seats_come_back(asgi):
+    """SIGKILL the worker whose requests hold seats: its seats are reclaimed, and once the
+    survivors' requests end, all 8 seats run requests at once again."""
+    with asgi() as srv:
+        hold = _hold(srv, WORK_SEATS, ms=6000)
+        owned = srv.wait_for(lambda: (o := _owned(srv)) and sum(o.values()) == WORK_SEATS
+                             and o, timeout=30)
+        assert owned, _owned(srv)
+        victim = max(owned, key=owned.get)
+        os.kill(victim, signal.SIGKILL)
+        assert srv.wait_for(lambda: srv.level("work").seats_in_use
+                            <= WORK_SEATS - owned[victim], timeout=60), (
+            f"the killed worker's {owned[victim]} seats never came back:\n{srv.log()}")
+        _finish(hold, timeout=90)
+        assert srv.wait_for(lambda: len(srv.workers()) == 2, timeout=60)
+        assert srv.idle(timeout=60) is not None
+        srv.reset_counters()
+        full = _start([Client(srv.port, "/work?ms=2000", user=f"a{i}", count=1, timeout=60)
+                       for i in range(WORK_SEATS)])
+        assert srv.wait_for(lambda: srv.counters()["work"][0] == WORK_SEATS, timeout=60), (
+            srv.counters())
+        lv = srv.level("work")
+        assert lv.seats_in_use == WORK_SEATS and lv.requests_waiting == 0
+        _finish(full, timeout=90)
+        assert _statuses(full) == [200] * WORK_SEATS
+        print(f"killed {victim} holding {owned[victim]} of {WORK_SEATS} seats; all "
+              f"{WORK_SEATS} usable again")
+
+
+def test_a_disconnect_while_queued_frees_the_slot(asgi):
+    """4 requests queued behind 8 held seats; their clients leave: they are gone from the
+    queue while the seats are still held (counted cancelled, not dispatched)."""
+    with asgi() as srv:
+        hold = _hold(srv, WORK_SEATS, ms=8000)
+        socks = _queue(srv, 4)
+        assert srv.wait_for(lambda: srv.level("work").requests_waiting == 4, timeout=30)
+        for s in socks:
+            s.close()
+        freed = srv.wait_for(lambda: (lv := srv.level("work")).requests_waiting == 0 and lv,
+                             timeout=30)
+        assert freed, "the queued requests of clients that left are still waiting"
+        assert freed.cancelled == 4 and freed.seats_in_use == WORK_SEATS
+        assert freed.dispatched == WORK_SEATS
+        _finish(hold, timeout=60)
+        assert _statuses(hold) == [200] * WORK_SEATS
+        assert srv.idle() is not None
+
+
+EXTRA = """
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {name: extra, uid: uid-pl-extra}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 1000
+    lendablePercent: 0
+    limitResponse:
+      type: Queue
+      queuing: {queues: 8, handSize: 2, queueLengthLimit: 20}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: extra, uid: uid-fs-extra}
+spec:
+  matchingPrecedence: 200
+  priorityLevelConfiguration: {name: extra}
+  distinguisherMethod: {type: ByUser}
+  rules:
+  - subjects:
+    - {kind: Group, group: {name: system:authenticated}}
+    nonResourceRules:
+    - {verbs: ["*"], nonResourceURLs: ["/other", "/other/*"]}
+"""
+
+
+def test_a_hup_applies_a_new_configuration(asgi, tmp_path):
+    """A new priority level and FlowSchema after HUP: the new workers classify by it (the PF
+    UID headers say so) and the ledger has the level; an invalid file is refused first."""
+    cfg = tmp_path / "apf.yaml"
+    shutil.copy(APPS / "apf.yaml", cfg)
+    with asgi(config=str(cfg)) as srv:
+        headers = {"X-Remote-User": "z"}
+        status, h, _ = srv.request("/other?ms=1", headers=headers)
+        assert status == 200 and h["x-kubernetes-pf-prioritylevel-uid"] == "uid-pl-other"
+        old = set(srv.workers())
+        cfg.write_text("kind: FlowSchema\nmetadata: {name: bad}\nspec: {}\n")
+        os.kill(srv.pid, signal.SIGHUP)
+        assert srv.wait_for(lambda: "reload rejected" in srv.log(), timeout=60)
+        assert srv.request("/other?ms=1", headers=headers)[0] == 200
+        shutil.copy(APPS / "apf.yaml", cfg)
+        with open(cfg, "a") as f:
+            f.write(EXTRA)
+        os.kill(srv.pid, signal.SIGHUP)
+        assert srv.wait_for(lambda: "generation 2 applied" in srv.log(), timeout=60), srv.log()
+        assert srv.wait_for(lambda: not (old & set(srv.workers()))
+                            and len(srv.workers()) == 2, timeout=60)
+        status, h, _ = srv.request("/other?ms=1", headers=headers)
+        assert status == 200 and h["x-kubernetes-pf-prioritylevel-uid"] == "uid-pl-extra"
+        assert h["x-kubernetes-pf-flowschema-uid"] == "uid-fs-extra"
+        assert "extra" in {lv.name for lv in srv.ledger_snapshot().levels}
+        assert srv.idle() is not None
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
+def test_admin_metrics_count_the_asgi_requests_and_pass_promtool(asgi):
+    port = free_port()
+    with asgi(env={"APF_ADMIN_BIND": f"127.0.0.1:{port}"}) as srv:
+        for i in range(5):
+            assert srv.request("/work?ms=1", headers={"X-Remote-User": f"m{i}"})[0] == 200
+        assert srv.request("/stream?n=3&ms=1")[0] == 200
+        assert srv.wait_for(lambda: _get(port, "/readyz")[0] == 200, timeout=30)
+        status, text = _get(port, "/metrics")
+        assert status == 200
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith("apf_dispatched_requests_total")
+                    and 'priority_level="work"' in ln)
+        assert float(line.split()[-1]) == 6.0, line
+        check_metrics(text)
+
+
+def test_graceful_stop_answers_queued_requests_503(asgi):
+    """SIGTERM with 8 requests executing and 4 queued: the queued ones are answered 503 by the
+    stop (not served once a seat frees, nor timed out), the executing ones are served."""
+    with asgi() as srv:
+        hold = _hold(srv, WORK_SEATS, ms=4000)  # served within the 5 s graceful timeout
+        queued = _start([Client(srv.port, "/work?ms=1", user=f"p{i}", count=1, timeout=60)
+                         for i in range(4)])
+        assert srv.wait_for(lambda: srv.level("work").requests_waiting == 4, timeout=30)
+        os.kill(srv.pid, signal.SIGTERM)
+        _finish(queued, timeout=60)
+        _finish(hold, timeout=60)
+        print(f"queued: {[c.statuses for c in queued]} {[c.errors for c in queued]}; "
+              f"executing: {[c.statuses for c in hold]}")
+        assert [c.statuses for c in queued] == [[503]] * 4
+        assert [c.statuses for c in hold] == [[200]] * WORK_SEATS
+        srv.proc.wait(30)
