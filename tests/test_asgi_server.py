@@ -361,3 +361,14 @@ def test_graceful_stop_answers_queued_requests_503(asgi):
         assert [c.statuses for c in queued] == [[503]] * 4
         assert [c.statuses for c in hold] == [[200]] * WORK_SEATS
         srv.proc.wait(30)
+
+
+def test_no_thread_budget_warning_for_an_event_loop(asgi, server_factory):
+    """The master warned that ``--threads`` (which apf_gunicorn.conf sets for gthread, and an
+    ASGI worker ignores) could not hold the configuration's queued requests, and that they would
+    be answered 429 (thread-reserve): an event loop's queued request holds no thread. The
+    gthread worker, whose queued requests do, still gets the warning."""
+    with asgi() as srv:
+        assert "APF_EXEMPT_THREADS" not in srv.log(), srv.log()
+    with server_factory(workers=2, threads=8) as srv:
+        assert "threads - APF_EXEMPT_THREADS" in srv.log() and "thread-reserve" in srv.log()

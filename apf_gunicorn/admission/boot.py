@@ -50,6 +50,9 @@ class FrontEnd:
 
     #: this worker's owner index in the ledger, given by ``pre_fork`` (None: no room)
     apf_index: int | None = None
+    #: whether a queued request holds one of the worker's ``--threads`` (gthread: True); the
+    #: master's thread-budget warning (``generation.thread_budget``) applies only then
+    apf_parks_threads: bool = False
 
     def apf_parking(self) -> Any:
         """Where queued requests wait: ``dispatcher.Parking()`` for threads,

@@ -99,6 +99,8 @@ log = logging.getLogger("apf_gunicorn.worker")
 
 
 class ApfThreadWorker(FrontEnd, ThreadWorker):
+    apf_parks_threads = True
+
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class

@@ -127,9 +127,7 @@ def on_starting(server) -> None:
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
-    warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
-    if warning:
-        server.log.warning("apf: %s", warning)
+    _warn_thread_budget(server, gen, settings)
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
         server.log.warning("apf: %s", msg)
 
@@ -241,6 +239,14 @@ def on_reload(server) -> None:
                     path_parsing_note(settings, gen.configuration))
     for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
         server.log.info("apf:   %s", line)
+    _warn_thread_budget(server, gen, settings)
+
+
+def _warn_thread_budget(server, gen, settings) -> None:
+    """Warn when ``--threads`` cannot hold the executing + queued requests, for a worker whose
+    queued requests hold threads (gthread); an event loop's wait costs none."""
+    if not getattr(server.worker_class, "apf_parks_threads", False):
+        return
     warning = thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
     if warning:
         server.log.warning("apf: %s", warning)
