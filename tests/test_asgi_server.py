@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import threading
 import time
 import uuid
+from urllib.parse import quote
 
 import pytest
 
@@ -90,11 +92,17 @@ def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | 
 
 
 @pytest.fixture(params=WORKERS, ids=["uvicorn", "gunicorn-asgi"])
-def asgi(request, tmp_path):
-    """``with asgi(env=..., config=...) as srv:`` a server on the parametrized worker class."""
+def asgi_worker(request) -> str:
+    """The worker class of this run (``-k``)."""
     if request.param.endswith("UvicornWorker"):
         pytest.importorskip("uvicorn_worker")
-    return lambda **kw: serve_asgi(tmp_path, request.param, **kw)
+    return request.param
+
+
+@pytest.fixture
+def asgi(asgi_worker, tmp_path):
+    """``with asgi(env=..., config=...) as srv:`` a server on the parametrized worker class."""
+    return lambda **kw: serve_asgi(tmp_path, asgi_worker, **kw)
 
 
 def _start(clients):
@@ -372,3 +380,132 @@ def test_no_thread_budget_warning_for_an_event_loop(asgi, server_factory):
         assert "APF_EXEMPT_THREADS" not in srv.log(), srv.log()
     with server_factory(workers=2, threads=8) as srv:
         assert "threads - APF_EXEMPT_THREADS" in srv.log() and "thread-reserve" in srv.log()
+
+
+def test_a_streamed_response_holds_its_seat_until_it_ends(asgi, tmp_path):
+    """The stream's chunks arrive while its seat is held; the seat goes back at its end."""
+    end = tmp_path / "end-stream"
+    with asgi() as srv:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        try:
+            conn.request("GET", f"/stream?until={quote(str(end))}")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert resp.read(2) == b"x\n"
+            assert srv.wait_for(lambda: srv.level("work").seats_in_use == 1, timeout=30)
+            assert resp.read(20) == b"x\n" * 10  # more chunks: still streaming, still held
+            assert srv.level("work").seats_in_use == 1
+            end.touch()
+            assert resp.read().endswith(b"end\n")
+        finally:
+            conn.close()
+        assert srv.idle() is not None
+        assert srv.level("work").dispatched == 1
+
+
+@pytest.mark.parametrize("size", [10_000, 200_000])
+def test_a_queued_requests_body_reaches_the_app_whole(asgi, size):
+    """A POST queued behind the full level: its body (some of which the disconnect watcher
+    reads while it waits: up to 64 KiB) reaches the app unchanged once it runs."""
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    with asgi() as srv:
+        hold = _hold(srv, WORK_SEATS, ms=3000)
+        answers = []
+
+        def post():
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            try:
+                conn.request("POST", "/work/echo", body=body,
+                             headers={"X-Remote-User": "poster"})
+                resp = conn.getresponse()
+                answers.append((resp.status, resp.read()))
+            finally:
+                conn.close()
+
+        t = threading.Thread(target=post, daemon=True)
+        t.start()
+        assert srv.wait_for(lambda: srv.level("work").requests_waiting == 1, timeout=30)
+        _finish(hold, timeout=60)
+        t.join(60)
+        ((status, echoed),) = answers
+        assert status == 200 and len(echoed) == size and echoed == body
+        assert srv.idle() is not None
+
+
+def test_an_app_exception_gives_the_seats_back(asgi):
+    with asgi() as srv:
+        for _ in range(10):
+            assert srv.request("/boom")[0] == 500
+        assert srv.idle() is not None
+        assert srv.level("work").dispatched == 10
+        assert srv.request("/work?ms=1")[0] == 200
+
+
+def test_timeout_in_the_query_shortens_the_wait(asgi):
+    """?timeout=2s waits at most 0.5 s: answered 429 (counted timed out) while the 8 seats it
+    waited for are still held (for 8 s)."""
+    with asgi() as srv:
+        hold = _hold(srv, WORK_SEATS, ms=8000)
+        status, headers, body = srv.request("/work?ms=1&timeout=2s",
+                                            headers={"X-Remote-User": "t"})
+        lv = srv.level("work")
+        assert status == 429 and headers["retry-after"].isdigit()
+        assert lv.timedout == 1 and lv.seats_in_use == WORK_SEATS, lv
+        _finish(hold, timeout=60)
+
+
+def _handshake(port: int, path: str) -> tuple[socket.socket, bytes]:
+    """A WebSocket handshake on a raw connection: (the socket, the response head)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+              "Sec-WebSocket-Version: 13\r\nX-Remote-User: ws\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return s, head
+
+
+def _needs_websockets(worker: str) -> None:
+    if worker.endswith("UvicornWorker") and not any(
+            importlib.util.find_spec(m) for m in ("websockets", "wsproto")):
+        pytest.skip("uvicorn serves WebSockets with the websockets or wsproto package")
+
+
+def test_a_websocket_holds_its_seat_only_until_accepted(asgi, asgi_worker):
+    """Classified at the handshake (the work level dispatches it), its seat back once accepted,
+    while the connection stays open."""
+    _needs_websockets(asgi_worker)
+    with asgi() as srv:
+        s, head = _handshake(srv.port, "/work/ws")
+        try:
+            assert head.startswith(b"HTTP/1.1 101"), head
+            assert srv.wait_for(lambda: srv.level("work").dispatched == 1, timeout=30)
+            assert srv.level("work").seats_in_use == 0
+        finally:
+            s.close()
+        assert srv.idle() is not None
+
+
+def test_a_refused_websocket_handshake(asgi, asgi_worker):
+    """The level full and without queues (tests/apps/tight.yaml's ``other``): the handshake is
+    refused; uvicorn sends our 429 with Retry-After (the websocket.http.response extension),
+    gunicorn's ASGI worker (without it) answers the 1013 close as 403."""
+    _needs_websockets(asgi_worker)
+    with asgi(config=str(APPS / "tight.yaml")) as srv:
+        hold = _start([Client(srv.port, "/other?ms=6000", user=f"h{i}", count=1, timeout=60)
+                       for i in range(WORK_SEATS)])
+        assert srv.wait_for(lambda: srv.level("other").seats_in_use == WORK_SEATS, timeout=60)
+        s, head = _handshake(srv.port, "/other/ws")
+        s.close()
+        status = int(head.split(b" ", 2)[1]) if head else None
+        print(f"{asgi_worker}: {head.splitlines()[:1]}")
+        if asgi_worker.endswith("UvicornWorker"):
+            assert status == 429 and b"retry-after" in head.lower(), head
+        else:
+            assert status == 403, head
+        assert srv.level("other").rejected == 1
+        _finish(hold, timeout=60)

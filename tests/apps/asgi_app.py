@@ -6,8 +6,12 @@ shared counter file (``APP_COUNTER``).
   exempt in the built-in configuration);
 * ``/work``, ``/other``, ``/light``, ``/heavy`` (and their sub-paths), ``?ms=N``: awaits N ms
   (100 by default) counted under the path's first segment; answers the worker's pid;
-* ``/stream?n=N&ms=M``: N chunks M ms apart;
-* ``/boom``: raises.
+* ``/stream?n=N&ms=M``: N chunks M ms apart; ``/stream?until=PATH``: a chunk, then more
+  until the file PATH exists (the test ends the stream);
+* ``/echo``, ``/work/echo`` (any method): answers the request body;
+* ``/boom``: raises;
+* a WebSocket connection (any path): accepted, each text message echoed, until the client
+  closes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ async def app(scope, receive, send):
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    if scope["type"] == "websocket":
+        return await _websocket(receive, send)
     if scope["type"] != "http":
         return
     path = scope["path"]
@@ -45,6 +51,20 @@ async def app(scope, receive, send):
         return await _answer(send, 200, b"ok")
     if path == "/boom":
         raise RuntimeError("boom")
+    if path.endswith("/echo"):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        return await _answer(send, 200, body)
+    if path == "/stream" and "until" in args:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not os.path.exists(args["until"]):
+            await send({"type": "http.response.body", "body": b"x\n", "more_body": True})
+            await asyncio.sleep(0.02)
+        return await send({"type": "http.response.body", "body": b"end\n"})
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for _ in range(int(args.get("n", "5"))):
@@ -61,3 +81,15 @@ async def app(scope, receive, send):
         if counted:
             _update(name, -1)
     await _answer(send, 200, str(os.getpid()).encode())
+
+
+async def _websocket(receive, send) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        await send({"type": "websocket.send", "text": message.get("text") or ""})
