@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,11 +37,13 @@ WORK_SEATS = 8  # the "work" level's seats at APF_CONCURRENCY_LIMIT=16 (tests/ap
 
 @contextlib.contextmanager
 def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | None = None,
-               workers: int = 2, boot_timeout: float = 60.0):
+               workers: int = 2, boot_timeout: float = 60.0,
+               conf: str = "python:apf_gunicorn.conf"):
     """``gunicorn -c python:apf_gunicorn.conf -k WORKER tests.apps.asgi_app:app`` on a free port,
     as ``tests/conftest.py``'s ``serve`` starts the WSGI app: waits until it answers and all
     its workers are forked; always stops it and checks no ``/dev/shm`` entry is left.
-    ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration)."""
+    ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration); ``conf``: the
+    gunicorn config (``-c``)."""
     port = free_port()
     instance = "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -54,7 +57,7 @@ def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | 
     if config == "":
         del full_env["APF_CONFIG"]
     full_env.update(env or {})
-    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-k", worker, "-w", str(workers),
+    cmd = [GUNICORN, "-c", conf, "-k", worker, "-w", str(workers),
            "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "info",
            "tests.apps.asgi_app:app"]
     log = open(log_path, "wb")
@@ -509,3 +512,39 @@ def test_a_refused_websocket_handshake(asgi, asgi_worker):
             assert status == 403, head
         assert srv.level("other").rejected == 1
         _finish(hold, timeout=60)
+
+
+def test_a_worker_killed_holding_the_ledger_lock(asgi):
+    """A worker SIGKILLs itself inside its 40th ledger critical section
+    (``tests/apps/dying_conf.py``), on its event loop or its dispatcher thread: the next locker
+    repairs the ledger, a new worker replaces it, the dead worker's seats come back and the
+    survivors keep serving."""
+    with asgi(env={"APF_TEST_DIE_IN_LOCK": "40"}, conf="python:tests.apps.dying_conf") as srv:
+        found = srv.wait_for(
+            lambda: re.search(r"apf test: worker (\d+) dies in its", srv.log()), timeout=30)
+        assert found, "no worker took the dying lock"
+        victim = int(found.group(1))
+        repairs = srv.ledger_repairs()
+        stop_event = threading.Event()
+        clients = _start([Client(srv.port, "/work?ms=20", user=f"d{i}", stop=stop_event,
+                                 timeout=30) for i in range(12)])
+        try:
+            died = srv.wait_for(
+                lambda: f"Worker (pid:{victim}) was sent SIGKILL" in srv.log(), timeout=120)
+            assert died, f"worker {victim} did not die:\n{srv.log()}"
+            assert srv.wait_for(lambda: srv.ledger_repairs() > repairs, timeout=30), (
+                "nobody repaired the ledger after its lock holder died")
+            assert srv.wait_for(lambda: victim not in srv.workers()
+                                and len(srv.workers()) == 2, timeout=60)
+            assert srv.wait_for_answers(clients, more=50), "not served after the death"
+        finally:
+            _finish(clients, stop_event)
+        statuses = _statuses(clients)
+        print(f"{len(statuses)} answers around the holder's death: "
+              f"{ {s: statuses.count(s) for s in set(statuses)} }")
+        assert set(statuses) <= {200, 429}
+        assert srv.idle(timeout=60) is not None
+        # the dead worker's requests never counted themselves out: they stay in "now"
+        ghosts, top = srv.counters()["work"]
+        print(f"most executing at once: {top}, of which {ghosts} of the dead worker")
+        assert top <= WORK_SEATS + ghosts
