@@ -315,7 +315,13 @@ def test_a_hup_applies_a_new_configuration(asgi, tmp_path):
         cfg.write_text("kind: FlowSchema\nmetadata: {name: bad}\nspec: {}\n")
         os.kill(srv.pid, signal.SIGHUP)
         assert srv.wait_for(lambda: "reload rejected" in srv.log(), timeout=60)
-        assert srv.request("/other?ms=1", headers=headers)[0] == 200
+        # gunicorn replaces the workers on every HUP, a refused one too: the next reload's
+        # workers are told apart from these
+        assert srv.wait_for(lambda: not (old & set(srv.workers()))
+                            and len(srv.workers()) == 2, timeout=60)
+        old = set(srv.workers())
+        status, h, _ = srv.request("/other?ms=1", headers=headers)
+        assert status == 200 and h["x-kubernetes-pf-prioritylevel-uid"] == "uid-pl-other"
         shutil.copy(APPS / "apf.yaml", cfg)
         with open(cfg, "a") as f:
             f.write(EXTRA)
