@@ -492,7 +492,20 @@ def test_a_websocket_holds_its_seat_only_until_accepted(asgi, asgi_worker):
         s, head = _handshake(srv.port, "/work/ws")
         try:
             assert head.startswith(b"HTTP/1.1 101"), head
-            assert srv.wait_for(lambda: srv.level("work").dispatched == 1, timeout=30)
+            # the seat goes back just after the 101 is sent: wait for it
+            assert srv.wait_for(lambda: (lv := srv.level("work")).dispatched == 1
+                                and lv.seats_in_use == 0, timeout=30), srv.level("work")
+            # while the connection is open and the app serves it: a message is echoed
+            mask = b"\x01\x02\x03\x04"
+            text = b"hello"
+            s.sendall(bytes([0x81, 0x80 | len(text)]) + mask
+                      + bytes(b ^ mask[i % 4] for i, b in enumerate(text)))
+            frame = b""
+            while len(frame) < 2 + len(text):
+                chunk = s.recv(64)
+                assert chunk, "the connection closed"
+                frame += chunk
+            assert frame[:2 + len(text)] == bytes([0x81, len(text)]) + text, frame
             assert srv.level("work").seats_in_use == 0
         finally:
             s.close()
