@@ -567,3 +567,21 @@ def test_a_worker_killed_holding_the_ledger_lock(asgi):
         ghosts, top = srv.counters()["work"]
         print(f"most executing at once: {top}, of which {ghosts} of the dead worker")
         assert top <= WORK_SEATS + ghosts
+
+
+def test_route_costs_take_their_seats(asgi, tmp_path):
+    """APF_ROUTES gives /work/wide 2 seats (the level's widest request here): four of them fill the 8-seat level, a fifth waits."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("routes:\n  - path: /work/wide\n    seats: 2\n")
+    with asgi(env={"APF_ROUTES": str(routes)}) as srv:
+        wide = _start([Client(srv.port, "/work/wide?ms=3000", user=f"w{i}", count=1,
+                              timeout=60) for i in range(5)])
+        full = srv.wait_for(lambda: (lv := srv.level("work")).seats_in_use == WORK_SEATS
+                            and lv.requests_waiting == 1 and lv, timeout=60)
+        assert full, srv.level("work")
+        assert full.requests_executing == 4
+        _finish(wide, timeout=60)
+        assert _statuses(wide) == [200] * 5
+        assert srv.counters()["work"][1] == 4  # the app saw at most 4 at once
+        assert srv.idle() is not None
+        assert "clamped" not in srv.log()
