@@ -254,19 +254,37 @@ def test_a_killed_workers_seats_come_back(asgi):
               f"{WORK_SEATS} usable again")
 
 
+def _threads(pids) -> int:
+    """The threads of processes ``pids``, from /proc."""
+    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
+
+
 def test_a_disconnect_while_queued_frees_the_slot(asgi):
-    """4 requests queued behind 8 held seats; their clients leave: they are gone from the
-    queue while the seats are still held (counted cancelled, not dispatched)."""
+    """40 requests queued behind 8 held seats cost the workers no thread; their clients leave:
+    they are gone from the queue while the seats are still held (counted cancelled, not
+    dispatched)."""
+    queued = 40
     with asgi() as srv:
+        workers = srv.workers()
+        # each worker's own threads up (the event loop's and the dispatcher's): a worker still
+        # booting starts its dispatcher later
+        assert srv.wait_for(lambda: all(_threads([pid]) >= 2 for pid in workers), timeout=30)
         hold = _hold(srv, WORK_SEATS, ms=8000)
-        socks = _queue(srv, 4)
-        assert srv.wait_for(lambda: srv.level("work").requests_waiting == 4, timeout=30)
-        for s in socks:
-            s.close()
+        threads = _threads(workers)
+        socks = _queue(srv, queued)
+        try:
+            assert srv.wait_for(lambda: srv.level("work").requests_waiting == queued,
+                                timeout=30), srv.level("work")
+            assert _threads(workers) == threads, (
+                f"{queued} queued requests: {_threads(workers)} threads, {threads} before")
+            print(f"{queued} queued: {threads} threads in {len(workers)} workers, as before")
+        finally:
+            for s in socks:
+                s.close()
         freed = srv.wait_for(lambda: (lv := srv.level("work")).requests_waiting == 0 and lv,
                              timeout=30)
         assert freed, "the queued requests of clients that left are still waiting"
-        assert freed.cancelled == 4 and freed.seats_in_use == WORK_SEATS
+        assert freed.cancelled == queued and freed.seats_in_use == WORK_SEATS
         assert freed.dispatched == WORK_SEATS
         _finish(hold, timeout=60)
         assert _statuses(hold) == [200] * WORK_SEATS
