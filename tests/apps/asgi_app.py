@@ -1,0 +1,95 @@
+"""Pure ASGI app for the ASGI worker tests: the routes of ``tests/apps/app.py`` (the Flask app),
+async, counting how many requests execute at once across all worker processes in the same
+shared counter file (``APP_COUNTER``).
+
+* ``/healthz`` -> 200 ``ok`` (exempt in ``tests/apps/apf.yaml``; ``/readyz`` and ``/livez`` too,
+  exempt in the built-in configuration);
+* ``/work``, ``/other``, ``/light``, ``/heavy`` (and their sub-paths), ``?ms=N``: awaits N ms
+  (100 by default) counted under the path's first segment; answers the worker's pid;
+* ``/stream?n=N&ms=M``: N chunks M ms apart; ``/stream?until=PATH``: a chunk, then more
+  until the file PATH exists (the test ends the stream);
+* ``/echo``, ``/work/echo`` (any method): answers the request body;
+* ``/boom``: raises;
+* a WebSocket connection (any path): accepted, each text message echoed, until the client
+  closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from urllib.parse import parse_qs
+
+from tests.apps.app import _update
+
+_COUNTED = ("work", "other", "light", "heavy")
+
+
+async def _answer(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] == "websocket":
+        return await _websocket(receive, send)
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    args = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+    if path in ("/healthz", "/readyz", "/livez"):
+        return await _answer(send, 200, b"ok")
+    if path == "/boom":
+        raise RuntimeError("boom")
+    if path.endswith("/echo"):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        return await _answer(send, 200, body)
+    if path == "/stream" and "until" in args:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not os.path.exists(args["until"]):
+            await send({"type": "http.response.body", "body": b"x\n", "more_body": True})
+            await asyncio.sleep(0.02)
+        return await send({"type": "http.response.body", "body": b"end\n"})
+    if path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(int(args.get("n", "5"))):
+            await send({"type": "http.response.body", "body": b"x\n", "more_body": True})
+            await asyncio.sleep(float(args.get("ms", "20")) / 1000)
+        return await send({"type": "http.response.body", "body": b""})
+    name = path.strip("/").split("/")[0]
+    counted = name in _COUNTED
+    if counted:
+        _update(name, 1)
+    try:
+        await asyncio.sleep(float(args.get("ms", "100")) / 1000)
+    finally:
+        if counted:
+            _update(name, -1)
+    await _answer(send, 200, str(os.getpid()).encode())
+
+
+async def _websocket(receive, send) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        await send({"type": "websocket.send", "text": message.get("text") or ""})
