@@ -256,21 +256,19 @@ def test_a_killed_workers_seats_come_back(asgi):
 
 
 def _threads(pids) -> int:
-    """The threads of processes ``pids`` (from /proc), less the ASGI middleware's ledger pool
-    (``apf-ledger``: at most 2 a worker, for a ledger call whose lock another process holds)."""
-    n = 0
-    for pid in pids:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    n += not f.read().startswith("apf-ledger")
-    return n
+    """The threads of processes ``pids``, from /proc."""
+    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
+
+
+# Threads an ASGI worker may add while requests queue: the middleware's ledger pool (for a
+# ledger call whose lock another process holds; asgi/middleware.py), made on first use.
+LEDGER_POOL = 2
 
 
 def test_a_disconnect_while_queued_frees_the_slot(asgi):
-    """40 requests queued behind 8 held seats cost the workers no thread; their clients leave:
-    they are gone from the queue while the seats are still held (counted cancelled, not
-    dispatched)."""
+    """40 requests queued behind 8 held seats cost the workers no thread each (at most the
+    ledger pool's few); their clients leave: they are gone from the queue while the seats are
+    still held (counted cancelled, not dispatched)."""
     queued = 40
     with asgi() as srv:
         workers = srv.workers()
@@ -283,9 +281,10 @@ def test_a_disconnect_while_queued_frees_the_slot(asgi):
         try:
             assert srv.wait_for(lambda: srv.level("work").requests_waiting == queued,
                                 timeout=30), srv.level("work")
-            assert _threads(workers) == threads, (
-                f"{queued} queued requests: {_threads(workers)} threads, {threads} before")
-            print(f"{queued} queued: {threads} threads in {len(workers)} workers, as before")
+            now = _threads(workers)
+            print(f"{queued} queued: {now} threads in {len(workers)} workers, {threads} before")
+            assert now <= threads + LEDGER_POOL * len(workers), (
+                f"{queued} queued requests: {now} threads, {threads} before")
         finally:
             for s in socks:
                 s.close()
