@@ -28,6 +28,7 @@ import pytest
 from tests.apps.loadgen import Client
 from tests.conftest import APPS, GUNICORN, ROOT, Server, free_port, stop
 from tests.promtool import check_metrics
+from tests.test_server_crash import _Pinned
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -259,10 +260,15 @@ def _threads(pids) -> int:
     return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
 
 
+# Threads an ASGI worker may add while requests queue: the middleware's ledger pool (for a
+# ledger call whose lock another process holds; asgi/middleware.py), made on first use.
+LEDGER_POOL = 2
+
+
 def test_a_disconnect_while_queued_frees_the_slot(asgi):
-    """40 requests queued behind 8 held seats cost the workers no thread; their clients leave:
-    they are gone from the queue while the seats are still held (counted cancelled, not
-    dispatched)."""
+    """40 requests queued behind 8 held seats cost the workers no thread each (at most the
+    ledger pool's few); their clients leave: they are gone from the queue while the seats are
+    still held (counted cancelled, not dispatched)."""
     queued = 40
     with asgi() as srv:
         workers = srv.workers()
@@ -275,9 +281,10 @@ def test_a_disconnect_while_queued_frees_the_slot(asgi):
         try:
             assert srv.wait_for(lambda: srv.level("work").requests_waiting == queued,
                                 timeout=30), srv.level("work")
-            assert _threads(workers) == threads, (
-                f"{queued} queued requests: {_threads(workers)} threads, {threads} before")
-            print(f"{queued} queued: {threads} threads in {len(workers)} workers, as before")
+            now = _threads(workers)
+            print(f"{queued} queued: {now} threads in {len(workers)} workers, {threads} before")
+            assert now <= threads + LEDGER_POOL * len(workers), (
+                f"{queued} queued requests: {now} threads, {threads} before")
         finally:
             for s in socks:
                 s.close()
@@ -563,8 +570,11 @@ def test_a_worker_killed_holding_the_ledger_lock(asgi):
         victim = int(found.group(1))
         repairs = srv.ledger_repairs()
         stop_event = threading.Event()
+        # half the clients on the dying worker (keep-alive connections stay with the worker
+        # that accepted them: unpinned ones may all be served by the other), half anywhere
+        pinned = _start([_Pinned(srv.port, victim, f"p{i}", stop_event) for i in range(6)])
         clients = _start([Client(srv.port, "/work?ms=20", user=f"d{i}", stop=stop_event,
-                                 timeout=30) for i in range(12)])
+                                 timeout=30) for i in range(6)])
         try:
             died = srv.wait_for(
                 lambda: f"Worker (pid:{victim}) was sent SIGKILL" in srv.log(), timeout=120)
@@ -575,9 +585,10 @@ def test_a_worker_killed_holding_the_ledger_lock(asgi):
                                 and len(srv.workers()) == 2, timeout=60)
             assert srv.wait_for_answers(clients, more=50), "not served after the death"
         finally:
-            _finish(clients, stop_event)
+            _finish([*pinned, *clients], stop_event)
         statuses = _statuses(clients)
-        print(f"{len(statuses)} answers around the holder's death: "
+        by_victim = sum(p == victim for c in pinned for p in c.served_by)
+        print(f"{by_victim} answers by the dying worker; {len(statuses)} unpinned answers: "
               f"{ {s: statuses.count(s) for s in set(statuses)} }")
         assert set(statuses) <= {200, 429}
         assert srv.idle(timeout=60) is not None

@@ -5,7 +5,7 @@ shared counter file (``APP_COUNTER``).
 * ``/healthz`` -> 200 ``ok`` (exempt in ``tests/apps/apf.yaml``; ``/readyz`` and ``/livez`` too,
   exempt in the built-in configuration);
 * ``/work``, ``/other``, ``/light``, ``/heavy`` (and their sub-paths), ``?ms=N``: awaits N ms
-  (100 by default) counted under the path's first segment; answers the worker's pid;
+  (100 by default) counted under the path's first segment; answers ``pid=<the worker's>``;
 * ``/stream?n=N&ms=M``: N chunks M ms apart; ``/stream?until=PATH``: a chunk, then more
   until the file PATH exists (the test ends the stream);
 * ``/echo``, ``/work/echo`` (any method): answers the request body;
@@ -80,7 +80,7 @@ async def app(scope, receive, send):
     finally:
         if counted:
             _update(name, -1)
-    await _answer(send, 200, str(os.getpid()).encode())
+    await _answer(send, 200, f"pid={os.getpid()}\n".encode())
 
 
 async def _websocket(receive, send) -> None:
