@@ -84,7 +84,7 @@ def running_master(tmp_path, monkeypatch, limit: str):
     ledger = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
     configure_ledger(ledger, gen, 1)
     m = SimpleNamespace(ledger=ledger, generation=gen, settings=settings, borrowing_states=None,
-                        sender=None, reload_errors=0,
+                        sender=None, reload_errors=0, threads=80, holds_threads=True,
                         resolver=build_resolver(settings, gen.configuration))
     monkeypatch.setattr(state, "MASTER", m)
     log = Log()

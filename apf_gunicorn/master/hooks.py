@@ -112,10 +112,10 @@ def _threads(server) -> int:
     return server.cfg.threads if _holds_threads(server) else boot.LOOP_THREADS
 
 
-def _thread_budget(server, gen, settings) -> str | None:
+def _thread_budget(server, gen, settings, holds_threads: bool) -> str | None:
     """The thread-budget warning (gthread only: an event loop's waiting requests hold no
     thread)."""
-    if not _holds_threads(server):
+    if not holds_threads:
         return None
     return thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
 
@@ -145,7 +145,7 @@ def on_starting(server) -> None:
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
-    warning = _thread_budget(server, gen, settings)
+    warning = _thread_budget(server, gen, settings, _holds_threads(server))
     if warning:
         server.log.warning("apf: %s", warning)
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
@@ -260,7 +260,7 @@ def on_reload(server) -> None:
                     path_parsing_note(settings, gen.configuration))
     for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
         server.log.info("apf:   %s", line)
-    warning = _thread_budget(server, gen, settings)
+    warning = _thread_budget(server, gen, settings, m.holds_threads)
     if warning:
         server.log.warning("apf: %s", warning)
 
