@@ -44,9 +44,8 @@ TESTS_PYTHON_PATH=()
 for f in tests/test_ledger_*.py tests/test_simulate*.py; do
   [ "$f" = tests/test_ledger_accelerator.py ] || TESTS_PYTHON_PATH+=("$f")
 done
-TESTS_PYTHON_PATH+=(tests/test_server_apf.py tests/test_server_seats.py
-                    tests/test_server_seats_middleware.py tests/test_server_crash.py
-                    tests/test_server_fairness.py)
+TESTS_PYTHON_PATH+=(tests/test_server_seats.py tests/test_server_seats_middleware.py
+                    tests/test_server_crash.py tests/test_server_fairness.py)
 
 status=0
 echo "== pass 1 of 2: all tests (C fast paths when built) =="

@@ -109,6 +109,15 @@ def asgi(asgi_worker, tmp_path):
     return lambda **kw: serve_asgi(tmp_path, asgi_worker, **kw)
 
 
+@pytest.fixture
+def asgi_one(tmp_path):
+    """Like ``asgi``, on one worker class only (uvicorn-worker's when installed): for cases
+    whose path is the same middleware code under both workers (each server costs seconds of
+    the suite); issue 28's list of real-server cases runs on both."""
+    worker = WORKERS[0] if importlib.util.find_spec("uvicorn_worker") else WORKERS[1]
+    return lambda **kw: serve_asgi(tmp_path, worker, **kw)
+
+
 def _start(clients):
     for c in clients:
         c.start()
@@ -405,21 +414,21 @@ def test_graceful_stop_answers_queued_requests_503(asgi):
         srv.proc.wait(30)
 
 
-def test_no_thread_budget_warning_for_an_event_loop(asgi, server_factory):
+def test_no_thread_budget_warning_for_an_event_loop(asgi_one, server_factory):
     """The master warned that ``--threads`` (which apf_gunicorn.conf sets for gthread, and an
     ASGI worker ignores) could not hold the configuration's queued requests, and that they would
     be answered 429 (thread-reserve): an event loop's queued request holds no thread. The
     gthread worker, whose queued requests do, still gets the warning."""
-    with asgi() as srv:
+    with asgi_one() as srv:
         assert "APF_EXEMPT_THREADS" not in srv.log(), srv.log()
     with server_factory(workers=2, threads=8) as srv:
         assert "threads - APF_EXEMPT_THREADS" in srv.log() and "thread-reserve" in srv.log()
 
 
-def test_a_streamed_response_holds_its_seat_until_it_ends(asgi, tmp_path):
+def test_a_streamed_response_holds_its_seat_until_it_ends(asgi_one, tmp_path):
     """The stream's chunks arrive while its seat is held; the seat goes back at its end."""
     end = tmp_path / "end-stream"
-    with asgi() as srv:
+    with asgi_one() as srv:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
         try:
             conn.request("GET", f"/stream?until={quote(str(end))}")
@@ -438,11 +447,11 @@ def test_a_streamed_response_holds_its_seat_until_it_ends(asgi, tmp_path):
 
 
 @pytest.mark.parametrize("size", [10_000, 200_000])
-def test_a_queued_requests_body_reaches_the_app_whole(asgi, size):
+def test_a_queued_requests_body_reaches_the_app_whole(asgi_one, size):
     """A POST queued behind the full level: its body (some of which the disconnect watcher
     reads while it waits: up to 64 KiB) reaches the app unchanged once it runs."""
     body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
-    with asgi() as srv:
+    with asgi_one() as srv:
         hold = _hold(srv, WORK_SEATS, ms=3000)
         answers = []
 
@@ -466,8 +475,8 @@ def test_a_queued_requests_body_reaches_the_app_whole(asgi, size):
         assert srv.idle() is not None
 
 
-def test_an_app_exception_gives_the_seats_back(asgi):
-    with asgi() as srv:
+def test_an_app_exception_gives_the_seats_back(asgi_one):
+    with asgi_one() as srv:
         for _ in range(10):
             assert srv.request("/boom")[0] == 500
         assert srv.idle() is not None
@@ -475,10 +484,10 @@ def test_an_app_exception_gives_the_seats_back(asgi):
         assert srv.request("/work?ms=1")[0] == 200
 
 
-def test_timeout_in_the_query_shortens_the_wait(asgi):
+def test_timeout_in_the_query_shortens_the_wait(asgi_one):
     """?timeout=2s waits at most 0.5 s: answered 429 (counted timed out) while the 8 seats it
     waited for are still held (for 8 s)."""
-    with asgi() as srv:
+    with asgi_one() as srv:
         hold = _hold(srv, WORK_SEATS, ms=8000)
         status, headers, body = srv.request("/work?ms=1&timeout=2s",
                                             headers={"X-Remote-User": "t"})
@@ -558,12 +567,12 @@ def test_a_refused_websocket_handshake(asgi, asgi_worker):
         _finish(hold, timeout=60)
 
 
-def test_a_worker_killed_holding_the_ledger_lock(asgi):
+def test_a_worker_killed_holding_the_ledger_lock(asgi_one):
     """A worker SIGKILLs itself inside its 40th ledger critical section
     (``tests/apps/dying_conf.py``), on its event loop or its dispatcher thread: the next locker
     repairs the ledger, a new worker replaces it, the dead worker's seats come back and the
     survivors keep serving."""
-    with asgi(env={"APF_TEST_DIE_IN_LOCK": "40"}, conf="python:tests.apps.dying_conf") as srv:
+    with asgi_one(env={"APF_TEST_DIE_IN_LOCK": "40"}, conf="python:tests.apps.dying_conf") as srv:
         found = srv.wait_for(
             lambda: re.search(r"apf test: worker (\d+) dies in its", srv.log()), timeout=30)
         assert found, "no worker took the dying lock"
@@ -598,11 +607,11 @@ def test_a_worker_killed_holding_the_ledger_lock(asgi):
         assert top <= WORK_SEATS + ghosts
 
 
-def test_route_costs_take_their_seats(asgi, tmp_path):
+def test_route_costs_take_their_seats(asgi_one, tmp_path):
     """APF_ROUTES gives /work/wide 2 seats (the level's widest request here): four of them fill the 8-seat level, a fifth waits."""
     routes = tmp_path / "routes.yaml"
     routes.write_text("routes:\n  - path: /work/wide\n    seats: 2\n")
-    with asgi(env={"APF_ROUTES": str(routes)}) as srv:
+    with asgi_one(env={"APF_ROUTES": str(routes)}) as srv:
         wide = _start([Client(srv.port, "/work/wide?ms=3000", user=f"w{i}", count=1,
                               timeout=60) for i in range(5)])
         full = srv.wait_for(lambda: (lv := srv.level("work")).seats_in_use == WORK_SEATS

@@ -61,7 +61,7 @@ def test_short_run_of_bare_and_limited_uvicorn_workers(bench, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("worker", ["uvicorn", "asgi"])
+@pytest.mark.parametrize("worker", ["asgi"])  # (--apf-worker uvicorn: the same code, another -k)
 def test_short_run_of_ours(bench, tmp_path, worker):
     opts = short(bench, apf_worker=worker)
     _args, missing = bench.worker_args("apf", opts)
