@@ -59,6 +59,11 @@ def test_reload_under_load(server_factory, tmp_path):
             cfg.write_text("kind: FlowSchema\nmetadata: {name: bad}\nspec: {}\n")
             os.kill(srv.pid, signal.SIGHUP)
             assert srv.wait_for(lambda: "reload rejected" in srv.log(), timeout=60)
+            # gunicorn replaces the workers on every HUP, a refused one too: wait for those,
+            # so that the applied reload's workers are told apart from them below
+            assert srv.wait_for(lambda: not (old_workers & set(srv.workers()))
+                                and len(srv.workers()) == 3, timeout=60)
+            old_workers = set(srv.workers())
             assert srv.wait_for_answers(load), "not served under load"
             shutil.copy(os.path.join(os.path.dirname(__file__), "apps", "apf.yaml"), cfg)
             with open(cfg, "a") as f:
