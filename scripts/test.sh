@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Install apf_gunicorn with its test extra into ./.venv (created if missing) and run the tests.
 # Usage: bash scripts/test.sh [pytest args...]
-#   no args: two passes, side by side. 1) the whole suite (the ledger's C fast paths, when
-#            built); 2) with APF_NO_ACCELERATOR=1 (the pure-Python fast paths), the tests that
-#            drive the ledger: TESTS_PYTHON_PATH below. Exit status 1 if either pass failed.
+#   no args: two passes. 1) the whole suite (the ledger's C fast paths, when built);
+#            2) with APF_NO_ACCELERATOR=1 (the pure-Python fast paths), the tests that drive
+#            the ledger: TESTS_PYTHON_PATH below. Exit status 1 if either pass failed.
 #   args:    one pytest run with exactly those args, as `pytest "$@"` (e.g. a test file, -k,
 #            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
 # As root with apt-get available, also installs HAProxy for tests/test_haproxy.py, wrk for
@@ -50,20 +50,12 @@ for f in tests/test_ledger_*.py tests/test_simulate*.py; do
   esac
 done
 TESTS_PYTHON_PATH+=(tests/test_server_seats.py tests/test_server_seats_middleware.py
-                    tests/test_server_crash.py tests/test_server_fairness.py)
+                    tests/test_server_crash.py)
 
-# The two passes run side by side: the suite mostly waits on servers (about 0.6 of a core on
-# 2 cores), and the second pass's output follows the first's.
 status=0
-log2=$(mktemp)
-echo "== pass 2 of 2 starts beside pass 1; its output follows pass 1's =="
-APF_NO_ACCELERATOR=1 .venv/bin/python -m pytest "${TESTS_PYTHON_PATH[@]}" >"$log2" 2>&1 &
-pass2=$!
 echo "== pass 1 of 2: all tests (C fast paths when built) =="
 .venv/bin/python -m pytest || status=1
 echo "== pass 2 of 2: APF_NO_ACCELERATOR=1 (pure-Python fast paths): ${TESTS_PYTHON_PATH[*]} =="
-wait "$pass2" || status=1
-cat "$log2"
-rm -f "$log2"
+APF_NO_ACCELERATOR=1 .venv/bin/python -m pytest "${TESTS_PYTHON_PATH[@]}" || status=1
 [ "$status" = 0 ] || echo "scripts/test.sh: a pass failed (see above)" >&2
 exit "$status"

@@ -155,9 +155,10 @@ def test_fairness_choice_and_a_baseline_without_the_field(monkeypatch):
 @pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind (apt-get install -y "
                                                          "valgrind)")
 def test_instructions_per_cycle_under_callgrind(bench):
-    """--instructions' data part: the at-once cycle under each fairness, counted twice alike."""
-    for fairness_name in AVAILABLE:
-        counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, fairness_name, 100)
-                  for _ in range(2)]
-        assert 100 < counts[0] < 1_000_000
-        assert counts[0] == pytest.approx(counts[1], rel=0.01)
+    """--instructions' data part: the at-once cycle, counted twice alike (one fairness: each
+    callgrind run costs ~13 s of the suite, and the fairness is only an argument here)."""
+    fairness_name = AVAILABLE[-1]
+    counts = [bench.instructions_per_cycle(bench.AT_ONCE, 8, fairness_name, 100)
+              for _ in range(2)]
+    assert 100 < counts[0] < 1_000_000
+    assert counts[0] == pytest.approx(counts[1], rel=0.01)
