@@ -9,8 +9,8 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   loop never waits for the ledger lock: when another process holds it past a short spin, the
   call raises ``LockBusy`` having done nothing (``Ledger.never_wait_on``, set for the loop's
   thread by the worker), and runs again on a small thread pool (admit, cancel: awaited) or the
-  dispatcher thread (finish); an exempt request is then served at once without the ledger
-  (counted as ``bypassed``), since exempt never waits. Admission happens before the app runs, so a FastAPI sync
+  dispatcher thread (finish). Every request is counted, exempt ones too: a lock held for
+  microseconds (the usual case, a scrape's snapshot included) delays nobody noticeably. Admission happens before the app runs, so a FastAPI sync
   endpoint never waits in AnyIO's thread pool behind ours.
 * **A client that leaves while queued frees its place at once.** ASGI tells an app of a
   disconnect only through ``receive()``: while a request waits, a task reads ``receive()``
@@ -104,11 +104,7 @@ class ASGIMiddleware(Admission):
                 outcome, slot, gen, _reason, granted = self._admit(
                     level, flow_hash, initial, final, al, self._owner, now, fs_index, detail,
                     early)
-            except LockBusy:  # another process holds the ledger lock
-                if route.exempt:  # exempt never waits: served at once, not counted
-                    self.stats["bypassed"] += 1
-                    return await self.app(scope, receive, send)
-                # wait for the lock on a thread; the loop goes on
+            except LockBusy:  # another process holds the ledger lock: wait on a thread
                 outcome, slot, gen, _reason, granted = await _off_loop(
                     self._admit, level, flow_hash, initial, final, al, self._owner, now,
                     fs_index, detail, early)
