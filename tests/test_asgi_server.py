@@ -29,6 +29,7 @@ from tests.apps.loadgen import Client
 from tests.conftest import APPS, GUNICORN, ROOT, Server, free_port, stop
 from tests.promtool import check_metrics
 from tests.test_server_crash import _Pinned
+from tests.test_server_reload import EXTRA  # the same extra level and FlowSchema
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -307,33 +308,6 @@ def test_a_disconnect_while_queued_frees_the_slot(asgi):
         assert srv.idle() is not None
 
 
-EXTRA = """
----
-apiVersion: flowcontrol.apiserver.k8s.io/v1
-kind: PriorityLevelConfiguration
-metadata: {name: extra, uid: uid-pl-extra}
-spec:
-  type: Limited
-  limited:
-    nominalConcurrencyShares: 1000
-    lendablePercent: 0
-    limitResponse:
-      type: Queue
-      queuing: {queues: 8, handSize: 2, queueLengthLimit: 20}
----
-apiVersion: flowcontrol.apiserver.k8s.io/v1
-kind: FlowSchema
-metadata: {name: extra, uid: uid-fs-extra}
-spec:
-  matchingPrecedence: 200
-  priorityLevelConfiguration: {name: extra}
-  distinguisherMethod: {type: ByUser}
-  rules:
-  - subjects:
-    - {kind: Group, group: {name: system:authenticated}}
-    nonResourceRules:
-    - {verbs: ["*"], nonResourceURLs: ["/other", "/other/*"]}
-"""
 
 
 def test_a_hup_applies_a_new_configuration(asgi, tmp_path):
