@@ -118,6 +118,11 @@ def _gunicorn_accepts(headers: list[tuple[str, str]]) -> bool:
                for n, v in headers)
 
 
+def raw_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` as ASGI wants them: lower-case names, both as latin-1 bytes."""
+    return [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+
+
 class Route:
     """What admission needs per FlowSchema, computed once."""
 
@@ -130,8 +135,7 @@ class Route:
         self.fs_index = fs_index
         self.headers = headers
         # the same, as ASGI wants them (lower-case names, bytes)
-        self.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1"))
-                            for n, v in headers]
+        self.raw_headers = raw_headers(headers)
         self.level_name = level_name
         self.fs_name = fs_name
         self.max_seats = max_seats

@@ -49,6 +49,7 @@ from apf_gunicorn.admission.core import (
     Admission,
     Route,
     WorkerContext,
+    raw_headers,
 )
 from apf_gunicorn.admission.dispatcher import CANCELLED
 from apf_gunicorn.asgi.scope import ScopeEnviron
@@ -61,10 +62,6 @@ WATCH_BODY_LIMIT = 64 * 1024  # request body a queued request's watcher reads an
 _DISCONNECTS = ("http.disconnect", "websocket.disconnect")
 # the messages after which a WebSocket connection's seats go back
 _WS_SETTLED = ("websocket.accept", "websocket.close", "websocket.http.response.start")
-
-
-def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
 
 
 class ASGIMiddleware(Admission):
@@ -126,7 +123,7 @@ class ASGIMiddleware(Admission):
         self.stats["served"] += 1
         extra = route.raw_headers
         if self._orca is not None:  # APF_LOAD_REPORT=orca: the cached ORCA header
-            extra = [*extra, *_raw(self._orca.extend([], now))]
+            extra = [*extra, *raw_headers(self._orca.extend([], now))]
         if not early and typ == "http":
             # The common case: the seats go back when the app returns. The wrapper is a plain
             # function returning the server's own awaitable (no coroutine of ours per message:
@@ -202,7 +199,7 @@ class ASGIMiddleware(Admission):
             headers, body = self.reject_headers(route), TOO_MANY
         else:
             headers, body = self.stopping_headers(route), STOPPING_BODY
-        raw = _raw(headers)
+        raw = raw_headers(headers)
         if scope["type"] == "websocket":
             if "websocket.http.response" in (scope.get("extensions") or {}):
                 await send({"type": "websocket.http.response.start", "status": status,
