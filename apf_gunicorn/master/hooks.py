@@ -9,8 +9,8 @@ ledger and the name of its grant socket); ``child_exit`` reclaims everything a d
 the running one and logs every error; ``on_exit`` unlinks the segment.
 
 Worker: ``post_fork`` closes what the child must not hold; ``post_worker_init`` attaches the
-ledger, binds the grant socket, starts the dispatcher thread and wraps ``worker.wsgi`` in the
-middleware; ``worker_exit`` answers parked requests 503 and releases what the worker holds.
+ledger, binds the grant socket, starts the dispatcher thread and wraps the worker's app in its front
+end's middleware; ``worker_exit`` answers parked requests 503 and releases what the worker holds.
 
 A user config that defines its own hook of the same name should call ours from it (at start,
 ``on_starting`` logs each of ours that was replaced and what that loses: ``hookcheck.py``)::
@@ -96,10 +96,6 @@ def check_worker_class(worker_class, cfg=None) -> str | None:
             "gunicorn's stock gthread, which it also runs for sync with --threads > 1, lacks "
             "its protections), for ASGI apps -k apf_gunicorn.asgi.UvicornWorker or "
             "-k apf_gunicorn.asgi.ASGIWorker")
-
-
-
-
 
 
 def _holds_threads(server) -> bool:
@@ -287,8 +283,7 @@ def post_fork(server, worker) -> None:
     if m.services is not None:
         m.services.close_in_child()
     boot.set_worker_oom_score_adj(m.settings.worker_oom_score_adj_step, m.master_pid,
-                                          server.log)
-
+                                  server.log)
 
 
 def post_worker_init(worker) -> None:
