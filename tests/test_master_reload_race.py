@@ -40,7 +40,7 @@ spec:
 """
 
 
-class ReloadOnAcquire:
+class RunOnAcquire:
     """A lock that, on its ``at``-th acquisition, first lets a HUP run (``reload``), as if the
     main thread had taken the lock just before the master thread."""
 
@@ -101,7 +101,7 @@ def running_master(tmp_path, monkeypatch, limit: str):
 def test_a_reload_before_the_borrowing_round_takes_the_lock_is_what_it_applies(
         tmp_path, monkeypatch) -> None:
     m, reload = running_master(tmp_path, monkeypatch, "20")
-    lock = ReloadOnAcquire(reload, at=1)
+    lock = RunOnAcquire(reload, at=1)
     monkeypatch.setattr(master, "SERVICE_LOCK", lock)
     services = master.MasterServices(m, Log())
     services.borrow_once()
@@ -118,7 +118,7 @@ def test_a_reload_between_the_adaptive_tick_reading_and_applying_is_what_it_appl
     old = m.settings.concurrency_limit
     # the controller starts below the running limit: its first tick applies 12 seats
     auto = ServerAutoLimit(m.settings.concurrency_auto, 12, clock=lambda: 10 * S)
-    lock = ReloadOnAcquire(reload, at=2)  # 1: reading the statistics; 2: applying the limit
+    lock = RunOnAcquire(reload, at=2)  # 1: reading the statistics; 2: applying the limit
     assert auto.tick(m, lock) == (old, 12)
     assert lock.acquired == 2
     gen = m.generation
@@ -131,3 +131,29 @@ def test_a_reload_between_the_adaptive_tick_reading_and_applying_is_what_it_appl
         load = m.ledger.load(levels=(index,))[0]
         if not load.exempt:
             assert load.concurrency_limit == m.borrowing_states[name].current_limit, name
+
+
+def test_an_adaptive_tick_while_a_reload_loads_its_files_keeps_its_limit(
+        tmp_path, monkeypatch) -> None:
+    # on_reload reads the settings, loads the files, then takes the lock: a tick that moves
+    # the limit in between (it took the lock first) must not be undone by the reload.
+    m, reload = running_master(tmp_path, monkeypatch, "auto:2-24")
+    old = m.settings.concurrency_limit
+    auto = ServerAutoLimit(m.settings.concurrency_auto, 12, clock=lambda: 10 * S)
+    ticks = []
+    master_lock = threading.Lock()
+    lock = RunOnAcquire(lambda: ticks.append(auto.tick(m, master_lock)), at=1)
+    monkeypatch.setattr(hooks, "SERVICE_LOCK", lock)
+    reload()
+    assert ticks == [(old, 12)] and lock.acquired == 1
+    assert m.settings.concurrency_limit == 12
+    gen = m.generation
+    expected = compute_limits(gen.configuration.priority_levels.values(), 12)
+    assert {n: lim.nominal for n, lim in gen.limits.items()} == \
+        {n: lim.nominal for n, lim in expected.items()}
+    for name, index in gen.level_index.items():
+        load = m.ledger.load(levels=(index,))[0]
+        if not load.exempt:
+            assert load.concurrency_limit == expected[name].nominal, name
+    # the next tick has nothing to put back
+    assert auto.tick(m, master_lock) is None

@@ -25,6 +25,7 @@ A user config that defines its own hook of the same name should call ours from i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -48,6 +49,7 @@ from apf_gunicorn.server.generation import (
     config_change_lines,
     config_error_lines,
     configure_ledger,
+    derive_limits,
     level_seats,
     load_generation,
     seat_change_lines,
@@ -228,14 +230,15 @@ def on_reload(server) -> None:
     m = state.MASTER
     if m is None:
         return
-    settings = m.settings
     config_path = os.environ.get("APF_CONFIG", "").strip() or None
-    if config_path != settings.config_path:
-        import dataclasses
-        settings = dataclasses.replace(settings, config_path=config_path)
     try:
-        gen = load_generation(settings, m.generation.number + 1)
+        # Read from disk outside the lock; the adaptive tick (APF_CONCURRENCY_LIMIT=auto) may
+        # move the server limit meanwhile, so the limit is taken again under the lock.
+        gen = load_generation(dataclasses.replace(m.settings, config_path=config_path),
+                              m.generation.number + 1)
         with SERVICE_LOCK:
+            settings = dataclasses.replace(m.settings, config_path=config_path)
+            derive_limits(gen, settings.concurrency_limit)
             changes = config_change_lines(m.generation.configuration, gen.configuration)
             seats_before = level_seats(m.ledger, m.generation)
             configure_ledger(m.ledger, gen, time.monotonic_ns())

@@ -2,6 +2,7 @@
 ledger, at start and on every HUP.
 
     gen = load_generation(settings)            # raises the loader's errors
+    derive_limits(gen, server_limit)           # again for another server limit
     level_specs(gen)
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
     warning = thread_budget(gen, settings, workers, threads)
@@ -41,9 +42,19 @@ def load_generation(settings: Settings, number: int = 1) -> Generation:
         OSError: it cannot be read.
     """
     cfg = load_configuration(settings.config_source)
-    limits = compute_limits(cfg.priority_levels.values(), settings.concurrency_limit)
-    return Generation(cfg, limits, Classifier(cfg), {}, {}, number,
-                      fairness=settings.fairness)
+    gen = Generation(cfg, {}, Classifier(cfg), {}, {}, number, fairness=settings.fairness)
+    derive_limits(gen, settings.concurrency_limit)
+    return gen
+
+
+def derive_limits(gen: Generation, server_limit: int) -> None:
+    """Set ``gen.limits``: each level's share of ``server_limit`` seats.
+
+    A reload loads its generation outside the master's service lock and derives the limits
+    again under it: with ``APF_CONCURRENCY_LIMIT=auto`` the adaptive tick may have moved the
+    server limit in between.
+    """
+    gen.limits = compute_limits(gen.configuration.priority_levels.values(), server_limit)
 
 
 def fairness_by_level(gen: Generation) -> dict[str, tuple[str | None, str]]:
