@@ -14,7 +14,7 @@ def _token():
 def test_grants_reach_their_owner_grouped():
     token = _token()
     a, b = GrantInbox(token, 0), GrantInbox(token, 1)
-    sender = GrantSender(token)
+    sender = GrantSender(token, {0: a.name, 1: b.name}.get)
     try:
         assert a.receive() == []
         sender.send_grants([(5, 1, 0), (6, 2, 1), (7, 3, 0), (8, 4, 9)], skip_owner=9)
@@ -27,21 +27,23 @@ def test_grants_reach_their_owner_grouped():
 
 def test_missing_receiver_is_dropped_not_raised():
     token = _token()
-    sender = GrantSender(token)
+    sender = GrantSender(token, {3: 77}.get)  # a name nobody bound
     assert sender.send(3, [[1, 1]]) is False
     assert sender.dropped == 1
+    assert sender.send(4, [[1, 1]]) is False  # no name published
+    assert sender.dropped == 2
     sender.close()
 
 
 def test_large_batches_and_garbage():
     token = _token()
     inbox = GrantInbox(token, 2)
-    sender = GrantSender(token)
+    sender = GrantSender(token, {2: inbox.name}.get)
     try:
         pairs = [[i, i * 7] for i in range(10_000)]
         assert sender.send(2, pairs)
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        raw.sendto(b"\xc1garbage", address(token, 2))
+        raw.sendto(b"\xc1garbage", address(token, 2, inbox.name))
         raw.close()
         got = inbox.receive()
         assert got == [(i, i * 7) for i in range(10_000)]
@@ -58,7 +60,7 @@ def test_datagrams_from_processes_outside_the_server_are_refused(caplog):
     token = _token()
     allowed = {12345}  # this test process is not one of "the server's" pids
     inbox = GrantInbox(token, 0, trusted=PeerCheck(1, lambda: allowed, refresh_s=0.0))
-    sender = GrantSender(token)
+    sender = GrantSender(token, {0: inbox.name}.get)
     try:
         assert sender.send(0, [[1, 1]])
         assert inbox.receive() == []
@@ -104,7 +106,7 @@ def test_send_errors_are_counted_and_logged_never_raised(caplog):
         def close(self):
             pass
 
-    sender = GrantSender(_token())
+    sender = GrantSender(_token(), lambda owner: 5)
     sender.sock.close()
     sender.sock = Refusing()
     sender.send_grants([(1, 1, 3), (2, 1, 4)])
@@ -120,22 +122,25 @@ def test_grant_socket_names_cannot_be_known_before_the_master_starts():
 
     first, second = grant_token("", 1), grant_token("", 1)
     assert first != second
-    assert address(first, 0) != b"\0apf-_1-w0"
+    assert not address(first, 0, 1).startswith(b"\0apf-_1-w0")
     random_part = first.rsplit("_", 1)[1]
     assert len(random_part) == 32 and int(random_part, 16) >= 0  # 128 bits, hex
 
 
-def test_a_worker_whose_name_is_taken_still_boots(caplog):
+def test_a_worker_whose_name_is_taken_still_boots(caplog, monkeypatch):
     """Binding a worker's name first raised EADDRINUSE in the worker's setup (gunicorn then
     halts). The worker now boots without an inbox and says so; its grants come from its
-    ledger scan."""
+    ledger scan. (A name has 48 random bits per process: here the draw is forced.)"""
+    from apf_gunicorn.admission import channel
+
     token = _token()
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    squatter.bind(address(token, 0))
+    squatter.bind(address(token, 0, 5))
+    monkeypatch.setattr(channel, "draw_name", lambda: 5)
     try:
         inbox = GrantInbox(token, 0)
         try:
-            assert inbox.bound is False
+            assert inbox.bound is False and inbox.name == 0
             assert inbox.receive() == []
             assert "grant socket name of worker 0 is taken" in caplog.text
         finally:
@@ -168,9 +173,10 @@ def test_a_flood_of_forged_datagrams_costs_one_batch_per_wake_up():
     token = _token()
     me = os.getpid()
     inbox = GrantInbox(token, 0, trusted=PeerCheck(me, lambda: {me}, refresh_s=0.0))
-    sender = GrantSender(token)
+    sender = GrantSender(token, {0: inbox.name}.get)
     n = 20 * BATCH
-    flood = subprocess.Popen([sys.executable, "-c", FLOOD, address(token, 0).hex(), str(n)])
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, address(token, 0, inbox.name).hex(),
+                              str(n)])
     try:
         while inbox.refused < n:
             # wait for datagrams (the flood may be slower than this loop), or the flood's end
@@ -200,6 +206,52 @@ def test_the_longest_name_fits_a_unix_socket_address():
     token = grant_token("i" * 40, 4_194_304)
     inbox = GrantInbox(token, 9999)
     try:
-        assert inbox.bound and len(address(token, 9999)) < 108
+        assert inbox.bound and len(address(token, 9999, (1 << 48) - 1)) <= 108
     finally:
         inbox.close()
+
+
+def _bound_names(prefix: bytes) -> set[bytes]:
+    """The abstract Unix socket names in ``/proc/net/unix`` (what any local process can read)
+    that start with ``prefix``."""
+    with open("/proc/net/unix", "rb") as f:
+        next(f)
+        paths = [line.split()[7] for line in f if len(line.split()) > 7]
+    return {b"\0" + p[1:] for p in paths if p.startswith(b"@") and (b"\0" + p[1:]).startswith(prefix)}
+
+
+def test_a_squatter_on_a_dead_workers_name_gets_none_of_its_successors_grants():
+    """Names were ``\\0apf-<token>-w<index>``, the same for every process at an index: a
+    process that read a worker's name in /proc/net/unix could bind it when that worker died;
+    its successor at the index then booted without an inbox (grants only by the 100 ms
+    backstop scan) and the squatter received its grants. Each process now draws its own name
+    and publishes it in its ledger record, where the senders read it."""
+    from apf_gunicorn.ledger import Capacity, Ledger
+    from apf_gunicorn.ledger.lock import NullLock
+
+    token = _token()
+    cap = Capacity(workers=4)
+    led = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
+    sender = GrantSender(token, led.grant_name)
+    first = GrantInbox(token, 0)
+    led.register_worker(0, 1001, 0, first.name)
+    (seen,) = _bound_names(f"\0apf-{token}-w0".encode())
+    first.close()  # the worker dies; its name is free
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(seen)
+    squatter.setblocking(False)
+    second = GrantInbox(token, 0)  # its successor at index 0
+    try:
+        assert second.bound and second.name != 0
+        led.register_worker(0, 1002, 0, second.name)
+        assert sender.send_grants([(3, 4, 0)]) is None and sender.dropped == 0
+        readable, _, _ = select.select([second], [], [], 30)
+        assert readable and second.receive() == [(3, 4)]
+        try:
+            got = squatter.recv(100)
+        except BlockingIOError:
+            got = None
+        assert got is None
+    finally:
+        for s in (second, squatter, sender):
+            s.close()

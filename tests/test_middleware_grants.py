@@ -211,7 +211,7 @@ def test_a_grant_that_cannot_be_sent_is_no_500_and_no_leak(caplog):
         def dispatched(self, slot, gen):
             return False
 
-    sender = GrantSender(f"eperm{os.getpid()}")
+    sender = GrantSender(f"eperm{os.getpid()}", lambda owner: 1)
     sender.sock.close()
     sender.sock = Refusing()
     parking = Parking()

@@ -75,7 +75,7 @@ def test_datagram_grant_and_disconnect_and_linger():
     try:
         # a grant from another process wakes the parked thread
         w = parking.park(4, 2)
-        sender = GrantSender(token)
+        sender = GrantSender(token, {0: d.inbox.name}.get)
         sender.send(0, [[4, 2]])
         assert w.event.wait(30) and w.outcome == GRANTED
         parking.unpark(w)

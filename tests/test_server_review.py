@@ -203,7 +203,7 @@ def test_grant_socket_names_of_two_servers_never_collide():
 
     pairs = [("a", 1234), ("a1", 234), ("", 11234), ("1", 1234), ("g", 1234), ("a_1", 234),
              ("a", 1234_0), ("a-1", 234)]
-    names = {address(grant_token(inst, pid), 0) for inst, pid in pairs}
+    names = {address(grant_token(inst, pid), 0, 1) for inst, pid in pairs}
     assert len(names) == len(pairs)
 
 
@@ -233,7 +233,7 @@ def test_dispatcher_survives_a_failing_delivery():
     parking = Parking()
     d = Dispatcher(parking, inbox, Ledger(), owner=0, deliver=deliver, alive=lambda: True)
     d.start()
-    sender = GrantSender(token)
+    sender = GrantSender(token, {0: inbox.name}.get)
     try:
         deadline = time.monotonic() + 30
         while not calls and time.monotonic() < deadline:

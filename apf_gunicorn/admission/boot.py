@@ -89,11 +89,11 @@ def attach(worker: FrontEnd, m: state.MasterState) -> state.WorkerState:
     index = worker.apf_index
     gen = m.generation
     ledger = Ledger.attach(m.segment.ledger_buffer, lock=make_lock())
-    ledger.register_worker(index, os.getpid(), time.monotonic_ns())
     peers = PeerCheck(m.master_pid or os.getppid(), _worker_pids(ledger))
     inbox = GrantInbox(m.token, index, trusted=peers)
+    ledger.register_worker(index, os.getpid(), time.monotonic_ns(), inbox.name)
     os.register_at_fork(after_in_child=_close_grant_socket_in_child)
-    sender = GrantSender(m.token)
+    sender = GrantSender(m.token, ledger.grant_name)
     parking = worker.apf_parking()
     deliver = _deliverer(parking, sender, index)
     alive = worker.apf_alive
@@ -152,8 +152,8 @@ def _deliverer(parking: Any, sender: GrantSender, me: int) -> Callable[[list], N
 
 def _close_grant_socket_in_child() -> None:
     """A process the application forks (multiprocessing, os.fork) must not keep this worker's
-    grant socket: it would hold the abstract name after the worker dies, and the replacement
-    worker's bind would fail (EADDRINUSE in post_worker_init halts the whole server)."""
+    grant socket: it would hold the socket and its abstract name after the worker dies (the
+    replacement worker draws a name of its own, so it would still boot)."""
     w = state.WORKER
     if w is not None and w.inbox is not None and os.getpid() != w.pid:
         w.inbox.close()

@@ -2,14 +2,19 @@
 
 When a ledger operation in one process dispatches a slot owned by another worker, that worker
 must wake the parked request thread. Each worker binds one ``SOCK_DGRAM`` socket named
-``\\0apf-<token>-w<index>`` in the Linux abstract namespace (nothing to unlink; the name
-disappears with the process). A message is a msgpack list of ``[slot, gen]`` pairs.
+``\\0apf-<token>-w<index>-<name>`` in the Linux abstract namespace (nothing to unlink; the
+name disappears with the process). A message is a msgpack list of ``[slot, gen]`` pairs.
 
 The token holds 128 random bits drawn by the master at start (:func:`grant_token`), so a
-process outside the server cannot bind a worker's name before it does (the worker would fail
-to boot) nor send to it without first reading the name from ``/proc/net/unix``. Should a name
-be taken all the same, the worker boots without an inbox (:attr:`GrantInbox.bound` False, a
-warning logged) and its grants reach it through the backstop scan. One wake-up of the
+process outside the server cannot bind a worker's name before it does nor send to it without
+first reading the name from ``/proc/net/unix``. ``<name>`` is 48 more random bits drawn by
+each worker process (:attr:`GrantInbox.name`) and published in its ledger record
+(``Ledger.register_worker``), where the senders read it (``Ledger.grant_name``): a process that
+read a worker's name cannot take the name of the worker that replaces it at the same index
+(it would get that worker's grants, which would then arrive only through the backstop scan).
+Should a name be taken all the same, the worker boots without an inbox
+(:attr:`GrantInbox.bound` False, its name 0 so nobody sends to it, a warning logged) and its
+grants reach it through the backstop scan. One wake-up of the
 dispatcher reads at most ``BATCH`` datagrams (:meth:`GrantInbox.receive`), so a flood cannot
 keep the thread from its other duties (lingering seats, finishes, the backstop scan).
 
@@ -25,12 +30,13 @@ leak a slot.
 Usage::
 
     inbox = GrantInbox(token, index, trusted=PeerCheck(master_pid, worker_pids))  # worker
+    ledger.register_worker(index, os.getpid(), now, inbox.name)
     for slot, gen in inbox.receive():  ...                      # (dispatcher thread)
-    sender = GrantSender(token)                 # any process, any thread
+    sender = GrantSender(token, ledger.grant_name)  # any process, any thread
     sender.send_grants(granted, my_index)       # granted: [(slot, gen, owner), ...]
 
 Sending never blocks and never raises: a full or missing receiver, or any other send error, drops
-the datagram (counted in ``dropped``, each errno logged once), and the receiver's 100 ms ledger
+the datagram (counted in ``dropped``; so does a receiver without a name now, each errno logged once), and the receiver's 100 ms ledger
 scan (the backstop) picks the grant up.
 """
 
@@ -72,8 +78,15 @@ def grant_token(instance: str, master_pid: int) -> str:
     return f"{instance}_{master_pid}_{secrets.token_hex(16)}"
 
 
-def address(token: str, index: int) -> bytes:
-    return f"\0apf-{token}-w{index}".encode()
+def address(token: str, index: int, name: int) -> bytes:
+    """The abstract socket address of worker ``index`` whose process drew ``name``."""
+    return f"\0apf-{token}-w{index}-{name:x}".encode()
+
+
+def draw_name() -> int:
+    """A worker process's part of its grant socket name: 48 random bits (12 hex digits: the
+    longest address stays within the 108 bytes of ``sun_path``), never 0 ("no name")."""
+    return 1 + secrets.randbelow((1 << 48) - 1)
 
 
 class PeerCheck:
@@ -123,6 +136,8 @@ class GrantInbox:
     channel alone); refused ones are counted in ``refused`` and each sender pid is logged once.
 
     Attributes:
+        name: the random part of the bound name (:func:`draw_name`), to publish in the
+            ledger's worker record; 0 when not bound.
         bound: the name was bound. False when another process holds it (``EADDRINUSE``,
             logged): the socket then never receives, and this worker's grants reach it
             through the dispatcher's backstop scan (within 100 ms).
@@ -134,13 +149,15 @@ class GrantInbox:
         # before bind, so that no datagram is ever queued without its sender's credentials
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.bound = True
+        self.name = draw_name()
         try:
-            self.sock.bind(address(token, index))
+            self.sock.bind(address(token, index, self.name))
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 self.sock.close()
                 raise
             self.bound = False
+            self.name = 0
             log.warning("apf: the grant socket name of worker %d is taken by another process "
                         "(%s); this worker gets its grants from its ledger scan instead, "
                         "within 100 ms", index, e)
@@ -194,22 +211,34 @@ class GrantInbox:
 
 
 class GrantSender:
-    """Sends grants to their owners. Thread-safe (one datagram per ``sendto``)."""
+    """Sends grants to their owners. Thread-safe (one datagram per ``sendto``).
 
-    def __init__(self, token: str):
+    ``names(owner)`` is the name worker ``owner`` published (``Ledger.grant_name``; 0: none),
+    read at every send, so a worker that replaced another at its index is reached at once.
+    """
+
+    def __init__(self, token: str, names: Callable[[int], int]):
         self.token = token
+        self.names = names
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
-        self._addresses: dict[int, bytes] = {}
+        self._addresses: dict[int, tuple[int, bytes]] = {}
         self.dropped = 0
         self._logged: set[int] = set()
 
     def send(self, owner: int, pairs: list[list[int]]) -> bool:
         """Send ``[[slot, gen], ...]`` to worker ``owner``; False if it could not be delivered
         (counted in ``dropped``; never raises: the owner's backstop scan finds the grant)."""
-        addr = self._addresses.get(owner)
-        if addr is None:
-            addr = self._addresses[owner] = address(self.token, owner)
+        name = self.names(owner)
+        if not name:  # not bound (booting, or its name was taken): its backstop scan
+            self.dropped += 1
+            return False
+        cached = self._addresses.get(owner)
+        if cached is not None and cached[0] == name:
+            addr = cached[1]
+        else:
+            addr = address(self.token, owner, name)
+            self._addresses[owner] = (name, addr)
         ok = True
         for i in range(0, len(pairs), _PAIRS_PER_DATAGRAM):
             try:

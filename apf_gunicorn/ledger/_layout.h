@@ -5,7 +5,7 @@
 #define APF_LEDGER_LAYOUT_H
 
 enum {
-    VERSION = 8,
+    VERSION = 9,
     WORD = 8,
     NAME_BYTES = 256,
     H_MAGIC = 0,
@@ -166,7 +166,8 @@ enum {
     W_STATE = 1,
     W_HEARTBEAT = 2,
     W_ROOM = 3,
-    WORKER_WORDS = 4,
+    W_GRANT_NAME = 4,
+    WORKER_WORDS = 5,
     WORKER_FREE = 0,
     WORKER_ALIVE = 1,
     WORKER_GONE = 2,
@@ -178,6 +179,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "2de3246c2577aa19"
+#define LAYOUT_DIGEST "3fbce78d19472720"
 
 #endif

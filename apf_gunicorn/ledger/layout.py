@@ -25,7 +25,7 @@ MAGIC = 0x3152474C46504100  # "\0APFLGR1" little-endian
 # it (C_HEAD_TIMEOUTS), thread-reserve rejections in the stats entries, W_ROOM;
 # 7: thread-share rejections in the stats entries;
 # 8: held (delayed) 429s per reason in the stats entries instead of one server counter
-VERSION = 8
+VERSION = 9
 WORD = 8
 NAME_BYTES = 256  # one length byte + up to 253 bytes of UTF-8 (a DNS subdomain), padded
 
@@ -131,11 +131,13 @@ FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}
 
 # -- worker record ----------------------------------------------------------------------------
-W_PID, W_STATE, W_HEARTBEAT, W_ROOM = range(4)
-WORKER_WORDS = 4
+W_PID, W_STATE, W_HEARTBEAT, W_ROOM, W_GRANT_NAME = range(5)
+WORKER_WORDS = 5
 # W_ROOM = 1 while the worker has a thread free for a non-exempt request (gthread/worker.py:
 #   a worker without one accepts only while no other worker has one); written and read
 #   lock-free, cleared when the worker is reaped
+# W_GRANT_NAME = the random part of the worker's grant socket name, drawn per process
+#   (admission/channel.py; 0: none bound yet); written by the worker, read lock-free by senders
 WORKER_FREE, WORKER_ALIVE, WORKER_GONE = 0, 1, 2
 
 NIL = -1  # "no slot" / "no queue" in link and index fields

@@ -6,7 +6,7 @@ finds a dead lock holder's slots by pid), publishes whether it has a thread free
 dies the master reaps it (:meth:`WorkerTable.reap_worker`): its waiting requests count as
 cancelled, its executing and lingering seats are freed, and what that frees is dispatched::
 
-    led.register_worker(index, os.getpid(), now)
+    led.register_worker(index, os.getpid(), now, inbox.name)
     granted = led.reap_worker(index, now)      # after the worker exited
 """
 
@@ -31,19 +31,27 @@ from apf_gunicorn.ledger.layout import (
 class WorkerTable:
     """The worker table of ``Ledger`` (a mixin)."""
 
-    def register_worker(self, owner: int, pid: int, now: int) -> None:
+    def register_worker(self, owner: int, pid: int, now: int, grant_name: int = 0) -> None:
         """Record that worker index ``owner`` is process ``pid`` (repair finds a dead lock holder's
         slots by pid). One word each, no lock: each worker writes only its own record.
 
         Args:
             owner: the worker index, below ``Capacity.workers`` (not checked).
             pid: its process id; now: the caller's monotonic ns (the heartbeat).
+            grant_name: the random part of its grant socket's name (0: none), what
+                :meth:`grant_name` gives the senders.
         """
         wa = self._lay.worker(owner)
         w = self._w
         w[wa + L.W_PID] = pid
+        w[wa + L.W_GRANT_NAME] = grant_name
         w[wa + L.W_STATE] = L.WORKER_ALIVE
         w[wa + L.W_HEARTBEAT] = now
+
+    def grant_name(self, owner: int) -> int:
+        """The random part of worker ``owner``'s grant socket name as it registered it (0: none;
+        one word, no lock)."""
+        return self._w[self._lay.worker(owner) + L.W_GRANT_NAME]
 
     def set_worker_room(self, owner: int, room: bool) -> None:
         """Publish whether worker ``owner`` has a thread free for a non-exempt request (one word

@@ -168,7 +168,7 @@ def on_starting(server) -> None:
         _fail(server, [f"the configuration does not fit the ledger: {e}"])
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
-        resolver=resolver, generation=gen, sender=GrantSender(token), master_pid=pid,
+        resolver=resolver, generation=gen, sender=GrantSender(token, ledger.grant_name), master_pid=pid,
         threads=_threads(server), holds_threads=_holds_threads(server),
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
