@@ -14,8 +14,10 @@ The key file is one of (told apart by its content):
   allows what its type allows, narrowed to its ``alg`` when it has one; keys with
   ``"use": "enc"`` are skipped; a token picks its key by ``kid`` (a set of one key also
   accepts a token without ``kid``);
-* anything else is an HMAC secret: the file's bytes without a trailing line end, at least 32
-  bytes (RFC 7518 3.2), allowing HS256, and HS384/HS512 when it is 48/64 bytes or longer.
+* anything else is an HMAC secret, at least 32 bytes (RFC 7518 3.2), allowing HS256, and
+  HS384/HS512 when it is 48/64 bytes or longer: a text secret (:func:`hmac_secret`: printable
+  UTF-8 before its trailing line ends) without those line ends, any other file byte for byte
+  (a binary secret, e.g. ``openssl rand 32``, may end in a CR or LF byte of its own).
   A file that is evidently a key in another form is refused rather than taken for a secret
   that no token would ever verify with (:func:`refuse_misread_key`): a byte order mark, PEM
   text after something else, a DER (binary) key or certificate, the base64 body of a PEM key
@@ -282,9 +284,28 @@ def refuse_misread_key(data: bytes) -> None:
                           "(ssh-keygen -e -m PKCS8 -f key.pub)")
 
 
+def hmac_secret(data: bytes) -> bytes:
+    """The HMAC secret a key file holds.
+
+    A text secret (``openssl rand -base64 48 > key``, an editor's save) ends in a line end that
+    is not part of it. The file is text when what comes before its trailing CR and LF bytes
+    decodes as UTF-8 and is all printable (``str.isprintable``: no control characters, tab
+    included): the secret is then those bytes. Anything else is binary and is the secret byte
+    for byte, its last byte included: one random secret in 128 ends in a CR or LF.
+    """
+    text = data.rstrip(b"\r\n")
+    if len(text) == len(data):
+        return data
+    try:
+        printable = text.decode("utf-8").isprintable()
+    except UnicodeDecodeError:
+        printable = False
+    return text if printable else data
+
+
 def _hmac_key(data: bytes) -> JWTKey:
     refuse_misread_key(data)
-    secret = data.rstrip(b"\r\n")
+    secret = hmac_secret(data)
     if len(secret) < MIN_HMAC_SECRET:
         raise JWTKeyError(f"an HMAC secret of {len(secret)} bytes; at least {MIN_HMAC_SECRET} "
                           "(RFC 7518 3.2), e.g. from: openssl rand -base64 48")
