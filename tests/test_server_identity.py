@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import threading
 import time
 
@@ -346,6 +347,7 @@ def test_verified_token_matches_its_schema_and_a_forged_one_does_not(server_fact
 
         assert uid(signed) == admins
         assert uid(signed) == admins  # again, from the caches
+        assert "APF_JWT_AUDIENCE" not in srv.log()
         assert uid(member) == derived_uid("FlowSchema", "members")
         for token in forged:
             assert uid(token) == derived_uid("FlowSchema", "anonymous")
@@ -385,6 +387,9 @@ def test_a_token_cannot_make_its_holder_exempt(server_factory, tmp_path, apf_env
 
         assert uid(masters) == derived_uid("FlowSchema", "users")
         assert uid(system_user) == derived_uid("FlowSchema", "anonymous")
+        # no APF_JWT_AUDIENCE: tokens for any audience verify, which the start says
+        assert re.search(r"\[WARNING\] apf: APF_JWT_KEY without APF_JWT_AUDIENCE: a token the key "
+                         r"verifies names its sub whatever its aud", srv.log()), srv.log()
     for name, value in env.items():
         apf_env.setenv(name, value)
     out = explain(capsys, ["--config", "builtin:webapp", "--request", "GET /hello",

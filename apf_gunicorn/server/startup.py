@@ -161,8 +161,9 @@ def identity_notes(settings: Any) -> list[tuple[int, str]]:
     anonymous), and a note at info when one can (the default ``proxy,remote_user``: a WSGI
     layer's ``REMOTE_USER`` still names users, so a server started with the defaults starts
     without a warning). At run time the resolver warns, rate-limited, whenever such headers
-    do arrive from an untrusted peer (``RequestInfoResolver._untrusted_headers``). Sources
-    after ``address`` are never asked for a TCP client, which ``address`` always names: a
+    do arrive from an untrusted peer (``RequestInfoResolver._untrusted_headers``). A JWT key
+    without an audience accepts tokens issued for any audience: a warning. Sources after
+    ``address`` are never asked for a TCP client, which ``address`` always names: a
     warning.
 
     Args:
@@ -194,6 +195,12 @@ def identity_notes(settings: Any) -> list[tuple[int, str]]:
                     f"{settings.group_header} are ignored from every peer and {then}; set "
                     "APF_TRUSTED_PROXIES to your proxy's addresses (or unix), or leave proxy "
                     "out of APF_USER_FROM"))
+    if settings.jwt_key is not None and settings.jwt_audience is None:
+        out.append((logging.WARNING,
+                    "APF_JWT_KEY without APF_JWT_AUDIENCE: a token the key verifies names its "
+                    "sub whatever its aud, one issued for another service (another client of "
+                    "the same identity provider) too; set APF_JWT_AUDIENCE to this server's "
+                    "client ID (Kubernetes' OIDC authenticator requires one)"))
     after = sources[sources.index(ADDRESS) + 1:] if ADDRESS in sources else ()
     if after:
         out.append((logging.WARNING,
