@@ -119,3 +119,32 @@ def test_load_routes_with_costs(tmp_path) -> None:
     path.write_text(ROUTES)
     table = load_routes(str(path))
     assert table.cost("POST", "/tenants/t/orders") == WorkEstimate(1, 2, 20_000_000)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("- {path: /a, resource: r, verb: {GET: get}}",
+     "unknown key(s) ['verb']; did you mean verbs?; allowed: "),
+    ("- {path: /a, seat: 2, finalSeat: 1}",
+     "unknown key(s) ['finalSeat', 'seat']; did you mean finalSeats for finalSeat, seats for "
+     "seat?"),
+    ("- {path: /a, resource: r, verbs: {GET: lsit}}", "'watch']; did you mean list?"),
+    ("- {path: /a, zzz: 1, seats: 2}", "unknown key(s) ['zzz']; allowed: "),
+])
+def test_a_misspelt_routes_key_or_verb_gets_a_did_you_mean(tmp_path, text, message) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(text)
+    with pytest.raises(RouteError) as err:
+        load_routes(str(path))
+    assert message in str(err.value), str(err.value)
+
+
+def test_routes_take_the_verbs_a_flowschema_can_name() -> None:
+    """routes.py kept its own list of Kubernetes verbs beside the FlowSchema validator's: a
+    verb one accepted and the other refused would make a route no FlowSchema can match."""
+    from apf_gunicorn.flowcontrol import routes
+    from apf_gunicorn.flowcontrol.flowschema_validation import SUPPORTED_VERBS
+
+    assert not hasattr(routes, "KUBERNETES_VERBS")
+    for verb in SUPPORTED_VERBS:
+        table = parse_routes([{"path": "/a", "resource": "r", "verbs": {"POST": verb}}])
+        assert table.match("POST", "/a")["verb"] == verb

@@ -51,12 +51,10 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.routing.exceptions import RoutingException
 
+from apf_gunicorn.flowcontrol.flowschema_validation import SUPPORTED_VERBS
+from apf_gunicorn.flowcontrol.suggest import closest, unknown_keys
 from apf_gunicorn.flowcontrol.workestimate import EstimateError, WorkEstimate, make_estimate
 
-#: Verbs a FlowSchema rule can name (validation refuses any other).
-KUBERNETES_VERBS = frozenset(
-    ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "proxy")
-)
 _RESOURCE_KEYS = ("resource", "apiGroup", "apiVersion", "subresource", "verbs")
 #: route file key -> make_estimate argument
 COST_KEYS = {"seats": "seats", "finalSeats": "final_seats",
@@ -208,8 +206,7 @@ def parse_routes(document: Any, source: str = "<routes>") -> RouteTable:
             raise _entry_error(source, index, entry, "each route must be a mapping")
         unknown = set(entry) - _KEYS
         if unknown:
-            raise _entry_error(source, index, entry, f"unknown key(s) {sorted(map(str, unknown))}; "
-                               f"allowed: {sorted(_KEYS)}")
+            raise _entry_error(source, index, entry, unknown_keys(unknown, _KEYS))
         path = entry.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
             raise _entry_error(source, index, entry, "path is required and must start with '/'")
@@ -242,9 +239,11 @@ def parse_routes(document: Any, source: str = "<routes>") -> RouteTable:
         for method, verb in verbs_in.items():
             if not isinstance(method, str) or not isinstance(verb, str):
                 raise _entry_error(source, index, entry, "verbs must map HTTP methods to verbs")
-            if verb not in KUBERNETES_VERBS:
-                raise _entry_error(source, index, entry, f"verb {verb!r} for {method} is not one of "
-                                   f"{sorted(KUBERNETES_VERBS)}")
+            if verb not in SUPPORTED_VERBS:  # what a FlowSchema rule can name
+                match = closest(verb, SUPPORTED_VERBS)
+                hint = f"; did you mean {match}?" if match else ""
+                raise _entry_error(source, index, entry, f"verb {verb!r} for {method} is not "
+                                   f"one of {sorted(SUPPORTED_VERBS)}{hint}")
             verbs[method.upper()] = verb
         methods = _methods(source, index, entry)
         routes.append(Route(

@@ -1,6 +1,7 @@
 """The closest known name to a misspelt one, for "did you mean" hints.
 
-Used for unknown fields of a configuration object (:mod:`.spec_decoding`, :mod:`.loader`) and for
+Used for unknown fields of a configuration object (:mod:`.spec_decoding`, :mod:`.loader`), unknown
+keys of an ``APF_ROUTES`` entry (:mod:`.routes`) or of a work estimate (:mod:`.workestimate`), and
 unknown ``APF_*`` variables (:mod:`apf_gunicorn.server.startup`)::
 
     closest("queueLenghtLimit", ["queues", "handSize", "queueLengthLimit"])
@@ -27,3 +28,25 @@ def unknown_field(name: str, known: Iterable[str]) -> str:
     ``"unknown field"`` when no known field is close."""
     match = closest(name, known)
     return "unknown field" if match is None else f"unknown field; did you mean {match}?"
+
+
+def unknown_keys(unknown: Iterable[object], known: Iterable[str], what: str = "") -> str:
+    """The error detail for unknown keys of a mapping, each with its closest known key.
+
+    Args:
+        unknown: the keys not allowed (any objects: YAML keys need not be strings).
+        known: the allowed keys.
+        what: words before "key(s)", e.g. ``"work estimate "``.
+    Returns:
+        ``"unknown key(s) ['verb']; did you mean verbs?; allowed: [...]"`` (with several close
+        ones ``"did you mean seats for seat, verbs for verb?"``; no hint when none is close).
+    """
+    known = sorted(known)
+    names = sorted(map(str, unknown))
+    hints = [(name, match) for name in names if (match := closest(name, known)) is not None]
+    text = f"unknown {what}key(s) {names}"
+    if len(hints) == 1 and len(names) == 1:
+        text += f"; did you mean {hints[0][1]}?"
+    elif hints:
+        text += "; did you mean " + ", ".join(f"{m} for {n}" for n, m in hints) + "?"
+    return f"{text}; allowed: {known}"

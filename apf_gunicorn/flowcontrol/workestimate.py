@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.hookspec import import_callable
+from apf_gunicorn.flowcontrol.suggest import unknown_keys
 
 log = logging.getLogger("apf_gunicorn.workestimate")
 
@@ -152,8 +153,7 @@ def estimate_from_result(result: Any) -> WorkEstimate | None:
     if isinstance(result, Mapping):
         unknown = set(result) - set(_RESULT_KEYS)
         if unknown:
-            raise ValueError(f"unknown work estimate key(s) {sorted(map(str, unknown))}; "
-                             f"allowed: {sorted(_RESULT_KEYS)}")
+            raise ValueError(unknown_keys(unknown, _RESULT_KEYS, "work estimate "))
         kwargs = {_RESULT_KEYS[k]: v for k, v in result.items()}
         if "additional_latency" in kwargs and "additional_latency_ns" in kwargs:
             raise ValueError("give additional_latency or additional_latency_ns, not both")
