@@ -5,7 +5,7 @@ report that awaits ~100 ms and costs 4 seats: ``@cost(seats=4)``), ``/healthz`` 
 ``/readyz`` (probes: GETs of them are exempt in the built-in configurations, never queued or
 rejected; ``examples/mysite/apf.yaml`` exempts ``/healthz``).
 
-Serve it from the root of a checkout (``pip install 'apf_gunicorn[asgi]' fastapi``)::
+Serve it from the root of a checkout (``pip install '.[asgi,fastapi]'``)::
 
     gunicorn -c python:apf_gunicorn.conf -k apf_gunicorn.asgi.UvicornWorker examples.fastapi_app:app
 

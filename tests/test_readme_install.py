@@ -106,3 +106,97 @@ def test_every_package_is_installed() -> None:
     found = {".".join(p.parent.relative_to(ROOT).parts)
              for p in (ROOT / "apf_gunicorn").rglob("__init__.py")}
     assert found - listed == set(), f"not in pyproject.toml's packages: {found - listed}"
+
+
+def fenced_blocks(text: str) -> list[list[str]]:
+    """The lines of each fenced (```) code block of a Markdown text."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if current is None:
+                current = []
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _name(requirement: str) -> str:
+    """The normalized distribution name of a requirement string (PEP 503)."""
+    name = re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group(0)
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _with_their_dependencies(names: set[str]) -> set[str]:
+    """``names`` and what they require, as installed in this venv (extras' requirements left
+    out), recursively."""
+    from importlib import metadata
+
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [_name(r) for r in requires if "extra ==" not in r.replace('"', "'")
+                 and "extra==" not in r]
+    return seen
+
+
+def _third_party_imports(module: Path) -> set[str]:
+    """The top-level names of the modules ``module`` imports that are neither the standard
+    library nor this repository's."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"__future__", "apf_gunicorn", "examples"}
+
+
+def test_an_install_line_installs_what_the_example_it_serves_imports() -> None:
+    """The README's ASGI section said ``pip install '.[asgi]'`` then served
+    ``examples.fastapi_app:app``, which failed: No module named 'fastapi'. A code block that
+    installs the project and serves an example must install what the example imports (the
+    project's dependencies, the extras the line names, what those require)."""
+    from importlib import metadata
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    by_import = metadata.packages_distributions()
+    checked = []
+    for path in DOCS:
+        for block in fenced_blocks(path.read_text()):
+            text = "\n".join(block)
+            examples = re.findall(r"\bexamples\.(\w+):\w+", text)
+            installs = [line for line in block
+                        if re.match(r"^(\S*/)?(pip3?|python3? -m pip) install\b", line.strip())]
+            if not examples or not installs:
+                continue
+            provided = {_name(r) for r in project["dependencies"]}
+            for line in installs:
+                args = shlex.split(line, comments=True)
+                args = args[args.index("install") + 1:]
+                for extra in _extras(args):
+                    provided |= {_name(r) for r in project["optional-dependencies"][extra]}
+                provided |= {_name(a) for a in args
+                             if not a.startswith(("-", ".")) and "/" not in a}
+            provided = _with_their_dependencies(provided)
+            for example in examples:
+                for module in _third_party_imports(ROOT / "examples" / f"{example}.py"):
+                    dists = {_name(d) for d in by_import.get(module, [module])}
+                    assert dists & provided, (
+                        f"{path.name}: {installs} does not install {module} "
+                        f"(imported by examples/{example}.py)")
+                checked.append((path.name, example))
+    assert ("README.md", "fastapi_app") in checked, checked
