@@ -35,9 +35,9 @@ Usage::
     sender = GrantSender(token, ledger.grant_name)  # any process, any thread
     sender.send_grants(granted, my_index)       # granted: [(slot, gen, owner), ...]
 
-Sending never blocks and never raises: a full or missing receiver, or any other send error, drops
-the datagram (counted in ``dropped``; so does a receiver without a name now, each errno logged once), and the receiver's 100 ms ledger
-scan (the backstop) picks the grant up.
+Sending never blocks and never raises: a full or missing receiver, a receiver that has published
+no name (booting), or any other send error, drops the datagram (counted in ``dropped``, each
+errno logged once), and the receiver's 100 ms ledger scan (the backstop) picks the grant up.
 """
 
 from __future__ import annotations
