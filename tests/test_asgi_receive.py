@@ -79,6 +79,8 @@ def _held(srv, tmp_path, name: str):
     return holder, release
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_queued_request_reads_its_whole_body_and_no_false_disconnect(receive_server,
                                                                        tmp_path):
     """Items 4 and 5: three requests wait behind the held seat with their bodies sent; a

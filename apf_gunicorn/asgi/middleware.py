@@ -18,7 +18,7 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   and keeps what it read (the request body, up to 64 KiB) to replay to the app; an
   ``http.disconnect`` cancels the wait (``cancelled``). Past 64 KiB of body it stops reading
   (a disconnect is then noticed by the app, or the wait limit ends the wait). When the wait
-  ends, its read in flight is handed to the app, never cancelled (:class:`_Watch`).
+  ends, its read in flight is handed to the app, never cancelled (:class:`_Watcher`).
 * **Seats are held until the response has been sent**: the app's coroutine returns after its
   last ``send``, so a streamed response holds them to its end. A watch or a request declared
   long-running (``@cost(long_running=True)``, ``?watch=``) holds them only until its response
@@ -115,15 +115,15 @@ class ASGIMiddleware(Admission):
 
         if granted:
             self._deliver(granted)
-        watch = None  # a queued request's receive() watch, handed to the app
+        watcher = None  # a queued request's receive() watcher, handed to the app
         if outcome != EXECUTE:
             if outcome != QUEUED:
                 return await self._answer(scope, send, route, 429)
-            verdict, watch = await self._wait(scope, receive, slot, gen, now)
+            verdict, watcher = await self._wait(scope, receive, slot, gen, now)
             if verdict != RUN:
                 return await self._answer(scope, send, route, 503 if verdict == STOPPED else 429)
-            if watch is not None:
-                receive = watch.receive
+            if watcher is not None:
+                receive = watcher.receive
             if kind >= 0:
                 now = self._clock()  # dispatched: the route's service time starts here
         self.stats["served"] += 1
@@ -143,8 +143,8 @@ class ASGIMiddleware(Admission):
                 await self.app(scope, receive, send_plain)
             finally:
                 self.finish_timed(slot, gen, kind, now)
-                if watch is not None:
-                    watch.close()
+                if watcher is not None:
+                    watcher.close()
             return
 
         # A watch, a long-running request or a WebSocket connection: its seats go back once
@@ -166,16 +166,16 @@ class ASGIMiddleware(Admission):
             if held:
                 held.clear()
                 self.finish(slot, gen)
-            if watch is not None:
-                watch.close()
+            if watcher is not None:
+                watcher.close()
 
     async def _wait(self, scope: dict, receive: Any, slot: int, gen: int, arrival: int):
         """Await the grant, watching ``receive()`` for the client leaving.
 
         Returns:
-            ``(verdict, watch)``: :meth:`Admission.after_wait`'s verdict, and the
-            :class:`_Watch` whose ``receive`` the app must use (it replays what was read and
-            hands over the read in flight; its ``close`` ends the watch once the app has
+            ``(verdict, watcher)``: :meth:`Admission.after_wait`'s verdict, and the
+            :class:`_Watcher` whose ``receive`` the app must use (it replays what was read and
+            hands over the read in flight; its ``close`` ends it once the app has
             returned), or None when nothing was read and nothing is in flight.
         """
         self.stats["queued"] += 1
@@ -184,7 +184,7 @@ class ASGIMiddleware(Admission):
         w = parking.park(slot, gen)
         if not self.ctx.alive():
             parking.stop(w)
-        watch = _Watch(receive, parking, w)
+        watcher = _Watcher(receive, parking, w)
         try:
             try:
                 outcome = await parking.wait(w, deadline, self._clock, self._dispatched)
@@ -196,19 +196,19 @@ class ASGIMiddleware(Admission):
                 except LockBusy:
                     _in_pool(self.after_wait, CANCELLED, slot, gen)
                 raise
-            watch.waiting = False  # a read in flight is the app's now: it is never cancelled
+            watcher.waiting = False  # a read in flight is the app's now: it is never cancelled
             try:
                 verdict = self.after_wait(outcome, slot, gen)
             except LockBusy:
                 verdict = await _off_loop(self.after_wait, outcome, slot, gen,
                                           undo=self._undo_after_wait)
         except BaseException:
-            watch.close()
+            watcher.close()
             raise
         if verdict != RUN:
-            watch.close()  # no app will read: the read in flight is nobody's
+            watcher.close()  # no app will read: the read in flight is nobody's
             return verdict, None
-        return verdict, watch.handed_over()
+        return verdict, watcher.handed_over()
 
     def _undo_after_wait(self, verdict: int, _outcome: int, slot: int, gen: int) -> None:
         """``after_wait`` ran on the pool for a task cancelled meanwhile: nobody will run the
@@ -296,7 +296,7 @@ def _in_pool(fn: Any, *args: Any) -> None:
         pass
 
 
-class _Watch:
+class _Watcher:
     """A queued request's ``receive()`` while it waits, then the app's.
 
     While ``waiting``, a task reads ``receive()`` and keeps what it read (the request body,
@@ -314,9 +314,9 @@ class _Watch:
         self._receive = receive
         self._read: deque = deque()
         self.waiting = True
-        self._task = asyncio.ensure_future(self._watch(parking, w))
+        self._task = asyncio.ensure_future(self._read_while_waiting(parking, w))
 
-    async def _watch(self, parking: Any, w: Any) -> None:
+    async def _read_while_waiting(self, parking: Any, w: Any) -> None:
         read, receive = self._read, self._receive
         size = 0
         while self.waiting:
@@ -333,8 +333,8 @@ class _Watch:
             if size > WATCH_BODY_LIMIT:
                 return
 
-    def handed_over(self) -> _Watch | None:
-        """This watch for the app, or None when it has nothing to hand over."""
+    def handed_over(self) -> _Watcher | None:
+        """This watcher for the app, or None when it has nothing to hand over."""
         if self._read or not self._task.done():
             return self
         return None
@@ -353,7 +353,7 @@ class _Watch:
         return await self._receive()
 
     def close(self) -> None:
-        """End the watch: the wait ended without the app, or the app has returned."""
+        """Stop watching: the wait ended without the app, or the app has returned."""
         self.waiting = False
         if not self._task.done():
             self._task.cancel()
