@@ -40,12 +40,12 @@ WORK_SEATS = 8  # the "work" level's seats at APF_CONCURRENCY_LIMIT=16 (tests/ap
 @contextlib.contextmanager
 def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | None = None,
                workers: int = 2, boot_timeout: float = 60.0,
-               conf: str = "python:apf_gunicorn.conf"):
+               conf: str = "python:apf_gunicorn.conf", app: str = "tests.apps.asgi_app:app"):
     """``gunicorn -c python:apf_gunicorn.conf -k WORKER tests.apps.asgi_app:app`` on a free port,
     as ``tests/conftest.py``'s ``serve`` starts the WSGI app: waits until it answers and all
     its workers are forked; always stops it and checks no ``/dev/shm`` entry is left.
     ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration); ``conf``: the
-    gunicorn config (``-c``)."""
+    gunicorn config (``-c``); ``app``: the ASGI app gunicorn loads."""
     port = free_port()
     instance = "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -61,7 +61,7 @@ def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | 
     full_env.update(env or {})
     cmd = [GUNICORN, "-c", conf, "-k", worker, "-w", str(workers),
            "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "info",
-           "tests.apps.asgi_app:app"]
+           app]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

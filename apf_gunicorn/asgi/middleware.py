@@ -8,7 +8,8 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   Ledger calls on the loop are the same microsecond critical sections as on a thread, but the
   loop never waits for the ledger lock: when another process holds it past a short spin, the
   call raises ``LockBusy`` having done nothing (``Ledger.never_wait_on``, set for the loop's
-  thread by the worker), and runs again on a small thread pool (admit, cancel: awaited) or the
+  thread by the worker), and runs again on a small thread pool (admit, cancel: awaited; if
+  the awaiting task is cancelled meanwhile, the pool undoes what the call did) or the
   dispatcher thread (finish). Every request is counted, exempt ones too: a lock held for
   microseconds (the usual case, a scrape's snapshot included) delays nobody noticeably. Admission happens before the app runs, so a FastAPI sync
   endpoint never waits in AnyIO's thread pool behind ours.
@@ -16,7 +17,8 @@ The admission rules live in :mod:`apf_gunicorn.admission.core` (this class subcl
   disconnect only through ``receive()``: while a request waits, a task reads ``receive()``
   and keeps what it read (the request body, up to 64 KiB) to replay to the app; an
   ``http.disconnect`` cancels the wait (``cancelled``). Past 64 KiB of body it stops reading
-  (a disconnect is then noticed by the app, or the wait limit ends the wait).
+  (a disconnect is then noticed by the app, or the wait limit ends the wait). When the wait
+  ends, its read in flight is handed to the app, never cancelled (:class:`_Watcher`).
 * **Seats are held until the response has been sent**: the app's coroutine returns after its
   last ``send``, so a streamed response holds them to its end. A watch or a request declared
   long-running (``@cost(long_running=True)``, ``?watch=``) holds them only until its response
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -104,7 +107,7 @@ class ASGIMiddleware(Admission):
             except LockBusy:  # another process holds the ledger lock: wait on a thread
                 outcome, slot, gen, _reason, granted = await _off_loop(
                     self._admit, level, flow_hash, initial, final, al, self._owner, now,
-                    fs_index, detail, early)
+                    fs_index, detail, early, undo=self._undo_admit)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1
@@ -112,12 +115,15 @@ class ASGIMiddleware(Admission):
 
         if granted:
             self._deliver(granted)
+        watcher = None  # a queued request's receive() watcher, handed to the app
         if outcome != EXECUTE:
             if outcome != QUEUED:
                 return await self._answer(scope, send, route, 429)
-            verdict, receive = await self._wait(scope, receive, slot, gen, now)
+            verdict, watcher = await self._wait(scope, receive, slot, gen, now)
             if verdict != RUN:
                 return await self._answer(scope, send, route, 503 if verdict == STOPPED else 429)
+            if watcher is not None:
+                receive = watcher.receive
             if kind >= 0:
                 now = self._clock()  # dispatched: the route's service time starts here
         self.stats["served"] += 1
@@ -137,6 +143,8 @@ class ASGIMiddleware(Admission):
                 await self.app(scope, receive, send_plain)
             finally:
                 self.finish_timed(slot, gen, kind, now)
+                if watcher is not None:
+                    watcher.close()
             return
 
         # A watch, a long-running request or a WebSocket connection: its seats go back once
@@ -158,13 +166,17 @@ class ASGIMiddleware(Admission):
             if held:
                 held.clear()
                 self.finish(slot, gen)
+            if watcher is not None:
+                watcher.close()
 
     async def _wait(self, scope: dict, receive: Any, slot: int, gen: int, arrival: int):
         """Await the grant, watching ``receive()`` for the client leaving.
 
         Returns:
-            ``(verdict, receive)``: :meth:`Admission.after_wait`'s verdict, and the receive
-            callable the app must use (replaying what the watcher read).
+            ``(verdict, watcher)``: :meth:`Admission.after_wait`'s verdict, and the
+            :class:`_Watcher` whose ``receive`` the app must use (it replays what was read and
+            hands over the read in flight; its ``close`` ends it once the app has
+            returned), or None when nothing was read and nothing is in flight.
         """
         self.stats["queued"] += 1
         deadline = self.wait_deadline(scope.get("query_string", b"").decode("latin-1"), arrival)
@@ -172,26 +184,48 @@ class ASGIMiddleware(Admission):
         w = parking.park(slot, gen)
         if not self.ctx.alive():
             parking.stop(w)
-        read: list[dict] = []
-        watcher = asyncio.ensure_future(_watch(receive, read, parking, w))
+        watcher = _Watcher(receive, parking, w)
         try:
-            outcome = await parking.wait(w, deadline, self._clock, self._dispatched)
-        except asyncio.CancelledError:
-            # The request's task was cancelled (the server is closing the connection): it
-            # leaves the ledger, or gives back the seats a grant gave it meanwhile.
             try:
-                self.after_wait(CANCELLED, slot, gen)
+                outcome = await parking.wait(w, deadline, self._clock, self._dispatched)
+            except asyncio.CancelledError:
+                # The request's task was cancelled (the server is closing the connection): it
+                # leaves the ledger, or gives back the seats a grant gave it meanwhile.
+                try:
+                    self.after_wait(CANCELLED, slot, gen)
+                except LockBusy:
+                    _in_pool(self.after_wait, CANCELLED, slot, gen)
+                raise
+            watcher.waiting = False  # a read in flight is the app's now: it is never cancelled
+            try:
+                verdict = self.after_wait(outcome, slot, gen)
             except LockBusy:
-                _pool().submit(self.after_wait, CANCELLED, slot, gen)
+                verdict = await _off_loop(self.after_wait, outcome, slot, gen,
+                                          undo=self._undo_after_wait)
+        except BaseException:
+            watcher.close()
             raise
-        finally:
-            if not watcher.done():
-                watcher.cancel()
-        try:
-            verdict = self.after_wait(outcome, slot, gen)
-        except LockBusy:
-            verdict = await _off_loop(self.after_wait, outcome, slot, gen)
-        return verdict, _replay(read, receive) if read else receive
+        if verdict != RUN:
+            watcher.close()  # no app will read: the read in flight is nobody's
+            return verdict, None
+        return verdict, watcher.handed_over()
+
+    def _undo_after_wait(self, verdict: int, _outcome: int, slot: int, gen: int) -> None:
+        """``after_wait`` ran on the pool for a task cancelled meanwhile: nobody will run the
+        request, so seats it was left holding (RUN) go back."""
+        if verdict == RUN:
+            self.finish(slot, gen)
+
+    def _undo_admit(self, result: Any, *_args: Any) -> None:
+        """``admit`` ran on the pool for a task cancelled meanwhile: the request it admitted
+        or queued leaves the ledger (and the requests it dispatched are woken)."""
+        outcome, slot, gen, _reason, granted = result
+        if granted:
+            self._deliver(granted)
+        if outcome == EXECUTE:
+            self.finish(slot, gen)
+        elif outcome == QUEUED:
+            self.after_wait(CANCELLED, slot, gen)
 
     async def _answer(self, scope: dict, send: Any, route: Route, status: int) -> None:
         """Answer 429 (counted, with Retry-After) or 503 (the worker is stopping)."""
@@ -224,35 +258,102 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-async def _off_loop(fn: Any, *args: Any) -> Any:
+async def _off_loop(fn: Any, *args: Any, undo: Any) -> Any:
     """``fn(*args)`` on a thread of :func:`_pool`, awaited: a ledger call whose lock another
-    process holds (``LockBusy``: nothing was done), run again where waiting is harmless."""
-    return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)
+    process holds (``LockBusy``: nothing was done), run again where waiting is harmless.
+
+    If the awaiting task is cancelled meanwhile (gunicorn cancels a request's task a while
+    after its client left, as long as the lock is held) the thread still does it:
+    ``undo(result, *args)`` then runs on the pool once it has, so nothing it took is left
+    held by nobody (a call the pool had not started yet is dropped instead).
+    """
+    future = _pool().submit(fn, *args)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(lambda f: _undo_done(f, undo, args))
+        raise
 
 
-async def _watch(receive: Any, read: list, parking: Any, w: Any) -> None:
-    """While ``w`` waits: read ``receive()`` into ``read``; a disconnect cancels the wait."""
-    size = 0
-    while True:
+def _undo_done(future: Any, undo: Any, args: tuple) -> None:
+    # runs where the future completed (the pool thread), or on the loop when it already had:
+    # either way the undo goes to the pool, which may wait for the lock
+    if not future.cancelled() and future.exception() is None:
+        _in_pool(undo, future.result(), *args)
+
+
+def _in_pool(fn: Any, *args: Any) -> None:
+    """``fn(*args)`` on the pool, nobody awaiting it (a ledger call the loop gave up on)."""
+    def call() -> None:
         try:
-            message = await receive()
-        except Exception:  # noqa: BLE001 - the app's own receive() will meet it again
-            return
-        read.append(message)
-        mtype = message.get("type")
-        if mtype in _DISCONNECTS:
-            parking.cancel(w)
-            return
-        size += len(message.get("body") or b"")
-        if size > WATCH_BODY_LIMIT:
-            return
+            fn(*args)
+        except Exception:  # noqa: BLE001 - nobody awaits it: say so here
+            log.exception("apf: ledger call on the pool failed")
+
+    try:
+        _pool().submit(call)
+    except RuntimeError:  # the pool is shut down: the worker is exiting (its reap frees)
+        pass
 
 
-def _replay(read: list, receive: Any) -> Any:
-    """A ``receive`` that first returns what the watcher read, then asks the server."""
-    async def replay() -> dict:
-        if read:
-            return read.pop(0)
-        return await receive()
+class _Watcher:
+    """A queued request's ``receive()`` while it waits, then the app's.
 
-    return replay
+    While ``waiting``, a task reads ``receive()`` and keeps what it read (the request body,
+    up to :data:`WATCH_BODY_LIMIT`); an ``http.disconnect`` cancels the wait. Once the wait
+    ends it starts no new read, and the read in flight is never cancelled while the app may
+    still read: a cancelled read is not harmless (gunicorn's body receiver then says the
+    client left; its ``asyncio.wait_for`` may swallow the cancel and keep a body chunk).
+    :meth:`receive` replays what was read, then awaits the watcher's read in flight, then
+    asks the server.
+    """
+
+    __slots__ = ("_receive", "_read", "_task", "waiting")
+
+    def __init__(self, receive: Any, parking: Any, w: Any):
+        self._receive = receive
+        self._read: deque = deque()
+        self.waiting = True
+        self._task = asyncio.ensure_future(self._read_while_waiting(parking, w))
+
+    async def _read_while_waiting(self, parking: Any, w: Any) -> None:
+        read, receive = self._read, self._receive
+        size = 0
+        while self.waiting:
+            try:
+                message = await receive()
+            except Exception:  # noqa: BLE001 - the app's own receive() will meet it again
+                return
+            read.append(message)
+            if message.get("type") in _DISCONNECTS:
+                if self.waiting:
+                    parking.cancel(w)
+                return
+            size += len(message.get("body") or b"")
+            if size > WATCH_BODY_LIMIT:
+                return
+
+    def handed_over(self) -> _Watcher | None:
+        """This watcher for the app, or None when it has nothing to hand over."""
+        if self._read or not self._task.done():
+            return self
+        return None
+
+    async def receive(self) -> dict:
+        """The app's ``receive``."""
+        if self._read:
+            return self._read.popleft()
+        task = self._task
+        if not task.done():
+            # a cancelled receive() (the app's, e.g. Starlette's is_disconnected) must not
+            # cancel the read in flight: the next call awaits it again
+            await asyncio.shield(task)
+            if self._read:
+                return self._read.popleft()
+        return await self._receive()
+
+    def close(self) -> None:
+        """Stop watching: the wait ended without the app, or the app has returned."""
+        self.waiting = False
+        if not self._task.done():
+            self._task.cancel()
