@@ -94,7 +94,7 @@ def test_table_two_pools_of_one_name_in_a_worker_and_unbounded():
 def test_table_long_names_keep_their_slot_and_a_full_row_says_which_were_left_out():
     table = PoolTable.create(rows=1)
     w = table.writer(0)
-    long = "postgresql+psycopg://" + "h" * 100
+    long = "postgresql+psycopg://" + "h" * 200
     for window in range(1, 4):
         w.publish([reading(long, in_use=1)], window * S)
     got = table.totals(3 * S)

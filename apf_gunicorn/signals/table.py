@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from apf_gunicorn.signals.pools import UNBOUNDED, PoolReading
 
 SLOTS = 16  # pools per worker row
-NAME_BYTES = 64  # per slot: length byte + UTF-8 name, truncated
+NAME_BYTES = 128  # per slot: length byte + UTF-8 name, truncated
 _WORDS = 6  # kind, capacity, in use, waiting, wait ns, waits
 _SLOT = NAME_BYTES + _WORDS * 8
 _HEADER = 16  # seq, stamp

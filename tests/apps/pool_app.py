@@ -1,7 +1,7 @@
 """Flask app whose requests each hold a pooled database connection (SQLAlchemy, 4 connections
 per worker, no overflow), for the pool signals' server test (tests/test_signals_server.py).
 
-``POOL_APP_DB_URL`` names the database (a SQLite file, or PostgreSQL); ``/db?ms=N`` holds a
+``POOL_APP_DB_URL`` names the database (a SQLite file, or PostgreSQL); ``/work?ms=N`` holds a
 connection N ms (``pg_sleep`` on PostgreSQL, a sleep after ``SELECT 1`` on SQLite). Nothing in
 it knows about apf_gunicorn.
 """
@@ -22,7 +22,7 @@ def healthz():
     return "ok"
 
 
-@app.route("/db")
+@app.route("/work")  # (the path tests/apps/apf.yaml gives a level of its own)
 def db():
     seconds = float(request.args.get("ms", "50")) / 1000
     with ENGINE.connect() as conn:
