@@ -342,3 +342,20 @@ def test_dump_pools_and_metrics_families():
     gone = table.totals(S, live={0})
     assert [c.strip() for c in dump_pools(gone).splitlines()[2].split(",")][2:5] == ["0", "-",
                                                                                      "-"]
+
+
+def test_master_view_counts_registered_workers_only():
+    """A booting worker (pid 0) has published nothing; its row may hold its dead
+    predecessor's last window, which must not count."""
+    from types import SimpleNamespace
+
+    from apf_gunicorn.master.metrics import view_of_master_state
+
+    table = PoolTable.create(rows=2)
+    now = time.monotonic_ns()
+    table.writer(0).publish([reading(in_use=1)], now)
+    table.writer(1).publish([reading(in_use=2)], now)
+    m = SimpleNamespace(pool_table=table, workers={0: 1234, 1: 0})
+    t = view_of_master_state(m).pools()["db"]
+    assert (t.capacity, t.in_use, t.workers) == (4, 1, 1)
+    assert view_of_master_state(SimpleNamespace()).pools is None

@@ -19,6 +19,9 @@ per request by this module:
   per-(level, FlowSchema) gauges (``current_executing_seats``, ``current_executing_requests``,
   ``current_inqueue_requests``, ``current_inqueue_seats``) are exported for every pair that has
   seen a request since start (the ledger's stats table knows them), at 0 when idle.
+* :func:`pool_families`: the app's connection pools the workers found (``signals/``), summed
+  per pool over the registered workers from the shared pool table: ``pool_capacity``,
+  ``pool_in_use``, ``pool_waiting``, ``pool_wait_seconds_total``, ``pool_waits_total``.
 * A courtesy for the application's own metrics: when the *user* runs prometheus-client's
   multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts), ``/metrics``
   also serves the aggregate of those files, and :func:`mark_process_dead` (``child_exit``)
@@ -183,7 +186,9 @@ def _pools_of(m: Any) -> Callable[[], Mapping[str, Any]] | None:
         return None
 
     def read() -> Mapping[str, Any]:
-        live = set(getattr(m, "workers", None) or ())
+        # registered workers only: a booting one has published nothing yet, and its row may
+        # still hold its dead predecessor's last window
+        live = {i for i, pid in (getattr(m, "workers", None) or {}).items() if pid}
         return table.totals(time.monotonic_ns(), live=live)
 
     return read

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -61,6 +62,11 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: dict[int, tuple[weakref.ref, Reader]] = {}
+
+    def reinit_lock(self) -> None:
+        """A new lock (in a forked child: its parent's may have been held by another
+        thread, which the child does not have)."""
+        self._lock = threading.Lock()
 
     def add(self, obj: Any, reader: Reader) -> None:
         """Register ``obj`` (held weakly) with ``reader``; a second add of it is a no-op."""
@@ -116,6 +122,9 @@ def _warn_once(reader: Reader, obj: Any) -> None:
 
 #: this process's registry
 REGISTRY = Registry()
+# a child the app forks (multiprocessing) while the publisher held the lock would otherwise
+# hang at its first pool
+os.register_at_fork(after_in_child=REGISTRY.reinit_lock)
 
 #: discovery that yields pools at reading time rather than registering them (Django's pools
 #: are listed by Django itself): functions returning ``(pool, reader)`` pairs
