@@ -2,7 +2,8 @@
 SQLAlchemy connection (tests/apps/pool_app.py: 4 per worker, a SQLite file) under the gthread
 worker, 2 workers, nothing about apf_gunicorn in the app. The admin endpoint's /metrics shows
 the pool's capacity server-wide (8) before any request, and requests waiting for it under a
-flood; ``dump_pools`` shows the same."""
+flood; ``dump_pools`` shows the same. Under uvicorn-worker, an async app's one-line
+``apf_gunicorn.resource`` (tests/apps/resource_asgi_app.py) is seen the same way."""
 
 from __future__ import annotations
 
@@ -59,3 +60,28 @@ def test_pool_capacity_and_waiting_server_wide_in_metrics_and_dump(server_factor
         after = srv.wait_for(lambda: (s := pool_samples(admin, name))
                              .get("apf_pool_wait_seconds_total", 0) > 0 and s)
         assert after and after["apf_pool_waits_total"] > 0, after
+
+
+def test_a_declared_resource_under_the_uvicorn_worker(server_factory):
+    pytest.importorskip("uvicorn_worker")
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "32"}
+    conf = ("-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.UvicornWorker")
+    with server_factory(workers=2, conf=conf, env=env,
+                        args=("tests.apps.resource_asgi_app:app",)) as srv:
+        before = srv.wait_for(lambda: pool_samples(admin, "backend").get("apf_pool_capacity")
+                              == 4 and pool_samples(admin, "backend"))
+        assert before, (scrape(admin), srv.log())
+        seen: dict[str, float] = {}
+
+        def waiting() -> bool:
+            seen.update(pool_samples(admin, "backend"))
+            return seen.get("apf_pool_waiting", 0) > 0
+
+        with Flood(srv.port, "/work?ms=50", user="heavy", connections=16) as flood:
+            assert srv.wait_for(waiting, timeout=60), (seen, srv.log())
+            # the worker with a waiter has both its units out; the other one's window may
+            # fall between its requests
+            assert 2 <= seen["apf_pool_in_use"] <= 4, seen
+        assert flood.statuses.get(200, 0) > 0 and not flood.errors, flood.statuses
+        assert ("apf_pool_capacity", (("kind", "resource"), ("pool", "backend"))) in scrape(admin)
