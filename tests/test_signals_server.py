@@ -40,6 +40,7 @@ def test_pool_capacity_and_waiting_server_wide_in_metrics_and_dump(server_factor
                               and pool_samples(admin, name))
         assert before, (scrape(admin), srv.log())
         assert before["apf_pool_in_use"] == 0 and before["apf_pool_waiting"] == 0
+        assert f"apf: found pool {name!r} (sqlalchemy): capacity 4 in this worker" in srv.log()
         seen: dict[str, float] = {}
 
         def waiting() -> bool:

@@ -135,7 +135,7 @@ def _publisher(m: state.MasterState, index: int) -> Publisher | None:
     table = getattr(m, "pool_table", None)
     if table is None or not 0 <= index < table.rows:
         return None
-    publisher = Publisher(table.writer(index))
+    publisher = Publisher(table.writer(index), tell_found=index == 0)
     publisher.start()
     return publisher
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from apf_gunicorn.signals import pools
-from apf_gunicorn.signals.pools import PoolReading, log
+from apf_gunicorn.signals.pools import UNBOUNDED, PoolReading, log
 from apf_gunicorn.signals.table import RowWriter
 
 WINDOW_S = 1.0
@@ -26,8 +26,12 @@ class Publisher:
 
     def __init__(self, writer: RowWriter, read: Callable[[], list[PoolReading]] | None = None,
                  window_s: float = WINDOW_S,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, tell_found: bool = False) -> None:
+        """``tell_found``: log each pool name the first time it is published (one worker
+        does, so that the log says once what was found)."""
         self._writer = writer
+        self._tell_found = tell_found
+        self._found: set[str] = set()
         self._read = read or pools.readings
         self.window_s = window_s
         self._clock = clock
@@ -39,6 +43,13 @@ class Publisher:
         """Read every pool and publish the window now; returns the readings."""
         readings = self._read()
         left_out = self._writer.publish(readings, self._clock())
+        if self._tell_found:
+            for r in readings:
+                if r.name not in self._found:
+                    self._found.add(r.name)
+                    log.info("apf: found pool %r (%s): capacity %s in this worker; published "
+                             "server-wide as apf_pool_* and in dump_pools", r.name, r.kind,
+                             "unbounded" if r.capacity == UNBOUNDED else r.capacity)
         for name in left_out:
             if name not in self._told:
                 self._told.add(name)
