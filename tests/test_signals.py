@@ -102,7 +102,11 @@ def test_table_long_names_keep_their_slot_and_a_full_row_says_which_were_left_ou
     (name,) = got
     assert long.startswith(name) and len(name.encode()) == NAME_BYTES - 1
     left = w.publish([reading(f"p{i}", source=i) for i in range(20)], 4 * S)
-    assert left == [f"p{i}" for i in range(15, 20)]  # 16 slots, one held by the long name
+    assert left == [f"p{i}" for i in range(16, 20)]  # the long name had no waits: slot given up
+    w.publish([reading(f"p{i}", source=i, waits=1) for i in range(16)], 5 * S)
+    left = w.publish([reading(f"q{i}", source=i) for i in range(3)], 6 * S)
+    assert left == ["q0", "q1", "q2"]  # every slot keeps waits: none is given up
+    assert table.totals(6 * S)["p3"].waits == 1
 
 
 def test_table_reader_skips_a_row_in_the_middle_of_a_window():

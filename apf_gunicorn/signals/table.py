@@ -10,7 +10,8 @@ Per slot: kind, capacity, in use, waiting (as of the row's window) and, cumulati
 (ns) and waits. The cumulative words are the row's, not the worker's: a worker adds what its
 pools counted since its last window, so a worker that replaces a dead one on its index goes on
 from its predecessor's totals (matched by pool name), and the server-wide sums never go
-backwards. Gauges (capacity, in use, waiting) count only from rows published within
+backwards. A slot is given up only by a name that has no waits to keep (when the row is
+full). Gauges (capacity, in use, waiting) count only from rows published within
 ``max_age_ns``: a dead or stuck worker's pools drop out.
 
     table = PoolTable.create(rows=64)               # master, before forking
@@ -200,6 +201,14 @@ class RowWriter:
         struct.pack_into("<q", v, 0, seq)
         slots = self._slots()
         free = [i for i in range(SLOTS) if i not in slots.values()]
+        if len(free) < len(gauges):
+            # a name this worker no longer has, with no waits to keep, gives its slot up
+            for name, i in list(slots.items()):
+                at = _HEADER + i * _SLOT + NAME_BYTES
+                if name not in gauges and not any(struct.unpack_from("<2q", v, at + 32)):
+                    del slots[name]
+                    v[_HEADER + i * _SLOT] = 0
+                    free.append(i)
         left_out = []
         for name, g in gauges.items():
             i = slots.get(name)
