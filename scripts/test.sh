@@ -7,7 +7,8 @@
 #   args:    one pytest run with exactly those args, as `pytest "$@"` (e.g. a test file, -k,
 #            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
 # As root with apt-get available, also installs HAProxy for tests/test_haproxy.py, wrk for
-# tests/test_bench_storm.py and promtool (Debian's prometheus package) for the /metrics lint
+# tests/test_bench_storm.py, PostgreSQL for tests/test_signals_postgres.py and promtool
+# (Debian's prometheus package) for the /metrics lint
 # (tests/promtool.py) (each skipped, saying why, without it; but under CI, CI=true, a missing
 # promtool fails those tests); set APF_NO_APT=1 to skip that.
 set -euo pipefail
@@ -25,6 +26,9 @@ apt_install() {
 }
 apt_install haproxy haproxy tests/test_haproxy.py
 apt_install wrk wrk tests/test_bench_storm.py
+# PostgreSQL (initdb, pg_ctl under /usr/lib/postgresql/*/bin): the pool signals' tests start
+# a throwaway server in a temp dir (tests/apps/pgserver.py)
+apt_install pg_ctlcluster postgresql tests/test_signals_postgres.py
 apt_install promtool prometheus "the promtool checks (tests/promtool.py; under CI they fail)"
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

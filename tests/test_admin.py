@@ -196,6 +196,8 @@ def test_cli_dump_fetches_and_reports_nothing_listening(served, capsys) -> None:
     assert capsys.readouterr().out.startswith("PriorityLevelName, FlowHash,")
     assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "requests", "--details"]) == 0
     assert "UserName" in capsys.readouterr().out
+    assert main(["dump", "--admin", f"127.0.0.1:{admin.port}", "pools"]) == 0
+    assert capsys.readouterr().out.startswith("PoolName, ")  # (this view has no pools)
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]

@@ -7,7 +7,8 @@
 grant socket (accepting datagrams only from the master and the workers in the ledger's worker
 table: ``channel.PeerCheck``), builds the worker's :class:`~.core.WorkerContext`, hands it to
 the worker's front end (:class:`FrontEnd`: it wraps its app in its middleware) and starts the
-dispatcher thread.
+dispatcher thread and the publisher of the app's pools (``signals/``: the front end's
+``init_process`` installed their discovery before the app was loaded).
 
 Override points: :data:`make_lock` builds the worker's ledger lock (tests replace it with one
 that dies inside its Nth critical section: ``tests/apps/dying_conf.py``); a worker class is a
@@ -34,6 +35,8 @@ from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import startup, state
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
+from apf_gunicorn.signals import importhook
+from apf_gunicorn.signals.publisher import Publisher
 
 if TYPE_CHECKING:
     from apf_gunicorn.server.settings import Settings
@@ -59,6 +62,13 @@ class FrontEnd:
     #: then the default limit and the thread-budget warning follow ``threads``. An event
     #: loop's worker (False) counts as :data:`LOOP_THREADS` instead.
     apf_holds_threads: bool = True
+
+    def init_process(self) -> None:
+        # Before gunicorn loads the app in this worker: the pool discovery is then in place
+        # in the libraries the app imports (signals/importhook.py).
+        if state.MASTER is not None and getattr(state.MASTER, "pool_table", None) is not None:
+            importhook.install()
+        super().init_process()
 
     def apf_parking(self) -> Any:
         """Where queued requests wait: ``dispatcher.Parking()`` for threads,
@@ -115,7 +125,19 @@ def attach(worker: FrontEnd, m: state.MasterState) -> state.WorkerState:
     dispatcher.start()
     return state.WorkerState(index=index, pid=os.getpid(), ledger=ledger, parking=parking,
                              dispatcher=dispatcher, inbox=inbox, sender=sender,
-                             middleware=middleware, worker=worker)
+                             middleware=middleware, worker=worker,
+                             publisher=_publisher(m, index))
+
+
+def _publisher(m: state.MasterState, index: int) -> Publisher | None:
+    """This worker's pools published into its row of the master's table, once a window
+    (None when the master made no table or it has no row for this index)."""
+    table = getattr(m, "pool_table", None)
+    if table is None or not 0 <= index < table.rows:
+        return None
+    publisher = Publisher(table.writer(index), tell_found=index == 0)
+    publisher.start()
+    return publisher
 
 
 def _worker_pids(ledger: Ledger) -> Callable[[], list[int]]:

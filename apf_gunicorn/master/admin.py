@@ -17,7 +17,8 @@ metrics prefix). Paths:
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
   text; ``?includeFairness=1`` appends each level's fairness and virtual time to the
   first two, ``?includeSeats=1`` its nominal, current and used seats to the first;
-  ``.../dump_flows`` lists the active flows of ``maxmin`` levels (``dumps.py``);
+  ``.../dump_flows`` lists the active flows of ``maxmin`` levels, ``.../dump_pools`` the
+  app's connection pools server-wide (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
   at least one worker has registered, else 503;
 * anything else: 404.
@@ -62,7 +63,7 @@ log = logging.getLogger("apf_gunicorn.admin")
 
 DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
-DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows")
+DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows", "dump_pools")
 TEXT = "text/plain; charset=utf-8"
 # Connections open at once; one more takes the place of the one idle the longest.
 MAX_CONNECTIONS = 256
@@ -436,6 +437,9 @@ class AdminServer:
             view = self.state_provider()
             if view is None or view.ledger is None:
                 return 503, TEXT, b"not ready: ledger not configured\n"
+            if name == "dump_pools":
+                pools = view.pools() if view.pools is not None else {}
+                return 200, TEXT, dumps.dump_pools(pools).encode()
             snap = view.ledger.snapshot(view.clock())
             fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":

@@ -62,6 +62,7 @@ from apf_gunicorn.server.resolver import (
     path_parsing_note,
 )
 from apf_gunicorn.server.settings import SettingsError, load_settings
+from apf_gunicorn.signals.table import PoolTable
 
 log = logging.getLogger("apf_gunicorn")
 
@@ -170,6 +171,7 @@ def on_starting(server) -> None:
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token, ledger.grant_name), master_pid=pid,
         threads=_threads(server), holds_threads=_holds_threads(server),
+        pool_table=PoolTable.create(capacity.workers),  # the workers' pools (signals/)
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
                      if getattr(settings, "concurrency_auto", None) is not None else None))

@@ -19,6 +19,9 @@ per request by this module:
   per-(level, FlowSchema) gauges (``current_executing_seats``, ``current_executing_requests``,
   ``current_inqueue_requests``, ``current_inqueue_seats``) are exported for every pair that has
   seen a request since start (the ledger's stats table knows them), at 0 when idle.
+* :func:`pool_families`: the app's connection pools the workers found (``signals/``), summed
+  per pool over the registered workers from the shared pool table: ``pool_capacity``,
+  ``pool_in_use``, ``pool_waiting``, ``pool_wait_seconds_total``, ``pool_waits_total``.
 * A courtesy for the application's own metrics: when the *user* runs prometheus-client's
   multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts), ``/metrics``
   also serves the aggregate of those files, and :func:`mark_process_dead` (``child_exit``)
@@ -150,6 +153,8 @@ class MasterView:
     server_limit: int | None = None
     reload_errors: int = 0  # rejected configuration reloads so far
     auto: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
+    # the app's pools server-wide, {name: signals.table.PoolTotals}, read when called
+    pools: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -170,7 +175,23 @@ def view_of_master_state(m: Any) -> MasterView:
         server_limit=getattr(settings, "concurrency_limit", None),
         reload_errors=int(getattr(m, "reload_errors", 0) or 0),
         auto=getattr(m, "auto_limit", None),
+        pools=_pools_of(m),
     )
+
+
+def _pools_of(m: Any) -> Callable[[], Mapping[str, Any]] | None:
+    """Reads the workers' pool table server-wide (live workers' gauges only)."""
+    table = getattr(m, "pool_table", None)
+    if table is None:
+        return None
+
+    def read() -> Mapping[str, Any]:
+        # registered workers only: a booting one has published nothing yet, and its row may
+        # still hold its dead predecessor's last window
+        live = {i for i, pid in (getattr(m, "workers", None) or {}).items() if pid}
+        return table.totals(time.monotonic_ns(), live=live)
+
+    return read
 
 
 class LedgerCollector:
@@ -317,6 +338,8 @@ class LedgerCollector:
             yield frac
 
         yield from _server_limit_families(p, view)
+        if view.pools is not None:
+            yield from pool_families(p, view.pools())
         reloads = CounterMetricFamily(f"{p}_config_reload_errors", "Configuration reloads "
                                       "rejected because the new configuration was invalid")
         reloads.add_metric([], float(view.reload_errors))
@@ -366,6 +389,40 @@ def _server_limit_families(p: str, view: MasterView) -> list:
         level, schema, route = (*kind, "")[:3]  # (level, FlowSchema[, route])
         base.add_metric([level, schema, route], ns / 1e9)
     return [*out, ratio, conc, base]
+
+
+def pool_families(p: str, pools: Mapping[str, Any]) -> list:
+    """The app's connection pools and declared resources, summed over the live workers
+    (``signals/``): capacity (+Inf when unbounded), in use, waiting, and the cumulative time
+    waited and waits (these never go backwards, a dead worker's included)."""
+    from prometheus_client.core import CounterMetricFamily as C
+    from prometheus_client.core import GaugeMetricFamily as G
+
+    from apf_gunicorn.signals.pools import UNBOUNDED
+
+    labels = ["pool", "kind"]
+    capacity = G(f"{p}_pool_capacity", "Connections (or units) the app's pool can hand out "
+                 "at once, summed over the workers; +Inf when unbounded", labels=labels)
+    in_use = G(f"{p}_pool_in_use", "Connections (or units) of the app's pool handed out, "
+               "summed over the workers (as of each worker's last window)", labels=labels)
+    waiting = G(f"{p}_pool_waiting", "Requests waiting for a connection (or unit) of the "
+                "app's pool, summed over the workers (as of each worker's last window)",
+                labels=labels)
+    wait = C(f"{p}_pool_wait_seconds", "Time requests spent waiting for a connection (or "
+             "unit) of the app's pool, summed over the workers", labels=labels)
+    waits = C(f"{p}_pool_waits", "Acquisitions of a connection (or unit) of the app's pool "
+              "that had to wait, summed over the workers", labels=labels)
+    for name in sorted(pools):
+        t = pools[name]
+        lv = [name, t.kind]
+        if t.workers:
+            capacity.add_metric(lv, float("inf") if t.capacity == UNBOUNDED
+                                else float(t.capacity))
+            in_use.add_metric(lv, float(t.in_use))
+            waiting.add_metric(lv, float(t.waiting))
+        wait.add_metric(lv, t.wait_ns / 1e9)
+        waits.add_metric(lv, float(t.waits))
+    return [capacity, in_use, waiting, wait, waits]
 
 
 def _fairness_families(p: str, snap: Any) -> list:

@@ -13,6 +13,8 @@ after Kubernetes' own, only when asked (``include_fairness=True``, the endpoint'
 ``?includeFairness=1``), so the default text stays Kubernetes' byte for byte. Kubernetes' dumps
 have no flows; :func:`dump_flows` (``dump_flows``) lists every active flow of each ``maxmin``
 level: its start tag relative to the level's V, its requests and seats, its learnt service time.
+:func:`dump_pools` (``dump_pools``, not Kubernetes') lists the app's connection pools the
+workers found (``signals/``), summed over the workers.
 Under ``maxmin`` the queues only decide admission, and the per-queue ``NextDispatchR`` word is
 not maintained: ``dump_queues`` leaves that cell empty on ``maxmin`` levels.
 
@@ -362,6 +364,31 @@ def dump_flows(snapshot: Any) -> str:
                 str(f["executing"]), str(f["seats"]), "" if est is None else format_duration(est),
                 _bool(f["parked"]), _bool(h == mm.get("reserved")),
             ])
+    return tabwrite(rows)
+
+
+POOL_HEADERS = ("PoolName", "Kind", "Workers", "Capacity", "InUse", "Waiting", "WaitSeconds",
+                "Waits")
+
+
+def dump_pools(pools: Mapping[str, Any]) -> str:
+    """The app's pools server-wide (``signals.table.PoolTotals`` by name), a row each, in the
+    dumps' layout: the live workers that have it, their summed capacity (``unbounded`` when
+    nothing bounds it), connections in use and requests waiting as of each worker's last
+    window, and the cumulative time waited and waits. A pool no live worker has shows ``-``
+    for what it has now."""
+    from apf_gunicorn.signals.pools import UNBOUNDED
+
+    rows = [list(POOL_HEADERS)]
+    for name in sorted(pools):
+        t = pools[name]
+        if t.workers:
+            now = ["unbounded" if t.capacity == UNBOUNDED else str(t.capacity),
+                   str(t.in_use), str(t.waiting)]
+        else:
+            now = ["-", "-", "-"]
+        rows.append([name, t.kind or "-", str(t.workers), *now, f"{t.wait_ns / 1e9:.3f}",
+                     str(t.waits)])
     return tabwrite(rows)
 
 

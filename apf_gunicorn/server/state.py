@@ -53,6 +53,7 @@ class MasterState:
     master_pid: int = 0
     auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
     route_times: Any = None  # admission.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
+    pool_table: Any = None  # signals.table.PoolTable: the workers' pools, a row per index
     # threads per worker the default limit was computed with, and whether a request holds one
     # (gthread) or not (an event-loop worker: see admission/boot.py FrontEnd.apf_holds_threads)
     threads: int = 0
@@ -70,6 +71,7 @@ class WorkerState:
     sender: Any = None
     middleware: Any = None
     worker: Any = None
+    publisher: Any = None  # signals.publisher.Publisher: this worker's pools, once a window
 
 
 MASTER: MasterState | None = None
