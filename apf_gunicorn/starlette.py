@@ -141,6 +141,20 @@ def starlette_app(app: Any) -> Any:
     return None
 
 
+def app_root_path(app: Any) -> str:
+    """The root path a FastAPI app behind ``app`` (:func:`starlette_app`) puts in every scope
+    over the server's (``FastAPI(root_path="/api")``: its ``__call__`` sets it before routing),
+    or ``""``. The ASGI front end strips it as the app's router does
+    (:class:`~apf_gunicorn.asgi.scope.ScopeEnviron`), so FlowSchemas, ``APF_ROUTES`` and
+    ``@cost`` see the path the app routes on. Never imports FastAPI."""
+    applications = sys.modules.get("fastapi.applications")
+    found = starlette_app(app)
+    if applications is None or not isinstance(found, applications.FastAPI):
+        return ""
+    root = getattr(found, "root_path", "")
+    return root if isinstance(root, str) else ""
+
+
 def _routes(routes: Iterable[Any]) -> Iterable[Any]:
     """The routes as the router dispatches them: FastAPI (since 0.13x) keeps an included
     router as one route and dispatches into it with the include's prefix; its public

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 import pytest
 
+from apf_gunicorn.flowcontrol.objects import KIND_FLOW_SCHEMA, derived_uid
 from tests.apps.loadgen import Client
 from tests.conftest import APPS, GUNICORN, ROOT, Server, free_port, stop
 from tests.promtool import check_metrics
@@ -40,12 +41,14 @@ WORK_SEATS = 8  # the "work" level's seats at APF_CONCURRENCY_LIMIT=16 (tests/ap
 @contextlib.contextmanager
 def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | None = None,
                workers: int = 2, boot_timeout: float = 60.0,
-               conf: str = "python:apf_gunicorn.conf", app: str = "tests.apps.asgi_app:app"):
+               conf: str = "python:apf_gunicorn.conf", app: str = "tests.apps.asgi_app:app",
+               args: tuple[str, ...] = ()):
     """``gunicorn -c python:apf_gunicorn.conf -k WORKER tests.apps.asgi_app:app`` on a free port,
     as ``tests/conftest.py``'s ``serve`` starts the WSGI app: waits until it answers and all
     its workers are forked; always stops it and checks no ``/dev/shm`` entry is left.
     ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration); ``conf``: the
-    gunicorn config (``-c``); ``app``: the ASGI app gunicorn loads."""
+    gunicorn config (``-c``); ``app``: what gunicorn serves; ``args``: more of gunicorn's
+    options (a second ``-b``, ``--root-path``)."""
     port = free_port()
     instance = "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -61,7 +64,7 @@ def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | 
     full_env.update(env or {})
     cmd = [GUNICORN, "-c", conf, "-k", worker, "-w", str(workers),
            "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "info",
-           app]
+           *args, app]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -597,3 +600,146 @@ def test_route_costs_take_their_seats(asgi_one, tmp_path):
         assert srv.counters()["work"][1] == 4  # the app saw at most 4 at once
         assert srv.idle() is not None
         assert "clamped" not in srv.log()
+
+
+# -- identity and paths (issue 32 items 1, 2, 7, 8, 9) -----------------------------------------
+
+MASTERS = {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"}
+#: the mandatory exempt FlowSchema's (it matches the group system:masters)
+EXEMPT = derived_uid(KIND_FLOW_SCHEMA, "exempt")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """An HTTP connection over a Unix socket."""
+
+    def __init__(self, path: str, timeout: float = 30.0):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _ask(conn: http.client.HTTPConnection, path: str, headers: dict) -> tuple[int, dict, str]:
+    """(status, headers with lower-case names, body) of one request on ``conn``, closed."""
+    try:
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
+    finally:
+        conn.close()
+
+
+def _schema(headers: dict) -> str:
+    return headers.get("x-kubernetes-pf-flowschema-uid", "?")
+
+
+def test_trust_is_decided_on_the_socket_peer_whatever_the_servers_proxy_settings(
+        asgi, asgi_worker):
+    """Item 1: with FORWARDED_ALLOW_IPS='*' uvicorn rewrites ``client`` from X-Forwarded-For;
+    APF still decides APF_TRUSTED_PROXIES on the socket's peer. A direct client (127.0.0.2)
+    naming the trusted proxy (127.0.0.1) in X-Forwarded-For is not exempt, and is the peer the
+    warning names; the real proxy's identity is honoured whatever address it forwards; the
+    app still sees the address its server gives it."""
+    uvicorn = asgi_worker.endswith("UvicornWorker")
+    with asgi(env={"FORWARDED_ALLOW_IPS": "*", "APF_TRUSTED_PROXIES": "127.0.0.1"}) as srv:
+        spoof = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30,
+                                           source_address=("127.0.0.2", 0))
+        status, h, seen = _ask(spoof, "/work/client", {
+            "X-Forwarded-For": "127.0.0.1", **MASTERS})
+        assert status == 200 and _schema(h) == "uid-fs-work", (h, srv.log())
+        assert seen == ("127.0.0.1" if uvicorn else "127.0.0.2")  # the server's own view
+
+        proxy = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        status, h, seen = _ask(proxy, "/work/client", {
+            "X-Forwarded-For": "203.0.113.9", **MASTERS})
+        assert status == 200 and _schema(h) == EXEMPT, (h, srv.log())
+        assert seen == ("203.0.113.9" if uvicorn else "127.0.0.1")
+
+        warnings = [ln for ln in srv.log().splitlines() if "identity header" in ln]
+        assert warnings and all("peer 127.0.0.2 " in ln for ln in warnings), warnings
+
+
+def test_a_unix_socket_peer_is_trusted_with_unix(asgi, tmp_path):
+    """Item 2: APF_TRUSTED_PROXIES=unix trusts a proxy on a Unix socket (the server also
+    listens on TCP, whose peers it does not trust)."""
+    path = str(tmp_path / "apf.sock")
+    with asgi(env={"APF_TRUSTED_PROXIES": "unix"}, args=("-b", f"unix:{path}")) as srv:
+        status, h, _ = _ask(_UnixConnection(path), "/work?ms=1", MASTERS)
+        assert status == 200 and _schema(h) == EXEMPT, (h, srv.log())
+        status, h, _ = srv.request("/work?ms=1", headers=MASTERS)  # over TCP: not trusted
+        assert status == 200 and _schema(h) == "uid-fs-work", h
+
+
+def _everything_to_work(tmp_path) -> str:
+    """tests/apps/apf.yaml plus a FlowSchema that puts every other path on level ``work``."""
+    config = tmp_path / "all-work.yaml"
+    config.write_text((APPS / "apf.yaml").read_text() + """
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {name: all, uid: uid-fs-all}
+spec:
+  matchingPrecedence: 900
+  priorityLevelConfiguration: {name: work}
+  distinguisherMethod: {type: ByUser}
+  rules:
+  - subjects:
+    - {kind: Group, group: {name: system:authenticated}}
+    - {kind: Group, group: {name: system:unauthenticated}}
+    nonResourceRules:
+    - {verbs: ["*"], nonResourceURLs: ["*"]}
+""")
+    return str(config)
+
+
+def _seats_of(srv: Server, tmp_path, paths: list[str]) -> int:
+    """The seats the requests to ``paths`` hold at once on level ``work`` (each holds until
+    the test lets it go); all answered 200."""
+    until = tmp_path / f"go-{uuid.uuid4().hex[:8]}"
+    held = _start([Client(srv.port, f"{p}?until={until}", user=f"r{i}", count=1, timeout=60)
+                   for i, p in enumerate(paths)])
+    try:
+        level = srv.wait_for(lambda: (lv := srv.level("work")).requests_executing
+                             == len(paths) and lv, timeout=60)
+        assert level, (srv.level("work"), srv.log())
+        seats = level.seats_in_use
+    finally:
+        until.write_text("")
+        _finish(held)
+    assert _statuses(held) == [200] * len(paths), _statuses(held)
+    return seats
+
+
+def test_fastapis_own_root_path_keeps_the_costs(asgi, tmp_path):
+    """Item 8 (and 7 on the app's root path): FastAPI(root_path="/api") sets the scope's
+    root_path itself: /api/wide runs /wide, /apiwide runs /apiwide (2 seats each; a path
+    the app does not route on would cost 1)."""
+    with asgi(config=_everything_to_work(tmp_path),
+              app="tests.apps.root_path_app:fastapi_app") as srv:
+        assert _seats_of(srv, tmp_path, ["/api/wide", "/apiwide"]) == 4
+        assert srv.idle() is not None
+
+
+def test_the_servers_root_path_is_stripped_only_at_a_segment_boundary(tmp_path):
+    """Item 7: gunicorn's ASGIWorker with --root-path /api: /apiwide is routed whole, /api/wide
+    as /wide (2 seats each). (uvicorn puts its root path in front of every path, so it
+    always ends at a boundary; uvicorn-worker does not pass --root-path on.)"""
+    with serve_asgi(tmp_path, WORKERS[1], config=_everything_to_work(tmp_path),
+                    app="tests.apps.root_path_app:starlette_app",
+                    args=("--root-path", "/api")) as srv:
+        assert _seats_of(srv, tmp_path, ["/apiwide", "/api/wide"]) == 4
+        assert srv.idle() is not None
+
+
+def test_an_asgi2_app_is_served_as_uvicorn_serves_it_bare(tmp_path):
+    """Item 9: uvicorn detects an ASGI2 app behind APF as it does bare (lifespan included);
+    APF classifies its requests."""
+    pytest.importorskip("uvicorn_worker")
+    with serve_asgi(tmp_path, WORKERS[0], app="tests.apps.asgi2_app:app",
+                    boot_timeout=30) as srv:
+        status, h, body = srv.request("/work")
+        assert (status, body) == (200, b"asgi2 /work") and _schema(h) == "uid-fs-work", h
+        assert "Traceback" not in srv.log()

@@ -108,6 +108,58 @@ def test_a_websocket_handshake_is_a_get_and_a_missing_client_leaves_no_address()
     assert minimal["PATH_INFO"] == "/" and minimal["QUERY_STRING"] == ""
 
 
+def test_header_names_with_an_underscore_are_dropped_as_gunicorns_wsgi_environ_drops_them():
+    """Item 3: a hook's environ (every header) never folds X_Remote_Group into X-Remote-Group;
+    the resolver's own keys never took it."""
+    headers = [(b"x-remote-group", b"dev"), (b"x_remote_group", b"system:masters"),
+               (b"x_api_key", b"k")]
+    env = ScopeEnviron(None)(_scope(headers=headers))
+    assert env["HTTP_X_REMOTE_GROUP"] == "dev"
+    assert "HTTP_X_API_KEY" not in env
+    only = ScopeEnviron(["HTTP_X_REMOTE_GROUP", "HTTP_X_API_KEY"])(_scope(headers=headers))
+    assert only["HTTP_X_REMOTE_GROUP"] == "dev" and "HTTP_X_API_KEY" not in only
+
+
+@pytest.mark.parametrize("server", [("/run/apf.sock", None),  # uvicorn
+                                    ("/", "r"), ("x",)])       # gunicorn: the path, cut up
+def test_a_unix_socket_peer_is_remote_addr_empty_as_under_wsgi(server):
+    """Item 2: both servers give a Unix-socket peer no client; REMOTE_ADDR is then "", which
+    APF_TRUSTED_PROXIES=unix trusts, as gunicorn's WSGI environ has it."""
+    env = ScopeEnviron(None)(_scope(client=None, server=server))
+    assert env["REMOTE_ADDR"] == ""
+    assert RequestInfoResolver(trusted_proxies=["unix"]).is_trusted(env["REMOTE_ADDR"])
+    assert not RequestInfoResolver(trusted_proxies=["127.0.0.1"]).is_trusted(env["REMOTE_ADDR"])
+    # a TCP listener, or none said: no address, trusted by nothing
+    for tcp in (("127.0.0.1", 8000), ("::1", 8000), None):
+        assert "REMOTE_ADDR" not in ScopeEnviron(None)(_scope(client=None, server=tcp))
+
+
+@pytest.mark.parametrize("root, path, path_info, script_name", [
+    ("/api", "/api/x", "/x", "/api"),
+    ("/api", "/api", "/", "/api"),
+    ("/api", "/api/", "/", "/api"),
+    ("/api", "/apiadmin/x", "/apiadmin/x", ""),   # not a segment of the root: routed whole
+    ("/api", "/other", "/other", ""),
+    ("/api/", "/api/x", "/api/x", ""),            # as Starlette's get_route_path
+    ("", "/api/x", "/api/x", ""),
+])
+def test_the_root_path_is_stripped_at_a_segment_boundary_as_starlette_routes(
+        root, path, path_info, script_name):
+    """Item 7: PATH_INFO is the path Starlette routes on (``starlette._utils.get_route_path``)."""
+    env = ScopeEnviron(None)(_scope(path=path, root_path=root))
+    assert (env["PATH_INFO"], env["SCRIPT_NAME"]) == (path_info, script_name)
+    from starlette._utils import get_route_path
+    assert (get_route_path({"path": path, "root_path": root}) or "/") == path_info
+
+
+def test_the_apps_own_root_path_wins_over_the_servers():
+    """Item 8: FastAPI(root_path=...) puts its root path in the scope over the server's."""
+    to_environ = ScopeEnviron(None, "/api")
+    assert to_environ(_scope(path="/api/wide"))["PATH_INFO"] == "/wide"
+    assert to_environ(_scope(path="/apiwide"))["PATH_INFO"] == "/apiwide"
+    assert to_environ(_scope(path="/srv/api/x", root_path="/srv"))["PATH_INFO"] == "/srv/api/x"
+
+
 def test_scope_environ_classifies_like_a_wsgi_environ():
     resolver = RequestInfoResolver()
     env = ScopeEnviron(resolver.environ_keys)(_scope(path="/api/v1/namespaces/n/pods",
@@ -754,6 +806,45 @@ def test_the_request_task_cancelled_while_queued_leaves_the_ledger():
         assert b.seats() == 0
 
     _run(main())
+
+
+@pytest.mark.filterwarnings("ignore:The `root_path` parameter is deprecated")
+def test_a_fastapi_apps_own_root_path_keeps_its_costs():
+    """Item 8 in process: FastAPI(root_path="/api") serves /api/report as /report; the
+    middleware admits it with the endpoint's @cost, and /apireport is not /report."""
+    fastapi = pytest.importorskip("fastapi")
+    from apf_gunicorn.starlette import cost
+
+    app = fastapi.FastAPI(root_path="/api")
+
+    @app.get("/report")
+    @cost(seats=3)
+    async def report():
+        return "r"
+
+    mw = Bench(app, seats=4).mw
+    env = mw._to_environ(_scope(path="/api/report"))
+    assert env["PATH_INFO"] == "/report" and mw.shape_of(env)[2] == 3
+    env = mw._to_environ(_scope(path="/apireport"))
+    assert env["PATH_INFO"] == "/apireport" and mw.shape_of(env)[2] == 1
+
+
+def test_asgi2_apps_are_told_apart_as_uvicorn_tells_them():
+    """Item 9: what gunicorn's ASGIWorker warns about at start (it calls every app as ASGI3):
+    the apps uvicorn's ``interface="auto"`` serves as ASGI2."""
+    from apf_gunicorn.asgi.workers import looks_asgi2
+    from tests.apps.asgi2_app import App
+    from tests.apps.asgi_app import app as asgi3
+
+    class Three:
+        async def __call__(self, scope, receive, send): ...
+
+    def two(scope):
+        return App(scope)
+
+    assert looks_asgi2(App) and looks_asgi2(two)
+    assert not looks_asgi2(asgi3) and not looks_asgi2(Three())
+    assert not looks_asgi2(Bench(asgi3).mw)
 
 
 def test_admission_that_fails_serves_the_request_without_apf(caplog):

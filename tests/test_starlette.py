@@ -263,6 +263,18 @@ def test_names_give_the_endpoint_and_its_route() -> None:
         f"{HERE}.fastapi_app.<locals>.f_report (/reports/{{year}})")
 
 
+@pytest.mark.filterwarnings("ignore:The `root_path` parameter is deprecated")
+def test_the_root_path_a_fastapi_app_sets_itself() -> None:
+    """Item 8: the ASGI front end strips FastAPI's own root_path as FastAPI routes on it."""
+    from apf_gunicorn.starlette import app_root_path
+
+    assert app_root_path(FastAPI(root_path="/api")) == "/api"
+    assert app_root_path(GZipMiddleware(FastAPI(root_path="/api"))) == "/api"
+    assert app_root_path(FastAPI()) == ""
+    assert app_root_path(Starlette()) == ""
+    assert app_root_path(Flask(__name__)) == ""
+
+
 def test_only_starlette_apps_get_starlette_costs() -> None:
     app = starlette_app()
     assert apf_starlette.starlette_app(app) is app

@@ -79,9 +79,12 @@ class ASGIMiddleware(Admission):
     def __init__(self, app: Any, ctx: WorkerContext):
         super().__init__(app, ctx)
         resolver = ctx.resolver
+        from apf_gunicorn.starlette import app_root_path
+
         # the bound method: calling it skips the instance's __call__ lookup, once a request
         self._to_environ = ScopeEnviron(getattr(resolver, "environ_keys", None)
-                                        if self._cache is not None else None).__call__
+                                        if self._cache is not None else None,
+                                        app_root_path(app)).__call__
         self._parking = ctx.parking
         self._dispatched = ctx.ledger.dispatched
 

@@ -10,12 +10,20 @@ classified by the same resolver, cache and FlowSchemas as a WSGI one::
 
 Conversions follow PEP 3333 and the ASGI spec: header names are lower-case bytes in the scope
 and become ``HTTP_NAME_WITH_UNDERSCORES`` (``CONTENT_TYPE`` and ``CONTENT_LENGTH`` without the
-prefix); values and the query string are latin-1 (native strings); repeated headers are joined
-with ``,``; ``PATH_INFO`` is the scope's decoded ``path`` carried as latin-1 (WSGI's bytes-in-str
-convention), without the scope's ``root_path`` (``SCRIPT_NAME``), as the app routes on it. A
-WebSocket handshake is a ``GET``. ASGI has no ``REMOTE_USER``: the
-``remote-user`` identity source names nobody here. The environ also carries the scope itself
-(``asgi.scope``), for an ``APF_WORK_ESTIMATOR`` or ``APF_REQUEST_INFO`` hook.
+prefix); a header whose name holds an underscore is left out, as gunicorn's WSGI environ leaves
+it out (its ``header_map=drop`` default: ``X_Remote_Group`` must not pass for
+``X-Remote-Group``); values and the query string are latin-1 (native strings); repeated
+headers are joined with ``,``. ``PATH_INFO`` is the path the app routes on, carried as latin-1
+(WSGI's bytes-in-str convention): the scope's decoded ``path`` without the root path
+(``SCRIPT_NAME``) where the path starts with it at a ``/`` boundary, as Starlette's
+``get_route_path`` strips it (``/apiadmin/x`` under ``/api`` stays whole); the root path is the
+scope's ``root_path``, or the app's own when it sets one over the server's (``FastAPI(root_path=
+...)``: :func:`apf_gunicorn.starlette.app_root_path`). A WebSocket handshake is a ``GET``.
+``REMOTE_ADDR`` is the scope's ``client`` host; for a peer on a Unix socket, which both ASGI
+servers give no ``client``, it is ``""``, as gunicorn's WSGI environ has it (so
+``APF_TRUSTED_PROXIES=unix`` trusts it). ASGI has no ``REMOTE_USER``: the ``remote-user``
+identity source names nobody here. The environ also carries the scope itself (``asgi.scope``),
+for an ``APF_WORK_ESTIMATOR`` or ``APF_REQUEST_INFO`` hook.
 """
 
 from __future__ import annotations
@@ -37,16 +45,35 @@ def _native(text: str) -> str:
     return text if text.isascii() else text.encode("utf-8").decode("latin-1")
 
 
+def is_unix_peer(scope: dict[str, Any]) -> bool:
+    """Whether a scope without a ``client`` came over a Unix socket.
+
+    Both servers leave ``client`` out for a Unix-socket peer and give the listener as
+    ``server``: uvicorn as ``(path, None)``, gunicorn's ASGI worker as the path cut into a
+    tuple. A TCP listener is ``(host, port)`` with an int port; a scope with no ``server``
+    says nothing, and is taken as no Unix peer (so ``APF_TRUSTED_PROXIES=unix`` never trusts
+    it).
+    """
+    server = scope.get("server")
+    if not server:
+        return False
+    return not (len(server) == 2 and isinstance(server[0], str)
+                and isinstance(server[1], int))
+
+
 class ScopeEnviron:
     """Builds the environ classification reads from an ASGI scope (see the module docstring).
 
     Args:
         keys: the environ keys the resolver reads (``RequestInfoResolver.environ_keys``); only
             their headers are copied. None: every header (a custom resolver may read any).
+        root_path: the app's own root path, which it puts in the scope over the server's
+            (:func:`apf_gunicorn.starlette.app_root_path`); ``""``: the scope's.
     """
 
-    def __init__(self, keys: Iterable[str] | None):
+    def __init__(self, keys: Iterable[str] | None, root_path: str = ""):
         self._all = keys is None
+        self._root = root_path
         # header name as the scope has it -> environ key
         self._wanted: dict[bytes, str] = {}
         for key in keys or ():
@@ -58,10 +85,16 @@ class ScopeEnviron:
         """The environ of ``scope`` (an ``http`` or ``websocket`` scope)."""
         # once a request on the event loop: no call for an ASCII path or root, or an empty query
         path = scope.get("path", "/")
-        root = scope.get("root_path", "")
+        root = self._root or scope.get("root_path", "")
         query = scope.get("query_string", b"")
-        if root and path.startswith(root):  # WSGI's PATH_INFO does not hold SCRIPT_NAME
-            path = path[len(root):] or "/"
+        # WSGI's PATH_INFO does not hold SCRIPT_NAME; stripped at a "/" boundary only
+        if root:
+            if path == root:
+                path = "/"
+            elif path.startswith(root) and path[len(root)] == "/":
+                path = path[len(root):]
+            else:  # not under the root: the app routes on the whole path
+                root = ""
         env = {"REQUEST_METHOD": scope.get("method", "GET"),
                "PATH_INFO": path if path.isascii() else _native(path),
                "SCRIPT_NAME": root if root.isascii() else _native(root),
@@ -71,9 +104,13 @@ class ScopeEnviron:
         client = scope.get("client")
         if client:
             env["REMOTE_ADDR"] = client[0]
+        elif is_unix_peer(scope):
+            env["REMOTE_ADDR"] = ""  # gunicorn's WSGI REMOTE_ADDR for a Unix-socket peer
         wanted = None if self._all else self._wanted
         for name, value in scope.get("headers", ()):
             if wanted is None:
+                if b"_" in name:  # dropped, as gunicorn's WSGI environ drops it
+                    continue
                 key = header_key(name)
             else:
                 key = wanted.get(name)

@@ -11,10 +11,19 @@ the dispatcher's 100 ms tick). The master side (ledger, hooks, services) is the 
 WSGI apps.
 
 * :class:`UvicornWorker` subclasses ``uvicorn_worker.UvicornWorker`` (``pip install
-  'apf_gunicorn[asgi]'``); its ``_serve`` is the stock one plus a reference to uvicorn's
-  server, whose ``should_exit`` says when it stops.
+  'apf_gunicorn[asgi]'``). uvicorn is given the app as loaded, so it serves it as it would
+  bare (it tells an ASGI2 app from an ASGI3 one and wraps it, and puts its proxy-headers
+  middleware in front); the APF middleware then goes in front of everything uvicorn built
+  (``Config.loaded_app``). So APF sees the scope as the connection made it: ``client`` is the
+  socket's peer, and ``APF_TRUSTED_PROXIES`` is decided on it whatever uvicorn's
+  ``forwarded_allow_ips`` says, while the app still gets the address uvicorn rewrote from
+  ``X-Forwarded-For``. Its ``_serve`` keeps a reference to uvicorn's server, whose
+  ``should_exit`` says when it stops.
 * :class:`ASGIWorker` subclasses gunicorn's ``gunicorn.workers.gasgi.ASGIWorker`` (``-k
-  asgi``, beta in gunicorn), which needs no extra package; its app is ``worker.asgi``.
+  asgi``, beta in gunicorn), which needs no extra package; its app is ``worker.asgi``, which
+  it calls with the scope it built from the socket (``client`` is the peer, or the PROXY
+  protocol's address). It serves ASGI3 apps only, with APF as bare: an app that looks like
+  an ASGI2 one is warned about at start (:func:`looks_asgi2`).
 
 What the gthread worker adds beyond the middleware (heads read in the poller, 429s from the
 poller, the accept gate, the thread reserve for exempt requests) has no counterpart here: the
@@ -23,6 +32,7 @@ server reads heads and accepts connections itself, and a waiting request holds n
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 from typing import Any
@@ -58,9 +68,26 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
 
     def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
         ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
+        if looks_asgi2(self.asgi):
+            self.log.warning("apf: the app %r looks like an ASGI2 (double-callable) app, which "
+                             "gunicorn's ASGIWorker does not serve (it calls every app as "
+                             "ASGI3, with or without APF); use apf_gunicorn.asgi.UvicornWorker, "
+                             "or wrap the app with asgiref's guarantee_single_callable",
+                             self.asgi)
         middleware = ASGIMiddleware(self.asgi, ctx)
         self.asgi = middleware
         return middleware
+
+
+def looks_asgi2(app: Any) -> bool:
+    """Whether uvicorn would serve ``app`` as an ASGI2 (double-callable) app: a class without
+    ``__await__``, or a callable that is not a coroutine function (uvicorn's ``interface=
+    "auto"`` test)."""
+    if inspect.isclass(app):
+        return not hasattr(app, "__await__")
+    if inspect.isfunction(app):
+        return not inspect.iscoroutinefunction(app)
+    return not inspect.iscoroutinefunction(getattr(app, "__call__", None))  # noqa: B004
 
 
 if _StockUvicornWorker is not None:
@@ -82,16 +109,28 @@ if _StockUvicornWorker is not None:
         def apf_app(self) -> Any:
             return self.wsgi
 
+        apf_middleware: ASGIMiddleware | None = None
+
         def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
             ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
-            middleware = ASGIMiddleware(self.wsgi, ctx)
-            self.wsgi = middleware  # uvicorn-worker serves self.wsgi (config.app = self.wsgi)
-            return middleware
+            # self.wsgi stays the app: _serve puts the middleware in front of what uvicorn
+            # builds around it
+            self.apf_middleware = ASGIMiddleware(self.wsgi, ctx)
+            return self.apf_middleware
 
         async def _serve(self) -> None:
-            # the stock _serve, keeping the server: apf_alive reads its should_exit
-            self.config.app = self.wsgi
-            server = self.apf_server = Server(config=self.config)
+            # the stock _serve, with APF in front of the app uvicorn loaded, and keeping the
+            # server: apf_alive reads its should_exit
+            config = self.config
+            config.app = self.wsgi
+            middleware = self.apf_middleware
+            if middleware is not None:
+                # uvicorn wraps the app (ASGI2, proxy headers) when it loads it; the server
+                # loads it only if not loaded yet
+                config.load()
+                middleware.app = config.loaded_app
+                config.loaded_app = middleware
+            server = self.apf_server = Server(config=config)
             self._install_sigquit_handler()
             await server.serve(sockets=self.sockets)
             if not server.started:

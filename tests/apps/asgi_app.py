@@ -9,6 +9,7 @@ shared counter file (``APP_COUNTER``).
 * ``/stream?n=N&ms=M``: N chunks M ms apart; ``/stream?until=PATH``: a chunk, then more
   until the file PATH exists (the test ends the stream);
 * ``/echo``, ``/work/echo`` (any method): answers the request body;
+* ``/work/client``: answers the scope's ``client`` host (``-`` without one);
 * ``/boom``: raises;
 * a WebSocket connection (any path): accepted, each text message echoed, until the client
   closes.
@@ -51,6 +52,9 @@ async def app(scope, receive, send):
         return await _answer(send, 200, b"ok")
     if path == "/boom":
         raise RuntimeError("boom")
+    if path == "/work/client":
+        client = scope.get("client")
+        return await _answer(send, 200, (client[0] if client else "-").encode())
     if path.endswith("/echo"):
         body = b""
         while True:
