@@ -3,6 +3,7 @@ of issue 11, against real gunicorn servers on 127.0.0.1 (2 workers x 8 threads, 
 
     .venv/bin/python benchmarks/soak.py                  # everything, ~5-10 minutes
     .venv/bin/python benchmarks/soak.py --only kills,hups --kills 30
+    .venv/bin/python benchmarks/soak.py --worker uvicorn      # the same on an ASGI worker
 
 Scenarios: ``kills`` (random worker SIGKILLs under mixed load: slow requests, clients that
 disconnect while queued, ``?timeout=`` expiries, exempt health checks), ``master`` (master
@@ -12,6 +13,11 @@ lines and headers, duplicate and non-UTF-8 identity headers, garbage ``?timeout=
 pipelining, half-closes), ``hups`` (HUPs under load, alternating valid and invalid
 configurations). Each prints what the clients saw and every broken promise; the exit status is
 1 if any scenario found one.
+
+``--worker`` picks the worker class: ``gthread`` (the Flask test app, 2 workers x 8 threads) or
+an ASGI worker, ``uvicorn`` (``apf_gunicorn.asgi.UvicornWorker``) or ``asgi``
+(``apf_gunicorn.asgi.ASGIWorker``), serving ``tests/apps/asgi_app.py``: the same routes, async,
+its tracked requests reading their body first as frameworks do.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from tests.apps import chaos  # noqa: E402
 from tests.conftest import APPS, serve  # noqa: E402
 
 SCENARIOS = ("kills", "master", "soak", "hostile", "hups")
+#: ``--worker`` -> the ``-k`` worker class (None: gthread, apf_gunicorn.conf's default)
+WORKERS = {"gthread": None, "uvicorn": "apf_gunicorn.asgi.UvicornWorker",
+           "asgi": "apf_gunicorn.asgi.ASGIWorker"}
 
 
 def main(argv=None) -> int:
@@ -40,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=150_000, help="soak requests")
     ap.add_argument("--hostile", type=int, default=2000)
     ap.add_argument("--hups", type=int, default=20)
+    ap.add_argument("--worker", choices=sorted(WORKERS), default="gthread",
+                    help="the worker class (default gthread)")
     args = ap.parse_args(argv)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(chosen) - set(SCENARIOS)
@@ -50,7 +61,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp)
             track = str(tmp_path / "track.log")
-            start = functools.partial(serve, tmp_path)
+            start = functools.partial(serve, tmp_path, worker=WORKERS[args.worker],
+                                      boot_timeout=60.0)
             t0 = time.monotonic()
             if name == "master":
                 report, problems = chaos.scenario_master_kill(start, args.masters)
@@ -74,7 +86,7 @@ def main(argv=None) -> int:
                         invalid = valid.replace("handSize: 4", "handSize: 40")
                         report, problems = chaos.scenario_hups(srv, track, config, valid,
                                                                invalid, args.hups)
-            print(f"== {name} ({time.monotonic() - t0:.0f} s): {report}")
+            print(f"== {name} on {args.worker} ({time.monotonic() - t0:.0f} s): {report}")
             for p in problems:
                 print(f"   PROBLEM: {p}")
             print(f"   {'FAILED' if problems else 'ok'}", flush=True)
