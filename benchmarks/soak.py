@@ -17,7 +17,11 @@ configurations). Each prints what the clients saw and every broken promise; the 
 ``--worker`` picks the worker class: ``gthread`` (the Flask test app, 2 workers x 8 threads) or
 an ASGI worker, ``uvicorn`` (``apf_gunicorn.asgi.UvicornWorker``) or ``asgi``
 (``apf_gunicorn.asgi.ASGIWorker``), serving ``tests/apps/asgi_app.py``: the same routes, async,
-its tracked requests reading their body first as frameworks do.
+its tracked requests reading their body first as frameworks do. The soak's bound on each
+worker's RSS growth is 5 MiB on gthread and 8 MiB on the ASGI workers: the stock servers
+(without APF) grow by 0.7-1.4 KiB per connection abandoned mid-request (uvicorn-worker 3.1 MiB
+and gunicorn's asgi 4.3 MiB in this soak's 160,000 requests, 3,200-4,400 abandoned;
+docs/asgi.md).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ SCENARIOS = ("kills", "master", "soak", "hostile", "hups")
 #: ``--worker`` -> the ``-k`` worker class (None: gthread, apf_gunicorn.conf's default)
 WORKERS = {"gthread": None, "uvicorn": "apf_gunicorn.asgi.UvicornWorker",
            "asgi": "apf_gunicorn.asgi.ASGIWorker"}
+#: the soak's bound on each worker's RSS growth, KiB (see the docstring)
+RSS_BOUND_KIB = {"gthread": 5 * 1024, "uvicorn": 8 * 1024, "asgi": 8 * 1024}
 
 
 def main(argv=None) -> int:
@@ -56,7 +62,7 @@ def main(argv=None) -> int:
     unknown = set(chosen) - set(SCENARIOS)
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    failed = False
+    totals = {"requests": 0, "kills": 0, "hups": 0, "broken promises": 0}
     for name in chosen:
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp)
@@ -78,7 +84,8 @@ def main(argv=None) -> int:
                     if name == "kills":
                         report, problems = chaos.scenario_kills(srv, track, args.kills)
                     elif name == "soak":
-                        report, problems = chaos.scenario_soak(srv, track, args.requests)
+                        report, problems = chaos.scenario_soak(
+                            srv, track, args.requests, rss_bound_kib=RSS_BOUND_KIB[args.worker])
                     elif name == "hostile":
                         report, problems = chaos.scenario_hostile(srv, args.hostile)
                     else:
@@ -90,8 +97,12 @@ def main(argv=None) -> int:
             for p in problems:
                 print(f"   PROBLEM: {p}")
             print(f"   {'FAILED' if problems else 'ok'}", flush=True)
-            failed |= bool(problems)
-    return 1 if failed else 0
+            totals["requests"] += sum(report.get("clients", {}).values()) + report.get("sent", 0)
+            totals["kills"] += report.get("kills", 0)
+            totals["hups"] += report.get("hups", 0)
+            totals["broken promises"] += len(problems)
+    print(f"== total on {args.worker}: {totals}")
+    return 1 if totals["broken promises"] else 0
 
 
 if __name__ == "__main__":
