@@ -20,7 +20,7 @@ an ASGI worker, ``uvicorn`` (``apf_gunicorn.asgi.UvicornWorker``) or ``asgi``
 its tracked requests reading their body first as frameworks do. The soak's bound on each
 worker's RSS growth is 5 MiB on gthread and 8 MiB on the ASGI workers: the stock servers
 (without APF) grow by 0.7-1.4 KiB per connection abandoned mid-request (uvicorn-worker 3.1 MiB
-and gunicorn's asgi 4.3 MiB in this soak's 160,000 requests, 3,200-4,400 abandoned;
+and gunicorn's asgi 4.2 MiB in this soak's 160,000 requests, 3,200-4,400 abandoned;
 docs/asgi.md).
 """
 
