@@ -149,8 +149,10 @@ class Server:
 def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = None,
           args: tuple = (), config: str | None = None, ready_path: str = "/healthz",
           boot_timeout: float = 30.0, expect_fail: bool = False,
-          conf: tuple = ("-c", "python:apf_gunicorn.conf")):
-    """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF."""
+          conf: tuple = ("-c", "python:apf_gunicorn.conf"), worker: str | None = None):
+    """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF.
+    ``worker``: an ASGI worker class (``-k``, e.g. ``apf_gunicorn.asgi.UvicornWorker``), which
+    serves tests/apps/asgi_app.py (the same routes, async) instead; ``threads`` is then unused."""
     port = free_port()
     instance = (env or {}).get("APF_INSTANCE") or "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -167,9 +169,10 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
         "PYTHONPATH": str(ROOT),
     })
     full_env.update(env or {})
-    cmd = [GUNICORN, *conf, "-w", str(workers), "--threads",
-           str(threads), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
-           "--log-level", "info", *args, "tests.apps.app:app"]
+    kind = ("-k", worker) if worker else ("--threads", str(threads))
+    app = "tests.apps.asgi_app:app" if worker else "tests.apps.app:app"
+    cmd = [GUNICORN, *conf, *kind, "-w", str(workers), "-b", f"127.0.0.1:{port}",
+           "--graceful-timeout", "5", "--log-level", "info", *args, app]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

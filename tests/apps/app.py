@@ -83,22 +83,28 @@ def work():
 _TRACK = os.environ.get("APP_TRACK", "")
 
 
-@app.route("/work/tracked")
-def tracked():
-    """Sleep ``ms`` and append a start and an end record (``S|E pid id monotonic_ns``) to
-    ``APP_TRACK``: the chaos tests compute the app's concurrency from them, counting a request
-    of a killed worker as ended when it was killed."""
-    ms = float(request.args.get("ms", "100"))
-    rid = os.urandom(6).hex()
+def track(tag: str, rid: str) -> None:
+    """Append one record ``tag pid rid monotonic_ns`` to ``APP_TRACK`` (``S`` when a tracked
+    request starts, ``E`` when it ends): the chaos tests compute the app's concurrency from
+    them, counting a request of a killed worker as ended when it was killed. One ``write`` on
+    an ``O_APPEND`` file, so records of concurrent workers never interleave."""
     fd = os.open(_TRACK, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"S {os.getpid()} {rid} {time.monotonic_ns()}\n".encode())
-        try:
-            time.sleep(ms / 1000)
-        finally:
-            os.write(fd, f"E {os.getpid()} {rid} {time.monotonic_ns()}\n".encode())
+        os.write(fd, f"{tag} {os.getpid()} {rid} {time.monotonic_ns()}\n".encode())
     finally:
         os.close(fd)
+
+
+@app.route("/work/tracked")
+def tracked():
+    """Sleep ``ms`` between a start and an end record (:func:`track`)."""
+    ms = float(request.args.get("ms", "100"))
+    rid = os.urandom(6).hex()
+    track("S", rid)
+    try:
+        time.sleep(ms / 1000)
+    finally:
+        track("E", rid)
     return f"tracked pid={os.getpid()}\n"
 
 

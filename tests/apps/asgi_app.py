@@ -2,12 +2,19 @@
 async, counting how many requests execute at once across all worker processes in the same
 shared counter file (``APP_COUNTER``).
 
+* ``/hello`` -> 200 ``hello`` at once;
 * ``/healthz`` -> 200 ``ok`` (exempt in ``tests/apps/apf.yaml``; ``/readyz`` and ``/livez`` too,
   exempt in the built-in configuration);
 * ``/work``, ``/other``, ``/light``, ``/heavy`` (and their sub-paths), ``?ms=N``: awaits N ms
   (100 by default) counted under the path's first segment; answers ``pid=<the worker's>``;
 * ``/stream?n=N&ms=M``: N chunks M ms apart; ``/stream?until=PATH``: a chunk, then more
   until the file PATH exists (the test ends the stream);
+* ``/work/tracked?ms=N``: the chaos tests' request (``tests/apps/chaos.py``), as the Flask
+  app's: reads the request body first, as Django's handler and Starlette's ``request.body()``
+  do, then awaits N ms between a start and an end record in ``APP_TRACK``
+  (``tests.apps.app.track``), listening meanwhile for the client leaving as Django's handler
+  does; a ``http.disconnect`` ends it without an answer (the server then answers 500 if the
+  client is in fact still there);
 * ``/echo``, ``/work/echo`` (any method): answers the request body;
 * ``/work/client``: answers the scope's ``client`` host (``-`` without one);
 * ``/boom``: raises;
@@ -21,7 +28,7 @@ import asyncio
 import os
 from urllib.parse import parse_qs
 
-from tests.apps.app import _update
+from tests.apps.app import _update, track
 
 _COUNTED = ("work", "other", "light", "heavy")
 
@@ -50,6 +57,10 @@ async def app(scope, receive, send):
     args = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
     if path in ("/healthz", "/readyz", "/livez"):
         return await _answer(send, 200, b"ok")
+    if path == "/hello":
+        return await _answer(send, 200, b"hello\n")
+    if path == "/work/tracked":
+        return await _tracked(receive, send, float(args.get("ms", "100")))
     if path == "/boom":
         raise RuntimeError("boom")
     if path == "/work/client":
@@ -85,6 +96,37 @@ async def app(scope, receive, send):
         if counted:
             _update(name, -1)
     await _answer(send, 200, f"pid={os.getpid()}\n".encode())
+
+
+async def _read_body(receive) -> bytes | None:
+    """The request body, or None when the client left (``http.disconnect``)."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def _tracked(receive, send, ms: float) -> None:
+    if await _read_body(receive) is None:
+        return
+    rid = os.urandom(6).hex()
+    track("S", rid)
+    # the work races a listener for the client leaving, as Django's ASGIHandler runs a view
+    # beside listen_for_disconnect: a client gone (or said to be) ends it without an answer
+    work = asyncio.ensure_future(asyncio.sleep(ms / 1000))
+    listen = asyncio.ensure_future(receive())
+    try:
+        done, _ = await asyncio.wait({work, listen}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        work.cancel()
+        listen.cancel()
+        track("E", rid)
+    if work in done:
+        await _answer(send, 200, f"tracked pid={os.getpid()}\n".encode())
 
 
 async def _websocket(receive, send) -> None:
