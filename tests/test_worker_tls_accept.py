@@ -69,3 +69,61 @@ def test_a_tls_connection_reset_before_accept_closes_only_itself(tmp_path):
     finally:
         listener.close()
         worker.poller.close()
+
+
+class _WantsWrite:
+    """A TLS socket stand-in whose reads say what ``answers`` holds in turn: an exception
+    class to raise, or bytes. Its file descriptor is a real socket's, for the poller."""
+
+    def __init__(self, real: socket.socket, answers: list) -> None:
+        self._real = real
+        self.answers = answers
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def recv(self, _n: int) -> bytes:
+        got = self.answers.pop(0)
+        if isinstance(got, type):
+            raise got()
+        return got
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self._real.close()
+
+
+def test_a_tls_read_that_wants_to_write_waits_for_room_to_write(tmp_path):
+    """A kept-alive TLS connection whose read says ``SSLWantWriteError`` (TLS must send, a
+    key update or renegotiation, and the send buffer is full): the poller waits until the
+    socket is writable, not readable (bytes the client may never send, as it waits for
+    ours), then reads again and goes back to waiting for bytes."""
+    worker = _tls_worker(tmp_path)
+    a, b = socket.socketpair()
+    try:
+        from gunicorn.workers.gthread import TConn
+        sock = _WantsWrite(a, [ssl.SSLWantWriteError, ssl.SSLWantReadError,
+                               b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
+        conn = TConn(worker.cfg, a, ("127.0.0.1", 1), ("127.0.0.1", 2))
+        conn.sock = sock
+        conn.apf_handshake = False
+        conn.apf_events = selectors.EVENT_READ
+        conn.apf_buf = conn.apf_scan = None
+        conn.parser = type("P", (), {"req_count": 1})()
+        worker.keepalived_conns.append(conn)
+        worker.poller.register(sock, selectors.EVENT_READ, None)
+        worker.on_client_socket_readable(conn, sock)  # the read wants to write
+        assert worker.poller.get_key(sock).events == selectors.EVENT_WRITE
+        key = worker.poller.get_key(sock)
+        key.data(sock)  # writable: it reads again, nothing yet: it waits for bytes again
+        assert worker.poller.get_key(sock).events == selectors.EVENT_READ
+        started = []
+        worker.apf_start_request = started.append
+        worker.poller.get_key(sock).data(sock)  # the head arrives
+        assert started == [conn]
+    finally:
+        worker.poller.close()
+        a.close()
+        b.close()

@@ -82,25 +82,49 @@ class TlsHandshakes:
                 self.enqueue_req(conn)
                 return True
             conn.parser = http.get_parser(self.cfg, tls, conn.client)
+        elif conn.apf_events != selectors.EVENT_READ:
+            # it waited for room to write (recv_tls said WANT_WRITE): read again
+            self._apf_tls_wait(conn, selectors.EVENT_READ)
         return self.apf_head_readable(conn)
 
     def _apf_tls_wait(self, conn, events: int) -> None:
-        """Wait for ``events`` on a registered handshaking connection (a handshake that wants
-        to write waits for room in the send buffer, then reads again)."""
+        """Wait for ``events`` on a reading TLS connection (one whose handshake or read wants
+        to write waits for room in the send buffer, then reads again); registered or not yet
+        (then its registration takes ``conn.apf_events``)."""
         if conn in self.apf_reading and conn.apf_events != events:
             self.poller.modify(conn.sock, events, partial(self._apf_on_tls_event, conn))
         conn.apf_events = events
 
 
-def recv_tls(sock) -> bytes | None:
+class _WantWrite:
+    """:func:`recv_tls`'s answer when TLS must write before it reads on: false, like the end
+    of input, so the common path tests it only where it tests for that end."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "WANT_WRITE"
+
+
+WANT_WRITE = _WantWrite()
+
+
+def recv_tls(sock) -> bytes | _WantWrite | None:
     """What a non-blocking TLS socket has, decrypted: None if nothing yet (also when only
-    part of a TLS record has arrived: ``SSLWantReadError``), b"" at its end or on an error.
-    Reads what the TLS layer holds decrypted too (``pending``): it would not make the socket
-    readable again."""
+    part of a TLS record has arrived: ``SSLWantReadError``), b"" at its end or on an error,
+    :data:`WANT_WRITE` when TLS has to send first and the send buffer is full
+    (``SSLWantWriteError``: a renegotiation or key update; the caller waits for room to
+    write, not for bytes to read, which might never come). Reads what the TLS layer holds
+    decrypted too (``pending``): it would not make the socket readable again."""
     try:
         data = sock.recv(RECV_BYTES)
-    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+    except ssl.SSLWantReadError:
         return None
+    except ssl.SSLWantWriteError:
+        return WANT_WRITE
     except OSError:  # (ssl.SSLError among them)
         return b""
     while data:

@@ -72,7 +72,7 @@ from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
-from apf_gunicorn.gthread.tls import RECV_BYTES, TlsConn, TlsHandshakes, recv_tls
+from apf_gunicorn.gthread.tls import RECV_BYTES, WANT_WRITE, TlsConn, TlsHandshakes, recv_tls
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state
 from apf_gunicorn.server.settings import (
@@ -420,8 +420,10 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         if self.apf_head_readable(conn, first):  # usually the whole head is there already
             return
         self.apf_reading[conn] = None
-        self.poller.register(conn.sock, selectors.EVENT_READ,
-                             partial(self._apf_on_readable, conn))
+        # (a TLS one's read may wait for room to write: conn.apf_events, _apf_tls_event)
+        self.poller.register(conn.sock, conn.apf_events,
+                             partial(self._apf_on_tls_event if self.apf_tls
+                                     else self._apf_on_readable, conn))
 
     def _apf_on_readable(self, conn, client) -> None:
         if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
@@ -438,6 +440,9 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             if data is None:
                 return False
         if not data:  # end of input (or reset): the parser reports what is incomplete
+            if data is WANT_WRITE:  # TLS must send first: wait for room, then read again
+                self._apf_tls_wait(conn, selectors.EVENT_WRITE)
+                return False
             if not buf:
                 self._apf_close(conn)
                 return True
