@@ -70,6 +70,7 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 from apf_gunicorn.admission.boot import FrontEnd
 from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
+from apf_gunicorn.gthread.linger import Lingering
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
 from apf_gunicorn.gthread.tls import RECV_BYTES, WANT_WRITE, TlsConn, TlsHandshakes, recv_tls
@@ -96,7 +97,7 @@ DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head
 log = logging.getLogger("apf_gunicorn.worker")
 
 
-class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
+class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadWorker):
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -143,6 +144,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         self.apf_head_budget = (settings.head_buffer_limit if settings is not None
                                 else DEFAULT_HEAD_BUFFER_LIMIT)
         self.apf_head_bytes = 0  # bytes buffered by the reading connections
+        # connections closing after the poller's last answer -> their deadline (linger.py)
+        self.apf_lingering: dict = {}
         self.apf_on_drop = None  # callable(reason): count a dropped connection (ledger)
         self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
         self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
@@ -277,6 +280,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
         held = self.apf_held
+        lingering = self.apf_lingering
         if self.apf_load() >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         if held:
@@ -291,6 +295,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             self._apf_expire_heads()
         if held:
             self._apf_release_held()
+        if lingering:
+            self.apf_expire_lingering()
 
     def _apf_gate(self, timeout: float) -> float:
         """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
@@ -470,7 +476,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             exc = (LimitRequestHeaders("max buffer headers") if scan.line_ended
                    else LimitRequestLine(len(buf), self.apf_head_rules.limits.line))
             self.handle_error(None, conn.sock, conn.client, exc)
-            self._apf_close(conn)
+            self._apf_close(conn, answered=True)
         return True
 
     def _apf_over_budget(self, conn) -> bool:
@@ -490,7 +496,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             except OSError:
                 pass
             self._apf_count_drop(DROP_HEAD_BUFFER)
-            self._apf_close(victim)
+            self._apf_close(victim, answered=True)
         return conn.apf_buf is None
 
     def apf_start_request(self, conn) -> None:
@@ -524,7 +530,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
 
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
-        if conn.apf_buf:
+        answered = bool(conn.apf_buf)
+        if answered:
             count = self.apf_on_head_timeout
             if count is not None:
                 count()
@@ -532,9 +539,11 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
                 conn.sock.send(TIMEOUT_408)
             except OSError:
                 pass
-        self._apf_close(conn)
+        self._apf_close(conn, answered)
 
-    def _apf_close(self, conn) -> None:
+    def _apf_close(self, conn, answered: bool = False) -> None:
+        """Close a reading connection; ``answered``: after an answer written to it (then
+        gracefully, as gunicorn closes after a response: ``linger.py``)."""
         buf = conn.apf_buf
         if buf is not None:
             self.apf_head_bytes -= len(buf)
@@ -547,7 +556,10 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         except (KeyError, ValueError, OSError):
             pass
         self.nr_conns -= 1
-        conn.close()
+        if answered:
+            self.apf_close_answered(conn)
+        else:
+            conn.close()
 
     def _apf_expire_heads(self) -> None:
         """Close the reading connections past their head deadline (408 if they sent part of
