@@ -62,7 +62,6 @@ from functools import partial
 from time import monotonic_ns
 
 from gunicorn import http
-from gunicorn import sock as gsock
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
@@ -75,7 +74,7 @@ from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
 from apf_gunicorn.gthread.tls import RECV_BYTES, WANT_WRITE, TlsConn, TlsHandshakes, recv_tls
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
-from apf_gunicorn.server import state
+from apf_gunicorn.server import state, tlscontext
 from apf_gunicorn.server.settings import (
     DEFAULT_ACCEPT_GRACE_S,
     DEFAULT_HEAD_BUFFER_LIMIT,
@@ -98,6 +97,9 @@ log = logging.getLogger("apf_gunicorn.worker")
 
 
 class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadWorker):
+    #: with ``certfile``, it serves with the master's TLS context (server/tlscontext.py)
+    apf_tls_from_master = True
+
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -193,17 +195,18 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         return middleware
 
     def init_process(self):
-        # The TLS context is made once per worker, here (stock gthread makes one per
-        # connection, in its thread): a bad certificate fails the worker's boot, saying so,
-        # rather than every connection; the files are read again when a worker starts (HUP).
+        # The TLS context is the master's (server/tlscontext.py: made at start and on HUP,
+        # kept when a reload's files fail), so a worker never fails its boot over the files,
+        # which would halt the server. Stock gthread makes one per connection, in its thread.
         if self.apf_tls:
-            cfg = self.cfg
-            try:
-                self.apf_tls_context = gsock.ssl_context(cfg)
-            except Exception as e:
-                self.log.error("apf: cannot make the TLS context from certfile %s, keyfile %s "
-                               "(gunicorn's ssl_context): %s", cfg.certfile, cfg.keyfile, e)
-                raise
+            context = tlscontext.current()
+            if context is None:  # the master's hooks are not installed: make it here
+                try:
+                    context = tlscontext.make(self.cfg)
+                except tlscontext.TlsContextError as e:
+                    self.log.error("apf: %s", e)
+                    raise
+            self.apf_tls_context = context
         super().init_process()
 
     def apf_load(self) -> int:
