@@ -11,12 +11,16 @@ flights it got (handshakes per second). The probes, ``GET /healthz`` (level ``ex
 tests/apps/apf.yaml) every ``--every`` s, one at a time, of two kinds taken in turn:
 
 * ``kept``: on one kept-alive TLS connection (its head is read in the poller, its request runs
-  in a thread: what waits while the poller makes handshakes);
+  in a thread: what waits while the poller makes handshakes); when the server closed that
+  connection after an answer (a worker whose load is past its room keeps no connection alive),
+  the next probe reconnects and is counted apart, ``kept, reconnected``: it makes a handshake;
 * ``new``: a new TLS connection per probe (its own handshake waits among the flood's).
 
 Each window (quiet, then beside the flood) prints per kind p50, p99 and n, with the machine's
 load average; the verdict is the ``kept`` probe's p99 beside the flood within 2x of quiet
-(``--samples`` per kind, at least 100). Traffic goes to 127.0.0.1 only; the server is stopped.
+(``--samples`` per kind, at least 100). The flood process runs at nice 19 (a remote attacker's
+CPU is not the server's); on a shared machine ``--boost 10`` (root) runs the server and the
+probes at nice -10 so the other processes' load stays out of the figures. Traffic goes to 127.0.0.1 only; the server is stopped.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ def client_hello() -> bytes:
 def flood(port: int, threads: int, stop, count) -> None:
     """The flood process: ``threads`` closed loops of connect, ClientHello, first bytes back,
     reset; ``count`` gets the flights received."""
+    os.nice(40)  # the attacker's CPU is not the server's: it yields to everything (nice 19)
     hello = client_hello()
     reset = struct.pack("ii", 1, 0)
 
@@ -113,12 +118,16 @@ def probe_window(port: int, samples: int, every: float) -> dict[str, list[float]
     """``samples`` probes of each kind, in turn, every ``every`` s: latencies in seconds."""
     ctx = client_context()
     kept = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ctx)
-    out: dict[str, list[float]] = {"kept": [], "new": []}
+    out: dict[str, list[float]] = {"kept": [], "new": [], "kept, reconnected": []}
     try:
         for _ in range(samples):
             for kind in ("kept", "new"):
                 conn = kept if kind == "kept" else http.client.HTTPSConnection(
                     "127.0.0.1", port, timeout=30, context=ctx)
+                if kind == "kept" and kept.sock is None and out["kept"]:
+                    # the server closed it after the last answer (a worker out of room keeps
+                    # no connection alive: max_keepalived): this probe makes a handshake
+                    kind = "kept, reconnected"
                 t0 = time.perf_counter()
                 conn.request("GET", "/healthz")
                 resp = conn.getresponse()
@@ -141,11 +150,11 @@ def rank(values: list[float], q: float) -> float:
 
 def summary(window: dict[str, list[float]]) -> str:
     return "; ".join(f"{kind}: p50 {rank(v, 0.5) * 1e3:.2f} ms, p99 {rank(v, 0.99) * 1e3:.2f} ms "
-                     f"(n={len(v)})" for kind, v in window.items())
+                     f"(n={len(v)})" for kind, v in window.items() if v)
 
 
 def load() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def run(samples: int, every: float, key: str, threads: int) -> bool:
@@ -185,7 +194,12 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=float, default=0.02, help="seconds between probes")
     ap.add_argument("--key", choices=("rsa", "ec"), default="rsa")
     ap.add_argument("--flood", type=int, default=8, help="flood connections in a loop")
+    ap.add_argument("--boost", type=int, default=0,
+                    help="run the server and the probes this much nicer (needs root): on a "
+                         "shared machine, shields the measurement from the others' load")
     args = ap.parse_args(argv)
+    if args.boost:
+        os.nice(-args.boost)
     return 0 if run(args.samples, args.every, args.key, args.flood) else 1
 
 

@@ -58,6 +58,7 @@ import errno
 import logging
 import selectors
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from time import monotonic_ns
 
@@ -72,7 +73,14 @@ from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.gthread.linger import Lingering
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
-from apf_gunicorn.gthread.tls import RECV_BYTES, WANT_WRITE, TlsConn, TlsHandshakes, recv_tls
+from apf_gunicorn.gthread.tls import (
+    RECV_BYTES,
+    WANT_WRITE,
+    TlsConn,
+    TlsHandshakes,
+    handshake_thread_priority,
+    recv_tls,
+)
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state, tlscontext
 from apf_gunicorn.server.settings import (
@@ -84,6 +92,9 @@ from apf_gunicorn.server.settings import (
 )
 
 RESERVE_AFTER_S = 0.03
+#: Handshake steps waiting for a worker's handshake thread past which it leaves new
+#: connections to a worker with room (about 4 RSA-2048 signatures: a few ms of wait)
+HANDSHAKE_QUEUE = 4
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -132,6 +143,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         # reads what a reading or kept-alive connection has (a TLS one: decrypted)
         self.apf_recv = recv_tls if self.apf_tls else _recv
         self.apf_tls_context = None  # set by init_process when apf_tls
+        self.apf_tls_pool = None  # the handshake thread (init_process, when apf_tls)
+        self.apf_tls_steps = 0  # handshake steps submitted to it and not back yet
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
@@ -207,6 +220,10 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
                     self.log.error("apf: %s", e)
                     raise
             self.apf_tls_context = context
+            # one thread for the handshakes' key work (tls.py): at most a core per worker,
+            # never the poller's (benchmarks/bench_tls_flood.py, docs/server.md)
+            self.apf_tls_pool = ThreadPoolExecutor(1, thread_name_prefix="apf-tls",
+                                                   initializer=handshake_thread_priority)
         super().init_process()
 
     def apf_load(self) -> int:
@@ -258,7 +275,10 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
             self.apf_publish_room(room)
         if room:
             self._apf_all_full_since = 0.0
-            return True
+            # TLS: past a few handshakes waiting for this worker's handshake thread, a new
+            # connection's is made sooner by another worker with room (tls.py)
+            return (self.apf_tls_steps < HANDSHAKE_QUEUE or not self.alive
+                    or not self.apf_others_have_room())
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
@@ -364,7 +384,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
             self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
         if conn in reading:
-            self.apf_young[conn] = now + self.apf_accept_grace
+            if not conn.apf_handshake:  # (a TLS one is young once its handshake is done)
+                self.apf_young[conn] = now + self.apf_accept_grace
             if not conn.apf_buf:  # nothing arrived yet
                 self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
@@ -559,7 +580,9 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         except (KeyError, ValueError, OSError):
             pass
         self.nr_conns -= 1
-        if answered:
+        if conn.apf_stepping:  # its handshake step runs: closed when it is back (tls.py)
+            conn.apf_doomed = True
+        elif answered:
             self.apf_close_answered(conn)
         else:
             conn.close()
@@ -649,6 +672,7 @@ def _new_conn(worker, sock, client, server, tls: bool = False):
     whose handshake the poller makes."""
     conn = (TlsConn if tls else TConn)(worker.cfg, sock, client, server)
     conn.apf_handshake = False
+    conn.apf_stepping = conn.apf_doomed = False  # a TLS handshake step on its thread (tls.py)
     conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0
