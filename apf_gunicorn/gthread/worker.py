@@ -277,8 +277,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
             self._apf_all_full_since = 0.0
             # TLS: past a few handshakes waiting for this worker's handshake thread, a new
             # connection's is made sooner by another worker with room (tls.py)
-            return (self.apf_tls_steps < HANDSHAKE_QUEUE or not self.alive
-                    or not self.apf_others_have_room())
+            return self.apf_tls_steps < HANDSHAKE_QUEUE or not self.apf_others_have_room()
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
