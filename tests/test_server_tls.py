@@ -130,8 +130,9 @@ def test_idle_tls_connections_hold_no_thread(server_factory, tls_args):
 
 
 def test_a_bad_certificate_fails_the_boot_naming_the_files(server_factory, tmp_path):
-    """A certificate file that is not one: the worker cannot make its TLS context, says
-    which files, and the server stops (stock gthread would boot and fail every connection)."""
+    """A certificate file that is not one: the master cannot make the TLS context, says
+    which files, and the server does not start (stock gthread would boot and fail every
+    connection)."""
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate\n")
     with server_factory(workers=1, threads=2, expect_fail=True, boot_timeout=60,

@@ -18,8 +18,9 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
   (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
-  handshake is made here too, non-blocking, within the same deadline (``_apf_tls_event``), and
-  its head read decrypted: a TLS record that arrives in parts is "nothing yet", not the end
+  handshake is driven from here too, non-blocking, within the same deadline, each step on the
+  worker's handshake thread (``gthread/tls.py``), and its head read decrypted: a TLS record
+  that arrives in parts is "nothing yet", not the end
   of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
   does an HTTP/2 connection negotiated by ALPN once its handshake is done.
 * **Accepting stops at the thread count.** While the connections that want a thread
