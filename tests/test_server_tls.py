@@ -130,11 +130,47 @@ def test_idle_tls_connections_hold_no_thread(server_factory, tls_args):
 
 
 def test_a_bad_certificate_fails_the_boot_naming_the_files(server_factory, tmp_path):
-    """A certificate file that is not one: the worker cannot make its TLS context, says
-    which files, and the server stops (stock gthread would boot and fail every connection)."""
+    """A certificate file that is not one: the master cannot make the TLS context, says
+    which files, and the server does not start (stock gthread would boot and fail every
+    connection)."""
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate\n")
     with server_factory(workers=1, threads=2, expect_fail=True, boot_timeout=60,
                         args=("--certfile", str(bad), "--keyfile", str(bad))) as srv:
         assert srv.proc.returncode not in (None, 0)
         assert f"cannot make the TLS context from certfile {bad}, keyfile {bad}" in srv.log()
+
+
+def test_a_key_rotated_out_of_step_keeps_the_server_serving_tls(server_factory, tmp_path):
+    """A certificate rotation that replaces the key before the certificate: a worker killed
+    meanwhile (an OOM kill, a timeout) is replaced and serves TLS with the context the master
+    made at start, and a HUP meanwhile logs the mismatch and keeps that context (each worker
+    used to make its own: the replacement failed its boot and gunicorn halted the server)."""
+    import os
+    import shutil
+    import signal
+
+    certfile, keyfile = make_cert(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    _, other_key = make_cert(other)
+    with server_factory(workers=1, threads=4,
+                        args=("--certfile", certfile, "--keyfile", keyfile)) as srv:
+        shutil.copyfile(other_key, keyfile)  # the key of another certificate
+        first = srv.workers()
+        os.kill(first[0], signal.SIGKILL)
+        assert srv.wait_for(lambda: (w := srv.workers()) and w != first), srv.log()
+        status, _, body = srv.request("/healthz", timeout=15)
+        assert (status, body) == (200, b"ok\n")
+        assert srv.proc.poll() is None
+        before = srv.workers()
+        os.kill(srv.pid, signal.SIGHUP)
+        assert srv.wait_for(lambda: "the workers keep serving with the TLS context made at"
+                            in srv.log()), srv.log()
+        assert f"cannot make the TLS context from certfile {certfile}, keyfile {keyfile}" \
+            in srv.log()
+        assert srv.wait_for(lambda: (w := srv.workers()) and not set(w) & set(before)), \
+            srv.log()
+        status, _, body = srv.request("/healthz", timeout=15)
+        assert (status, body) == (200, b"ok\n")
+        assert srv.proc.poll() is None

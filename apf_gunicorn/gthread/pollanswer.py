@@ -92,9 +92,9 @@ class PollerAnswers:
             self.poller.unregister(conn.sock)
             self.keepalived_conns.remove(conn)
         self.nr_conns -= 1
-        # (nothing unread: the head was the whole input, so a plain close sends no reset;
-        # gthread's graceful close would linger here, on the poller)
-        conn.close()
+        # as gunicorn closes after a response (a client may have sent more since its head
+        # was read: a plain close would reset the connection), without blocking: linger.py
+        self.apf_close_answered(conn)
 
     def _apf_release_held(self) -> None:
         """Write the held 429s that are due (all of them once the worker stops)."""

@@ -18,8 +18,9 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
   (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
-  handshake is made here too, non-blocking, within the same deadline (``_apf_tls_event``), and
-  its head read decrypted: a TLS record that arrives in parts is "nothing yet", not the end
+  handshake is driven from here too, non-blocking, within the same deadline, each step on the
+  worker's handshake thread (``gthread/tls.py``), and its head read decrypted: a TLS record
+  that arrives in parts is "nothing yet", not the end
   of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
   does an HTTP/2 connection negotiated by ALPN once its handshake is done.
 * **Accepting stops at the thread count.** While the connections that want a thread
@@ -58,11 +59,11 @@ import errno
 import logging
 import selectors
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from time import monotonic_ns
 
 from gunicorn import http
-from gunicorn import sock as gsock
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
@@ -70,11 +71,19 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 from apf_gunicorn.admission.boot import FrontEnd
 from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
+from apf_gunicorn.gthread.linger import Lingering
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
-from apf_gunicorn.gthread.tls import RECV_BYTES, TlsConn, TlsHandshakes, recv_tls
+from apf_gunicorn.gthread.tls import (
+    RECV_BYTES,
+    WANT_WRITE,
+    TlsConn,
+    TlsHandshakes,
+    handshake_thread_priority,
+    recv_tls,
+)
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
-from apf_gunicorn.server import state
+from apf_gunicorn.server import state, tlscontext
 from apf_gunicorn.server.settings import (
     DEFAULT_ACCEPT_GRACE_S,
     DEFAULT_HEAD_BUFFER_LIMIT,
@@ -84,6 +93,9 @@ from apf_gunicorn.server.settings import (
 )
 
 RESERVE_AFTER_S = 0.03
+#: Handshake steps waiting for a worker's handshake thread past which it leaves new
+#: connections to a worker with room (about 4 RSA-2048 signatures: a few ms of wait)
+HANDSHAKE_QUEUE = 4
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -96,7 +108,10 @@ DROP_HEAD_BUFFER = "head-buffer"  # past APF_HEAD_BUFFER_LIMIT: the largest head
 log = logging.getLogger("apf_gunicorn.worker")
 
 
-class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
+class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadWorker):
+    #: with ``certfile``, it serves with the master's TLS context (server/tlscontext.py)
+    apf_tls_from_master = True
+
     # Per kept-alive request this class adds, on the main thread, its own readable handler
     # (one recv there instead of in the thread) and enqueue_req, and a sum per main-loop pass
     # (wait_for_and_dispatch_events); on the request thread, handle. They call the base class
@@ -129,6 +144,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         # reads what a reading or kept-alive connection has (a TLS one: decrypted)
         self.apf_recv = recv_tls if self.apf_tls else _recv
         self.apf_tls_context = None  # set by init_process when apf_tls
+        self.apf_tls_pool = None  # the handshake thread (init_process, when apf_tls)
+        self.apf_tls_steps = 0  # handshake steps submitted to it and not back yet
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
@@ -143,6 +160,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         self.apf_head_budget = (settings.head_buffer_limit if settings is not None
                                 else DEFAULT_HEAD_BUFFER_LIMIT)
         self.apf_head_bytes = 0  # bytes buffered by the reading connections
+        # connections closing after the poller's last answer -> their deadline (linger.py)
+        self.apf_lingering: dict = {}
         self.apf_on_drop = None  # callable(reason): count a dropped connection (ledger)
         self.apf_inflight: list = []  # one entry per thread a non-exempt request holds
         self.apf_on_head_timeout = None  # callable(): count a 408 (set by post_worker_init)
@@ -190,17 +209,22 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         return middleware
 
     def init_process(self):
-        # The TLS context is made once per worker, here (stock gthread makes one per
-        # connection, in its thread): a bad certificate fails the worker's boot, saying so,
-        # rather than every connection; the files are read again when a worker starts (HUP).
+        # The TLS context is the master's (server/tlscontext.py: made at start and on HUP,
+        # kept when a reload's files fail), so a worker never fails its boot over the files,
+        # which would halt the server. Stock gthread makes one per connection, in its thread.
         if self.apf_tls:
-            cfg = self.cfg
-            try:
-                self.apf_tls_context = gsock.ssl_context(cfg)
-            except Exception as e:
-                self.log.error("apf: cannot make the TLS context from certfile %s, keyfile %s "
-                               "(gunicorn's ssl_context): %s", cfg.certfile, cfg.keyfile, e)
-                raise
+            context = tlscontext.current()
+            if context is None:  # the master's hooks are not installed: make it here
+                try:
+                    context = tlscontext.make(self.cfg)
+                except tlscontext.TlsContextError as e:
+                    self.log.error("apf: %s", e)
+                    raise
+            self.apf_tls_context = context
+            # one thread for the handshakes' key work (tls.py): at most a core per worker,
+            # never the poller's (benchmarks/bench_tls_flood.py, docs/server.md)
+            self.apf_tls_pool = ThreadPoolExecutor(1, thread_name_prefix="apf-tls",
+                                                   initializer=handshake_thread_priority)
         super().init_process()
 
     def apf_load(self) -> int:
@@ -252,7 +276,9 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             self.apf_publish_room(room)
         if room:
             self._apf_all_full_since = 0.0
-            return True
+            # TLS: past a few handshakes waiting for this worker's handshake thread, a new
+            # connection's is made sooner by another worker with room (tls.py)
+            return self.apf_tls_steps < HANDSHAKE_QUEUE or not self.apf_others_have_room()
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
@@ -277,6 +303,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         # Python frame less per pass), then the request heads past their deadline.
         reading = self.apf_reading
         held = self.apf_held
+        lingering = self.apf_lingering
         if self.apf_load() >= self.apf_room_limit or not (self._accepting and self._apf_room):
             timeout = self._apf_gate(timeout)
         if held:
@@ -291,6 +318,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             self._apf_expire_heads()
         if held:
             self._apf_release_held()
+        if lingering:
+            self.apf_expire_lingering()
 
     def _apf_gate(self, timeout: float) -> float:
         """Accept or not, as :meth:`apf_may_accept` says; the poll timeout to use."""
@@ -355,7 +384,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
         if conn in reading:
-            self.apf_young[conn] = now + self.apf_accept_grace
+            if not conn.apf_handshake:  # (a TLS one is young once its handshake is done)
+                self.apf_young[conn] = now + self.apf_accept_grace
             if not conn.apf_buf:  # nothing arrived yet
                 self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
@@ -420,8 +450,10 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         if self.apf_head_readable(conn, first):  # usually the whole head is there already
             return
         self.apf_reading[conn] = None
-        self.poller.register(conn.sock, selectors.EVENT_READ,
-                             partial(self._apf_on_readable, conn))
+        # (a TLS one's read may wait for room to write: conn.apf_events, _apf_tls_event)
+        self.poller.register(conn.sock, conn.apf_events,
+                             partial(self._apf_on_tls_event if self.apf_tls
+                                     else self._apf_on_readable, conn))
 
     def _apf_on_readable(self, conn, client) -> None:
         if conn.apf_buf is None:  # closed earlier in this poll's events (dropped)
@@ -438,6 +470,9 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             if data is None:
                 return False
         if not data:  # end of input (or reset): the parser reports what is incomplete
+            if data is WANT_WRITE:  # TLS must send first: wait for room, then read again
+                self._apf_tls_wait(conn, selectors.EVENT_WRITE)
+                return False
             if not buf:
                 self._apf_close(conn)
                 return True
@@ -465,7 +500,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             exc = (LimitRequestHeaders("max buffer headers") if scan.line_ended
                    else LimitRequestLine(len(buf), self.apf_head_rules.limits.line))
             self.handle_error(None, conn.sock, conn.client, exc)
-            self._apf_close(conn)
+            self._apf_close(conn, answered=True)
         return True
 
     def _apf_over_budget(self, conn) -> bool:
@@ -485,7 +520,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
             except OSError:
                 pass
             self._apf_count_drop(DROP_HEAD_BUFFER)
-            self._apf_close(victim)
+            self._apf_close(victim, answered=True)
         return conn.apf_buf is None
 
     def apf_start_request(self, conn) -> None:
@@ -519,7 +554,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
 
     def apf_head_expired(self, conn) -> None:
         """Past the head deadline: 408 if the client sent part of a head, then close."""
-        if conn.apf_buf:
+        answered = bool(conn.apf_buf)
+        if answered:
             count = self.apf_on_head_timeout
             if count is not None:
                 count()
@@ -527,9 +563,11 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
                 conn.sock.send(TIMEOUT_408)
             except OSError:
                 pass
-        self._apf_close(conn)
+        self._apf_close(conn, answered)
 
-    def _apf_close(self, conn) -> None:
+    def _apf_close(self, conn, answered: bool = False) -> None:
+        """Close a reading connection; ``answered``: after an answer written to it (then
+        gracefully, as gunicorn closes after a response: ``linger.py``)."""
         buf = conn.apf_buf
         if buf is not None:
             self.apf_head_bytes -= len(buf)
@@ -542,7 +580,12 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, ThreadWorker):
         except (KeyError, ValueError, OSError):
             pass
         self.nr_conns -= 1
-        conn.close()
+        if conn.apf_stepping:  # its handshake step runs: closed when it is back (tls.py)
+            conn.apf_doomed = True
+        elif answered:
+            self.apf_close_answered(conn)
+        else:
+            conn.close()
 
     def _apf_expire_heads(self) -> None:
         """Close the reading connections past their head deadline (408 if they sent part of
@@ -629,6 +672,7 @@ def _new_conn(worker, sock, client, server, tls: bool = False):
     whose handshake the poller makes."""
     conn = (TlsConn if tls else TConn)(worker.cfg, sock, client, server)
     conn.apf_handshake = False
+    conn.apf_stepping = conn.apf_doomed = False  # a TLS handshake step on its thread (tls.py)
     conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0

@@ -44,7 +44,7 @@ from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.master.hookcheck import log_replaced_hooks
 from apf_gunicorn.master.master import SERVICE_LOCK, MasterServices
 from apf_gunicorn.master.reclaim import reclaim_worker
-from apf_gunicorn.server import shm, startup, state
+from apf_gunicorn.server import shm, startup, state, tlscontext
 from apf_gunicorn.server.generation import (
     config_change_lines,
     config_error_lines,
@@ -105,6 +105,11 @@ def _holds_threads(server) -> bool:
     return getattr(server.worker_class, "apf_holds_threads", True)
 
 
+def _tls_from_master(server) -> bool:
+    """The worker class serves TLS with the master's context (``server/tlscontext.py``)."""
+    return getattr(server.worker_class, "apf_tls_from_master", False)
+
+
 def _threads(server) -> int:
     """Threads per worker for the default limit: gunicorn's ``threads`` when a request holds
     one (gthread), else what an event-loop worker counts as (``boot.LOOP_THREADS``)."""
@@ -127,6 +132,11 @@ def on_starting(server) -> None:
     problem = check_worker_class(server.worker_class, server.cfg)
     if problem:
         _fail(server, [problem])
+    if _tls_from_master(server):
+        try:
+            tlscontext.make_at_start(server.cfg)
+        except tlscontext.TlsContextError as e:
+            _fail(server, [str(e)])
     try:
         settings = load_settings(workers=server.cfg.workers, threads=_threads(server))
     except SettingsError as e:
@@ -202,6 +212,8 @@ def pre_fork(server, worker) -> None:
     m = state.MASTER
     if m is None:
         return
+    if _tls_from_master(server):
+        tlscontext.refresh(server.cfg, server.log)  # after a HUP: made again, or kept
     index = 0
     while index in m.workers:
         index += 1
