@@ -94,6 +94,16 @@ def test_the_knee_above_the_pool_is_found_and_kept():
     assert limits[-10:] and all(9 <= x <= 11 for x in limits[-10:]), limits
 
 
+def test_seats_follow_the_capacity_as_workers_come_and_go():
+    d = Driver(share=1.0)
+    assert d.tick(in_use=0, capacity=4).limit == 4  # one worker published first
+    grown = d.tick(in_use=0, capacity=8)
+    assert grown.changed and grown.limit == 8
+    assert grown.reason == "pool db: capacity 4 -> 8 server-wide: 8 seats"
+    d.tick(in_use=5)  # the knee found one seat above
+    assert d.tick(in_use=0, capacity=4).limit == 5  # a worker gone: the same offset
+
+
 def test_the_ceiling_stops_the_climb_and_bad_input_is_refused():
     d = Driver(ceiling=10, share=1.0)
     d.tick(in_use=0)
@@ -150,7 +160,7 @@ def test_the_master_applies_the_pool_limit_through_the_shared_path():
     assert runner.tick(m) is None and m.settings.concurrency_limit == 20  # no pool yet
     m.pool_table.pools = {"db": pool()}
     d = runner.tick(m)
-    # tests/apps/apf.yaml: work and other share equally: 8 seats for a level is 15 (ceil 7.5)
+    # tests/apps/apf.yaml: work has 1000 of 2005 shares: 8 seats is 15 (15 x 0.499 -> 8)
     assert d.changed and d.limit == 15 and m.settings.concurrency_limit == 15
     assert m.generation.limits["work"].nominal == 8 and applied
     m.ledger.waiting = {"work": 3}

@@ -61,6 +61,32 @@ def test_pool_capacity_and_waiting_server_wide_in_metrics_and_dump(server_factor
         after = srv.wait_for(lambda: (s := pool_samples(admin, name))
                              .get("apf_pool_wait_seconds_total", 0) > 0 and s)
         assert after and after["apf_pool_waits_total"] > 0, after
+        # the master has read the pool (and its waits) for seconds: an explicit limit stays
+        assert limit_seats(admin) == 32, srv.log()
+        assert "limit from pools" not in srv.log()
+
+
+def limit_seats(port: int) -> float | None:
+    return scrape(port).get(("apf_server_concurrency_limit_seats", ()))
+
+
+def test_with_nothing_set_the_limit_follows_the_pool(server_factory, tmp_path):
+    """No APF_CONCURRENCY_LIMIT: the default (20: 2 workers x 20 threads / 2) until the
+    workers publish the pool, then the work level's seats are the pool's 8 connections: the
+    server limit is 15 (tests/apps/apf.yaml gives work 1000 of its 2005 shares: 15 x 0.499
+    rounds up to 8)."""
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
+           "POOL_APP_DB_URL": f"sqlite:///{tmp_path / 'pool.sqlite'}"}
+    with server_factory(workers=2, threads=20, env=env,
+                        args=("tests.apps.pool_app:app",)) as srv:
+        assert srv.wait_for(lambda: limit_seats(admin) == 15), (limit_seats(admin), srv.log())
+        log = srv.log()
+        assert "apf: concurrency limit 20 -> " in log, log
+        # the discovery line says what was found (one worker's pool may come a window first)
+        assert ("(limit from pools: 2 SQLAlchemy pools, 8 connections server-wide" in log
+                or "capacity 4 -> 8 server-wide" in log), log
+        assert srv.request("/work?ms=1")[0] == 200
 
 
 def test_a_declared_resource_under_the_uvicorn_worker(server_factory):

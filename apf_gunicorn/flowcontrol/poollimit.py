@@ -9,6 +9,8 @@ pools' own signals, once a tick (the master's, ``master/poollimit.py``):
   server-wide capacity, so the server limit is that capacity divided by the share of the level
   that floods (the smallest limit whose ``ceil(limit x share)`` is the capacity, as
   ``flowcontrol/limits.py`` rounds a level's seats);
+* **follow the capacity**: when workers come or go, the largest pool's capacity changes and
+  the seats move by as much;
 * **step down** when requests waited for a pool over the tick (its mean number waiting, the
   rate of its cumulative wait time, is at least ``down_at``): those requests held seats the
   pool could not serve, so the level gives back as many seats (never fewer than the pool's
@@ -99,6 +101,7 @@ class PoolLimit:
         self.limit: int | None = None
         self._waited: dict[str, int] = {}
         self._since: int | None = None
+        self._capacity = 0  # the largest bounded pool's, server-wide
 
     def _limit_for(self, seats: int, share: float) -> int:
         # the smallest server limit that gives the level ``seats``: a level's nominal seats
@@ -131,13 +134,21 @@ class PoolLimit:
         self._since = now
         if not bounded:
             return None
+        largest = max(bounded, key=lambda p: p.capacity)
+        capacity, self._capacity = self._capacity, largest.capacity
         if self.seats is None:
-            self.seats = max(p.capacity for p in bounded)
+            self.seats = largest.capacity
             self.limit = self._limit_for(self.seats, share)
             return PoolDecision(self.limit, self.seats, True,
                                 f"limit from pools: {describe_pools(bounded)}; "
                                 f"{self.seats} seats for the busiest level "
                                 f"(share {share:.2f})")
+        if capacity != largest.capacity:  # workers came or went: the knee moves with them
+            self.seats = max(1, self.seats + largest.capacity - capacity)
+            limit, self.limit = self.limit, self._limit_for(self.seats, share)
+            return PoolDecision(self.limit, self.seats, limit != self.limit,
+                                f"pool {largest.name}: capacity {capacity} -> "
+                                f"{largest.capacity} server-wide: {self.seats} seats")
         elapsed_s = (now - since) / 1e9 if since is not None and now > since else 0.0
         worst, worst_waiting = None, 0.0
         for p in bounded:
