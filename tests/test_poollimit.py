@@ -10,7 +10,7 @@ import pytest
 
 from apf_gunicorn.flowcontrol.poollimit import PoolLimit, PoolLimitSettings, describe_pools
 from apf_gunicorn.ledger.records import LevelLoad
-from apf_gunicorn.master.poollimit import ServerPoolLimit
+from apf_gunicorn.master.poollimit import FIRST_SIGHT_WAIT_NS, ServerPoolLimit
 from apf_gunicorn.signals.table import PoolTotals
 
 S = 1_000_000_000
@@ -158,6 +158,8 @@ def test_the_master_applies_the_pool_limit_through_the_shared_path():
     clock = iter(range(S, 100 * S, S))
     runner = ServerPoolLimit(20, clock=lambda: next(clock))
     assert runner.tick(m) is None and m.settings.concurrency_limit == 20  # no pool yet
+    m.pool_table.pools = {"db": pool(capacity=4, workers=1)}  # one worker has published
+    assert runner.tick(m) is None and m.settings.concurrency_limit == 20
     m.pool_table.pools = {"db": pool()}
     d = runner.tick(m)
     # tests/apps/apf.yaml: work has 1000 of 2005 shares: 8 seats is 15 (15 x 0.499 -> 8)
@@ -167,6 +169,17 @@ def test_the_master_applies_the_pool_limit_through_the_shared_path():
     m.pool_table.pools = {"db": pool(in_use=5)}
     d = runner.tick(m)
     assert d.limit == 17 and m.settings.concurrency_limit == 17  # 9 seats: ceil(8.5)
+
+
+def test_the_first_limit_waits_for_every_worker_only_so_long():
+    m, _ = fake_master()
+    now = [S]
+    runner = ServerPoolLimit(20, clock=lambda: now[0])
+    m.pool_table.pools = {"db": pool(capacity=4, workers=1)}  # the other makes none yet
+    assert runner.tick(m) is None
+    now[0] += FIRST_SIGHT_WAIT_NS
+    d = runner.tick(m)
+    assert d.changed and d.seats == 4 and m.settings.concurrency_limit == 7  # 7 x 0.499 -> 4
 
 
 def test_an_explicit_limit_turns_the_pool_rule_off():

@@ -29,6 +29,9 @@ from typing import Any
 from apf_gunicorn.flowcontrol.poollimit import PoolDecision, PoolLimit, PoolLimitSettings
 from apf_gunicorn.master.autolimit import apply_server_limit
 
+#: the first limit waits this long for every live worker to publish its pools
+FIRST_SIGHT_WAIT_NS = 5_000_000_000
+
 
 class ServerPoolLimit:
     """The pool rule as the master runs it.
@@ -45,6 +48,16 @@ class ServerPoolLimit:
         self.clock = clock
         self.share: float | None = None
         self._rejected: dict[int, int] = {}
+        self._first_seen: int | None = None
+
+    def _everyone_published(self, pools: list, workers: int, now: int) -> bool:
+        """Whether the first limit can be set: every worker has published the pool, or
+        :data:`FIRST_SIGHT_WAIT_NS` passed since one did (a worker may make its pool only at
+        its first request). Otherwise the first worker's pool alone would set the limit."""
+        if self._first_seen is None:
+            self._first_seen = now
+        return (max(p.workers for p in pools) >= workers
+                or now - self._first_seen >= FIRST_SIGHT_WAIT_NS)
 
     def _share_and_binding(self, master: Any) -> tuple[float, bool]:
         gen = master.generation
@@ -85,7 +98,11 @@ class ServerPoolLimit:
         now = self.clock()
         # registered workers only: a booting one's row may hold its dead predecessor's window
         live = {i for i, pid in (master.workers or {}).items() if pid}
-        pools = table.totals(now, live=live).values()
+        pools = [p for p in table.totals(now, live=live).values() if p.capacity > 0]
+        # (every worker index, the booting ones too: the first limit waits for them)
+        if self.rule.seats is None and pools and not self._everyone_published(
+                pools, len(master.workers or {}), now):
+            return None
         with lock:  # on_reload replaces the generation under it
             share, binding = self._share_and_binding(master)
         decision = self.rule.update(now, pools, share, binding)
