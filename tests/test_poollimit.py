@@ -69,6 +69,14 @@ def test_waiting_steps_down_by_what_waited_and_never_below_the_capacity():
     assert floor.limit == 8  # the pool serves 8: fewer seats would leave connections idle
 
 
+def test_a_step_up_needs_the_limit_binding_two_ticks_running():
+    d = Driver(share=1.0)
+    d.tick(in_use=0, binding=False)
+    # the flood has just begun: binding now, but the pool's reading is from before it
+    assert not d.tick(in_use=0, binding=True).changed
+    assert d.tick(in_use=0, binding=True).limit == 9
+
+
 def test_saturated_without_waiting_holds_and_idle_holds():
     d = Driver(share=1.0)
     d.tick(in_use=0)
@@ -167,6 +175,7 @@ def test_the_master_applies_the_pool_limit_through_the_shared_path():
     assert m.generation.limits["work"].nominal == 8 and applied
     m.ledger.waiting = {"work": 3}
     m.pool_table.pools = {"db": pool(in_use=5)}
+    assert runner.tick(m).limit == 15  # binding one tick: the pool's reading may be older
     d = runner.tick(m)
     assert d.limit == 17 and m.settings.concurrency_limit == 17  # 9 seats: ceil(8.5)
 

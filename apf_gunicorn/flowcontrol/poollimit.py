@@ -16,7 +16,8 @@ pools' own signals, once a tick (the master's, ``master/poollimit.py``):
   pool could not serve, so the level gives back as many seats (never fewer than the pool's
   capacity);
 * **step up** one seat when no pool was waited for, none is saturated (every connection in
-  use) and the limit was binding (requests queued in APF or were turned away): part of each
+  use) and the limit was binding (requests queued in APF or were turned away) in this tick
+  and the one before (a pool's reading lags by up to a window): part of each
   request does not hold a connection, so the knee is above the pool's size, and this is how the
   seats come back once the waiting stops;
 * **hold** otherwise (a saturated pool nobody waits for is at its knee; a limit that does not
@@ -102,6 +103,7 @@ class PoolLimit:
         self._waited: dict[str, int] = {}
         self._since: int | None = None
         self._capacity = 0  # the largest bounded pool's, server-wide
+        self._binding = False  # the last tick's
 
     def _limit_for(self, seats: int, share: float) -> int:
         # the smallest server limit that gives the level ``seats``: a level's nominal seats
@@ -132,6 +134,9 @@ class PoolLimit:
         previous, since = self._waited, self._since
         self._waited = {p.name: p.wait_ns for p in bounded}
         self._since = now
+        # a pool's reading is up to a window old: a flood that has just begun shows the pool
+        # idle, so a step up needs the limit binding in two ticks running
+        binding_before, self._binding = self._binding, binding
         if not bounded:
             return None
         largest = max(bounded, key=lambda p: p.capacity)
@@ -165,7 +170,7 @@ class PoolLimit:
             seats = max(floor, seats - max(1, round(worst_waiting)))
             reason = (f"pool {worst.name}: {worst_waiting:.1f} waiting, "
                       f"{worst.in_use} of {worst.capacity} in use")
-        elif (worst_waiting < self.settings.up_below and binding
+        elif (worst_waiting < self.settings.up_below and binding and binding_before
               and all(p.in_use < p.capacity for p in bounded)
               and self._limit_for(seats, share) < self.ceiling):
             seats += 1

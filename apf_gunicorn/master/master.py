@@ -114,7 +114,7 @@ class MasterServices(threading.Thread):
             master_state.auto_limit = self.auto
         # nothing set about the limit: the master follows the app's pools once it has any
         self.pools = (ServerPoolLimit(settings.concurrency_limit)
-                      if settings is not None and not settings.concurrency_limit_set
+                      if not getattr(settings, "concurrency_limit_set", True)
                       and getattr(master_state, "pool_table", None) is not None else None)
 
     @property
