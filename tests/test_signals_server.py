@@ -112,3 +112,16 @@ def test_a_declared_resource_under_the_uvicorn_worker(server_factory):
             assert 2 <= seen["apf_pool_in_use"] <= 4, seen
         assert flood.statuses.get(200, 0) > 0 and not flood.errors, flood.statuses
         assert ("apf_pool_capacity", (("kind", "resource"), ("pool", "backend"))) in scrape(admin)
+
+
+def test_with_nothing_set_under_the_uvicorn_worker_the_limit_follows_a_resource(server_factory):
+    """The same under ASGI: the default 64 (2 workers x 32) until both workers publish the
+    app's one-line resource (2 units each), then 7 (7 x 0.499 rounds up to 4 seats)."""
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": ""}
+    conf = ("-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.UvicornWorker")
+    with server_factory(workers=2, conf=conf, env=env,
+                        args=("tests.apps.resource_asgi_app:app",)) as srv:
+        assert srv.wait_for(lambda: limit_seats(admin) == 7), (limit_seats(admin), srv.log())
+        assert ("apf: concurrency limit 64 -> 7 seats (limit from pools: 2 "
+                "apf_gunicorn.resource pools, 4 connections server-wide") in srv.log(), srv.log()
