@@ -230,7 +230,8 @@ def test_start_up_output_through_gunicorns_log(server_factory):
     ready = re.findall(STAMP + r"\[INFO\] apf: ready: (.*)$", log, re.M)
     assert len(ready) == 1, log
     assert ready[0].startswith(f"configuration {APPS / 'seats.yaml'} (APF_CONFIG), limit 8 "
-                               "seats (default: 2 workers x 8 threads / 2), fairness "
+                               "seats (default: 2 workers x 8 threads / 2; follows the "
+                               "app's pools once found), fairness "
                                "maxmin (default), 4 priority levels "
                                "(nominal seats): wide 4, narrow 4, exempt (exempt), catch-all 1; "
                                f"admin http://127.0.0.1:{aport}/ (ledger in shared memory "

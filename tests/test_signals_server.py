@@ -61,6 +61,32 @@ def test_pool_capacity_and_waiting_server_wide_in_metrics_and_dump(server_factor
         after = srv.wait_for(lambda: (s := pool_samples(admin, name))
                              .get("apf_pool_wait_seconds_total", 0) > 0 and s)
         assert after and after["apf_pool_waits_total"] > 0, after
+        # the master has read the pool (and its waits) for seconds: an explicit limit stays
+        assert limit_seats(admin) == 32, srv.log()
+        assert "limit from pools" not in srv.log()
+
+
+def limit_seats(port: int) -> float | None:
+    return scrape(port).get(("apf_server_concurrency_limit_seats", ()))
+
+
+def test_with_nothing_set_the_limit_follows_the_pool(server_factory, tmp_path):
+    """No APF_CONCURRENCY_LIMIT: the default (20: 2 workers x 20 threads / 2) until the
+    workers publish the pool, then the work level's seats are the pool's 8 connections: the
+    server limit is 15 (tests/apps/apf.yaml gives work 1000 of its 2005 shares: 15 x 0.499
+    rounds up to 8)."""
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
+           "POOL_APP_DB_URL": f"sqlite:///{tmp_path / 'pool.sqlite'}"}
+    with server_factory(workers=2, threads=20, env=env,
+                        args=("tests.apps.pool_app:app",)) as srv:
+        assert srv.wait_for(lambda: limit_seats(admin) == 15), (limit_seats(admin), srv.log())
+        log = srv.log()
+        assert "apf: concurrency limit 20 -> " in log, log
+        # the discovery line says what was found (it waits for both workers' pools)
+        assert ("apf: concurrency limit 20 -> 15 seats (limit from pools: 2 SQLAlchemy pools, "
+                "8 connections server-wide; 8 seats for the busiest level (share 0.50))") in log
+        assert srv.request("/work?ms=1")[0] == 200
 
 
 def test_a_declared_resource_under_the_uvicorn_worker(server_factory):
@@ -86,3 +112,16 @@ def test_a_declared_resource_under_the_uvicorn_worker(server_factory):
             assert 2 <= seen["apf_pool_in_use"] <= 4, seen
         assert flood.statuses.get(200, 0) > 0 and not flood.errors, flood.statuses
         assert ("apf_pool_capacity", (("kind", "resource"), ("pool", "backend"))) in scrape(admin)
+
+
+def test_with_nothing_set_under_the_uvicorn_worker_the_limit_follows_a_resource(server_factory):
+    """The same under ASGI: the default 64 (2 workers x 32) until both workers publish the
+    app's one-line resource (2 units each), then 7 (7 x 0.499 rounds up to 4 seats)."""
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": ""}
+    conf = ("-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.UvicornWorker")
+    with server_factory(workers=2, conf=conf, env=env,
+                        args=("tests.apps.resource_asgi_app:app",)) as srv:
+        assert srv.wait_for(lambda: limit_seats(admin) == 7), (limit_seats(admin), srv.log())
+        assert ("apf: concurrency limit 64 -> 7 seats (limit from pools: 2 "
+                "apf_gunicorn.resource pools, 4 connections server-wide") in srv.log(), srv.log()

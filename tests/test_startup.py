@@ -62,7 +62,8 @@ def test_ready_line_names_config_limit_levels_and_admin() -> None:
     settings, gen = _generation(None, 64)
     line = startup.ready_line(settings, gen, ("127.0.0.1", 9180), "on", 2, 64, env={})
     assert line.startswith("ready: configuration builtin:webapp (default; set APF_CONFIG to "
-                           "change), limit 64 seats (default: 2 workers x 64 threads / 2), "
+                           "change), limit 64 seats (default: 2 workers x 64 threads / 2; "
+                           "follows the app's pools once found), "
                            "fairness maxmin (default), 4 priority levels (nominal seats): ")
     assert "exempt (exempt)" in line and ", users " in line and ", anonymous " in line
     assert line.endswith("; admin http://127.0.0.1:9180/")

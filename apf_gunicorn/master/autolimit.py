@@ -157,20 +157,38 @@ class ServerAutoLimit:
         old = master.settings.concurrency_limit
         if new == old:
             return None
-        if master.borrowing_states is None:
-            master.borrowing_states = BorrowingStates()
-        with lock:
-            gen = master.generation
-            levels = gen.configuration.priority_levels
-            triples = [(name, idx, levels[name].is_exempt)
-                       for name, idx in gen.level_index.items() if name in levels]
-            level_limits, granted = follow_server_limit(
-                master.ledger, levels.values(), triples, master.borrowing_states, new, now)
-            gen.limits = level_limits
-            master.settings = dataclasses.replace(master.settings, concurrency_limit=new)
-        if granted and getattr(master, "sender", None) is not None:
-            master.sender.send_grants(granted)
+        apply_server_limit(master, new, now, lock)
         return old, new
+
+
+def apply_server_limit(master: Any, new: int, now: int,
+                       lock: AbstractContextManager | None = None) -> None:
+    """Set the running server's limit to ``new`` seats: every level's limits re-derived
+    (:func:`follow_server_limit`), the generation's level limits and the settings'
+    ``concurrency_limit`` replaced, the requests it dispatches granted. The one path every
+    run-time limit takes (``auto``, the pool rule of ``master/poollimit.py``).
+
+    Args:
+        master: the master's state (``ledger``, ``generation``, ``settings``,
+            ``borrowing_states``, ``sender``).
+        new: the server limit, in seats (>= 1).
+        now: monotonic ns.
+        lock: held around the ledger operation (the master's ``SERVICE_LOCK``).
+    """
+    lock = lock if lock is not None else nullcontext()
+    if master.borrowing_states is None:
+        master.borrowing_states = BorrowingStates()
+    with lock:
+        gen = master.generation
+        levels = gen.configuration.priority_levels
+        triples = [(name, idx, levels[name].is_exempt)
+                   for name, idx in gen.level_index.items() if name in levels]
+        level_limits, granted = follow_server_limit(
+            master.ledger, levels.values(), triples, master.borrowing_states, new, now)
+        gen.limits = level_limits
+        master.settings = dataclasses.replace(master.settings, concurrency_limit=new)
+    if granted and getattr(master, "sender", None) is not None:
+        master.sender.send_grants(granted)
 
 
 def large_move(old: int, new: int) -> bool:

@@ -29,6 +29,7 @@ from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
 from apf_gunicorn.master.admin import AdminServer
 from apf_gunicorn.master.autolimit import ServerAutoLimit, large_move
 from apf_gunicorn.master.metrics import view_of_master_state
+from apf_gunicorn.master.poollimit import ServerPoolLimit
 from apf_gunicorn.master.reclaim import find_gone, reclaim_worker
 
 log = logging.getLogger("apf_gunicorn.master")
@@ -111,6 +112,10 @@ class MasterServices(threading.Thread):
                                      route_times=getattr(master_state, "route_times", None)))
         if self.auto is not None:
             master_state.auto_limit = self.auto
+        # nothing set about the limit: the master follows the app's pools once it has any
+        self.pools = (ServerPoolLimit(settings.concurrency_limit)
+                      if not getattr(settings, "concurrency_limit_set", True)
+                      and getattr(master_state, "pool_table", None) is not None else None)
 
     @property
     def period_s(self) -> float:
@@ -125,7 +130,8 @@ class MasterServices(threading.Thread):
     def run(self) -> None:
         now = self.clock()
         borrow = Cadence(self.period_s, now)
-        adapt = Cadence(self.adapt_s, now) if self.auto is not None else None
+        adapt = (Cadence(self.adapt_s, now)
+                 if self.auto is not None or self.pools is not None else None)
         timers = [c for c in (borrow, adapt) if c is not None]
         while not self._stop_event.wait(min(TICK_S, *(c.wait_s(self.clock()) for c in timers))):
             self.refresh_workers()
@@ -226,7 +232,11 @@ class MasterServices(threading.Thread):
 
     def adapt_once(self) -> None:
         """One tick of the adaptive limit; a move by more than a quarter is logged (every
-        tick's observation and decision at debug level)."""
+        tick's observation and decision at debug level). With nothing set, the pool rule's
+        tick instead: every change logged with its cause."""
+        if self.pools is not None:
+            self.follow_pools_once()
+            return
         try:
             change = self.auto.tick(self.state, SERVICE_LOCK)
         except Exception:
@@ -238,6 +248,21 @@ class MasterServices(threading.Thread):
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
                            "of the baseline at %.1f seats)", change[0], change[1], last.reason,
                            last.inflation or 1.0, last.concurrency)
+
+    def follow_pools_once(self) -> None:
+        """One tick of the limit from the app's pools (master/poollimit.py): each change is
+        logged at info with its cause."""
+        try:
+            old = self.state.settings.concurrency_limit
+            decision = self.pools.tick(self.state, SERVICE_LOCK)
+        except Exception:
+            self.glog.exception("apf: concurrency limit from the pools: tick failed")
+            return
+        if decision is not None and decision.limit != old:
+            self.glog.info("apf: concurrency limit %d -> %d seats (%s)", old, decision.limit,
+                           decision.reason)
+        elif decision is not None and decision.reason.startswith("limit from pools"):
+            self.glog.info("apf: concurrency limit stays %d seats (%s)", old, decision.reason)
 
     def start_admin(self, quiet: bool = False) -> None:
         """Bind the admin endpoint (main thread, before the first fork; later from this

@@ -259,6 +259,8 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
                      else f"default: {workers} workers x {threads // 2} seats")
     else:
         limit_src = "default"
+    if limit_src != "APF_CONCURRENCY_LIMIT":
+        limit_src += "; follows the app's pools once found"
     levels = generation.configuration.priority_levels
     default = generation.fairness
     fairness_src = "APF_FAIRNESS" if env.get("APF_FAIRNESS", "").strip() else "default"

@@ -1,0 +1,185 @@
+"""The server limit read from the app's connection pools (the default when no limit is set).
+
+A request that holds an APF seat and then waits for a pooled connection waits inside the app,
+first come first served, where the fair queues cannot help: the seats of the level that floods
+should stop where its requests begin to queue on the pool. This rule finds that point from the
+pools' own signals, once a tick (the master's, ``master/poollimit.py``):
+
+* **start** (the first tick that sees a bounded pool): the level's seats are the pool's
+  server-wide capacity, so the server limit is that capacity divided by the share of the level
+  that floods (the smallest limit whose ``ceil(limit x share)`` is the capacity, as
+  ``flowcontrol/limits.py`` rounds a level's seats);
+* **follow the capacity**: when workers come or go, the largest pool's capacity changes and
+  the seats move by as much;
+* **step down** when requests waited for a pool over the tick (its mean number waiting, the
+  rate of its cumulative wait time, is at least ``down_at``): those requests held seats the
+  pool could not serve, so the level gives back as many seats (never fewer than the pool's
+  capacity);
+* **step up** one seat when no pool was waited for, none is saturated (every connection in
+  use) and the limit was binding (requests queued in APF or were turned away) in this tick
+  and the one before (a pool's reading lags by up to a window): part of each
+  request does not hold a connection, so the knee is above the pool's size, and this is how the
+  seats come back once the waiting stops;
+* **hold** otherwise (a saturated pool nobody waits for is at its knee; a limit that does not
+  bind gains nothing from more seats).
+
+The server limit never exceeds ``ceiling`` (the default limit). Time comes from the caller
+(``now`` in monotonic ns), so the rule is tested without a clock::
+
+    rule = PoolLimit(ceiling=20)
+    d = rule.update(now, pools, share=0.8, binding=True)   # None: no bounded pool
+    if d.changed: apply(d.limit)                          # d.reason says why
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class PoolSignal(Protocol):
+    """One pool summed over the workers (``signals.table.PoolTotals`` has these)."""
+
+    name: str
+    kind: str
+    capacity: int  # <= 0: unbounded or not published now
+    in_use: int
+    waiting: int
+    wait_ns: int  # cumulative time waited for a connection
+    workers: int  # workers that have it
+
+
+@dataclass(frozen=True)
+class PoolLimitSettings:
+    """The rule's thresholds, in requests waiting on average over a tick."""
+
+    down_at: float = 0.5  # step down from this mean number waiting
+    up_below: float = 0.05  # step up only below this
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.up_below <= self.down_at:
+            raise ValueError("PoolLimitSettings needs 0 <= up_below <= down_at, got "
+                             f"up_below={self.up_below}, down_at={self.down_at}")
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    """A tick's outcome: the server ``limit``, the flooding level's ``seats`` it stands for,
+    whether the limit ``changed`` and the ``reason`` (for the log)."""
+
+    limit: int
+    seats: int
+    changed: bool
+    reason: str
+
+
+def describe_pools(pools: Iterable[PoolSignal]) -> str:
+    """``2 SQLAlchemy pools, 8 connections server-wide`` (per kind, bounded pools only)."""
+    kinds = {"sqlalchemy": "SQLAlchemy", "psycopg_pool": "psycopg_pool", "django": "Django",
+             "resource": "apf_gunicorn.resource"}
+    per_kind: dict[str, int] = {}
+    total = 0
+    for p in pools:
+        if p.capacity > 0:
+            label = kinds.get(p.kind, p.kind or "other")
+            per_kind[label] = per_kind.get(label, 0) + max(p.workers, 1)
+            total += p.capacity
+    parts = [f"{n} {label} pool{'s' if n != 1 else ''}" for label, n in per_kind.items()]
+    return f"{', '.join(parts)}, {total} connections server-wide"
+
+
+class PoolLimit:
+    """The pool rule (module docstring). ``ceiling``: the highest server limit it sets."""
+
+    def __init__(self, ceiling: int, settings: PoolLimitSettings | None = None) -> None:
+        if ceiling < 1:
+            raise ValueError(f"PoolLimit ceiling must be >= 1, got {ceiling}")
+        self.ceiling = ceiling
+        self.settings = settings or PoolLimitSettings()
+        self.seats: int | None = None  # the flooding level's seats; None until a pool is seen
+        self.limit: int | None = None
+        self._waited: dict[str, int] = {}
+        self._since: int | None = None
+        self._capacity = 0  # the largest bounded pool's, server-wide
+        self._binding = False  # the last tick's
+
+    def _limit_for(self, seats: int, share: float) -> int:
+        # the smallest server limit that gives the level ``seats``: a level's nominal seats
+        # are ceil(limit x share) (flowcontrol/limits.py)
+        limit = max(1, math.floor((seats - 1) / share) - 1)
+        while math.ceil(limit * share - 1e-9) < seats:
+            limit += 1
+        return min(self.ceiling, limit)
+
+    def update(self, now: int, pools: Iterable[PoolSignal], share: float,
+               binding: bool) -> PoolDecision | None:
+        """One tick.
+
+        Args:
+            now: monotonic ns.
+            pools: every pool server-wide (unbounded ones and ones no live worker has now are
+                left out).
+            share: the fraction of the server limit the flooding level holds (0 < share <= 1).
+            binding: whether the limit was binding over the tick.
+        Returns:
+            The decision, or None while no bounded pool is known (the limit is not the rule's).
+        Raises:
+            ValueError: ``share`` out of range.
+        """
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        bounded = [p for p in pools if p.capacity > 0]
+        previous, since = self._waited, self._since
+        self._waited = {p.name: p.wait_ns for p in bounded}
+        self._since = now
+        # a pool's reading is up to a window old: a flood that has just begun shows the pool
+        # idle, so a step up needs the limit binding in two ticks running
+        binding_before, self._binding = self._binding, binding
+        if not bounded:
+            return None
+        largest = max(bounded, key=lambda p: p.capacity)
+        capacity, self._capacity = self._capacity, largest.capacity
+        if self.seats is None:
+            self.seats = largest.capacity
+            self.limit = self._limit_for(self.seats, share)
+            return PoolDecision(self.limit, self.seats, True,
+                                f"limit from pools: {describe_pools(bounded)}; "
+                                f"{self.seats} seats for the busiest level "
+                                f"(share {share:.2f})")
+        if capacity != largest.capacity:  # workers came or went: the knee moves with them
+            self.seats = max(1, self.seats + largest.capacity - capacity)
+            limit, self.limit = self.limit, self._limit_for(self.seats, share)
+            return PoolDecision(self.limit, self.seats, limit != self.limit,
+                                f"pool {largest.name}: capacity {capacity} -> "
+                                f"{largest.capacity} server-wide: {self.seats} seats")
+        elapsed_s = (now - since) / 1e9 if since is not None and now > since else 0.0
+        worst, worst_waiting = None, 0.0
+        for p in bounded:
+            if elapsed_s > 0 and p.name in previous:
+                mean = max(0, p.wait_ns - previous[p.name]) / 1e9 / elapsed_s
+            else:
+                mean = float(p.waiting)  # first sight of this pool: its sample
+            if worst is None or mean > worst_waiting:
+                worst, worst_waiting = p, mean
+        assert worst is not None and self.limit is not None
+        seats, reason = self.seats, ""
+        if worst_waiting >= self.settings.down_at:
+            floor = min(seats, worst.capacity)
+            seats = max(floor, seats - max(1, round(worst_waiting)))
+            reason = (f"pool {worst.name}: {worst_waiting:.1f} waiting, "
+                      f"{worst.in_use} of {worst.capacity} in use")
+        elif (worst_waiting < self.settings.up_below and binding and binding_before
+              and all(p.in_use < p.capacity for p in bounded)
+              and self._limit_for(seats, share) < self.ceiling):
+            seats += 1
+            busiest = max(bounded, key=lambda p: p.in_use / p.capacity)
+            reason = (f"pool {busiest.name}: none waiting, {busiest.in_use} of "
+                      f"{busiest.capacity} in use, limit binding")
+        self.seats = seats
+        limit = self._limit_for(seats, share)
+        changed = limit != self.limit
+        self.limit = limit
+        return PoolDecision(limit, seats, changed,
+                            f"{reason}: {seats} seats" if reason else f"{seats} seats")

@@ -1,0 +1,182 @@
+"""The default limit in front of a real PostgreSQL pool (issue 33's first Done-means line).
+
+    .venv/bin/python benchmarks/bench_pool.py [--kinds sqlalchemy psycopg_pool django]
+                                              [--duration 18] [--json FILE]
+
+Starts a throwaway PostgreSQL (``tests/apps/pgserver.py``; Debian's ``postgresql`` package,
+which ``scripts/test.sh`` installs), then per pool kind real gunicorn servers on 127.0.0.1,
+one after the other: 2 workers x 20 threads serving ``benchmarks/pool_bench_app.py`` (Flask;
+each ``/query`` one ``SELECT pg_sleep(0.05)`` on a pooled connection, 4 per worker: 8
+server-wide) with the built-in configuration (identities from a trusted ``X-Remote-User``).
+Five light users (one request, then 200 ms of thought) all along; a 32-connection flood (one
+user, retrying 20 ms after a 429) from 2 s. Rows:
+
+* **before**: ``APF_CONCURRENCY_LIMIT=20``, the default of this shape without the pools (what
+  the default was before it read them);
+* **nothing set**: no ``APF_CONCURRENCY_LIMIT``: the default, which follows the pools;
+* **tuned 10**: ``APF_CONCURRENCY_LIMIT=10``, tuned by hand.
+
+Per row, over the window from 4 s after the flood starts to the end: the light users' p50 and
+p99 and how many requests they stand on, the flood's 200s per second, answers that were not
+200, 5xx, and the limit sampled each second from the admin endpoint. Verdicts per kind: the
+nothing-set row's light p99 <= 1.2 x tuned's + 5 ms, its flood 200s >= 0.9 x tuned's, no 5xx,
+and each p99 on at least 100 light requests. The machine's load average is printed before
+each row: on a shared host, read the numbers with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+from bench_adaptive import _metric, _pct  # noqa: E402
+from plot_effect import GUNICORN, _client_loop, _flood, running  # noqa: E402
+
+from tests.apps.pgserver import PostgresServer  # noqa: E402
+from tests.apps.procs import free_port  # noqa: E402
+
+WORKERS, THREADS, FLOOD, LIGHT_USERS, THINK = 2, 20, 32, 5, 0.2
+FLOOD_START, SETTLE = 2.0, 4.0
+PATH = "/query?ms=50"
+ENOUGH = 100
+ROWS = [("before", "20"), ("nothing set", None), ("tuned 10", "10")]
+KINDS = ("sqlalchemy", "psycopg_pool", "django")
+
+
+def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) -> dict:
+    """One server and the traffic against it: the events and the limit each second."""
+    admin, port = free_port(), free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), POOL_BENCH_KIND=kind, POOL_BENCH_DSN=dsn,
+               APF_TRUSTED_PROXIES="127.0.0.1", APF_ADMIN_BIND=f"127.0.0.1:{admin}",
+               APF_INSTANCE="pool" + uuid.uuid4().hex[:6])
+    env.pop("APF_CONCURRENCY_LIMIT", None)
+    if limit is not None:
+        env["APF_CONCURRENCY_LIMIT"] = limit
+    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(WORKERS), "--threads",
+           str(THREADS), "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
+           "--graceful-timeout", "3", "pool_bench_app:app"]
+    log = tmp / f"gunicorn-{kind}-{limit}.log"
+    with running(cmd, env, log, port):
+        ctx = multiprocessing.get_context("fork")
+        recv, send = ctx.Pipe(duplex=False)
+        t0 = time.monotonic() + 0.5
+        flood = ctx.Process(target=_flood, args=(port, t0, send, FLOOD_START, duration, FLOOD,
+                                                 PATH))
+        flood.start()
+        samples: list = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            k = 0
+            while not stop.is_set():
+                samples.append((round(time.monotonic() - t0, 1),
+                                _metric(admin, "apf_server_concurrency_limit_seats")))
+                k += 1
+                stop.wait(max(0.0, t0 + k - time.monotonic()))
+
+        light: list = []
+        threads = [threading.Thread(target=sample)] + [
+            threading.Thread(target=_client_loop, args=(port, f"light-{i + 1}", t0, 0.0,
+                                                        duration, THINK, light, PATH))
+            for i in range(LIGHT_USERS)]
+        for t in threads:
+            t.start()
+        heavy = recv.recv()
+        flood.join()
+        for t in threads[1:]:
+            t.join()
+        stop.set()
+        threads[0].join()
+    lines = [ln for ln in log.read_text(errors="replace").splitlines()
+             if "concurrency limit" in ln and "->" in ln]
+    return {"light": light, "flood": heavy, "limit": samples, "log": lines}
+
+
+def summarize(result: dict, start: float, end: float) -> dict:
+    light = [lat for t, lat, _ in result["light"] if start <= t < end]
+    served = sum(1 for t, _, s in result["flood"] if start <= t < end and s == 200)
+    statuses: dict[str, int] = {}
+    for who in ("light", "flood"):
+        for _, _, s in result[who]:
+            key = f"{who} {s}"
+            statuses[key] = statuses.get(key, 0) + 1
+    return {"light_p50_ms": round(_pct(light, 0.5) * 1000, 1),
+            "light_p99_ms": round(_pct(light, 0.99) * 1000, 1), "light_n": len(light),
+            "flood_200_per_s": round(served / (end - start), 1), "statuses": statuses,
+            "5xx": sum(n for k, n in statuses.items() if k.split()[1].startswith("5")),
+            "light_not_200": sum(n for k, n in statuses.items()
+                                 if k.startswith("light") and not k.endswith(" 200")),
+            "limit": [v for _, v in result["limit"]], "changes": result["log"]}
+
+
+def verdicts(rows: dict) -> list[tuple[bool, str]]:
+    """The Done-means line for one kind: ``(met, text)`` pairs."""
+    d, t = rows["nothing set"], rows["tuned 10"]
+    bound = round(1.2 * t["light_p99_ms"] + 5, 1)
+    return [
+        (d["light_n"] >= ENOUGH and t["light_n"] >= ENOUGH,
+         f"p99s on >= {ENOUGH} light requests (n={d['light_n']}, {t['light_n']})"),
+        (d["light_p99_ms"] <= bound,
+         f"light p99 {d['light_p99_ms']} <= 1.2 x {t['light_p99_ms']} + 5 = {bound} ms"),
+        (d["flood_200_per_s"] >= 0.9 * t["flood_200_per_s"],
+         f"flood {d['flood_200_per_s']}/s >= 0.9 x {t['flood_200_per_s']}/s"),
+        (all(r["5xx"] == 0 for r in rows.values()), "no 5xx"),
+        (d["light_not_200"] == 0, "the light users get only 200s"),
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--rows", nargs="+", choices=[r for r, _ in ROWS],
+                    default=[r for r, _ in ROWS])
+    ap.add_argument("--duration", type=float, default=18.0,
+                    help="seconds of traffic per row (the window is from %.0f s)"
+                    % (FLOOD_START + SETTLE))
+    ap.add_argument("--json", help="write the numbers here")
+    args = ap.parse_args()
+    if args.duration <= FLOOD_START + SETTLE + 2:
+        ap.error(f"--duration must be more than {FLOOD_START + SETTLE + 2} s")
+    out: dict = {}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="apf-bench-pool-") as tmp, \
+            PostgresServer.start() as pg:
+        pg.wait_ready()
+        for kind in args.kinds:
+            out[kind] = {}
+            for label, limit in ROWS:
+                if label not in args.rows:
+                    continue
+                load = os.getloadavg()[0]
+                result = run_row(pg.dsn, kind, limit, args.duration, Path(tmp))
+                row = summarize(result, FLOOD_START + SETTLE, args.duration)
+                row["load_before"] = round(load, 2)
+                out[kind][label] = row
+                print(f"{kind:13} {label:12} load {load:4.1f}  light p50 {row['light_p50_ms']:6.1f}"
+                      f" p99 {row['light_p99_ms']:6.1f} ms (n={row['light_n']})  flood "
+                      f"{row['flood_200_per_s']:6.1f}/s  5xx {row['5xx']}  limit "
+                      f"{row['limit'][-1] if row['limit'] else '-'}", flush=True)
+                for line in row["changes"][:6]:
+                    print(f"{'':28}{line.split('apf: ', 1)[-1]}")
+            if {"nothing set", "tuned 10"} <= out[kind].keys():
+                for met, text in verdicts(out[kind]):
+                    ok &= met
+                    print(f"  {'met   ' if met else 'MISSED'} {kind}: {text}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

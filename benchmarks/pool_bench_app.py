@@ -1,0 +1,78 @@
+"""Flask app for ``bench_pool.py``: each ``/query`` runs one ``SELECT pg_sleep(0.05)`` on a
+pooled PostgreSQL connection, 4 connections per worker; nothing in it knows about apf_gunicorn.
+
+``POOL_BENCH_KIND`` picks the pool: ``sqlalchemy`` (``create_engine(pool_size=4,
+max_overflow=0)``), ``psycopg_pool`` (``ConnectionPool(min_size=4, max_size=4)``) or ``django``
+(Django 5.2's postgresql backend with ``OPTIONS: {"pool": {"min_size": 4, "max_size": 4}}``,
+used from the Flask view through ``django.db.connection``). ``POOL_BENCH_DSN`` is the libpq
+connection string. ``/ok`` answers without the database (readiness).
+"""
+
+import os
+
+from flask import Flask, request
+
+KIND = os.environ.get("POOL_BENCH_KIND", "sqlalchemy")
+DSN = os.environ["POOL_BENCH_DSN"]  # "host=... port=... user=... dbname=..."
+SIZE = 4
+app = Flask(__name__)
+
+
+def _params() -> dict:
+    return dict(part.split("=", 1) for part in DSN.split())
+
+
+if KIND == "sqlalchemy":
+    import sqlalchemy as sa
+
+    p = _params()
+    ENGINE = sa.create_engine(
+        f"postgresql+psycopg://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}",
+        pool_size=SIZE, max_overflow=0, pool_timeout=60)
+
+    def query(seconds: float) -> None:
+        with ENGINE.connect() as conn:
+            conn.execute(sa.text("SELECT pg_sleep(:s)"), {"s": seconds})
+
+elif KIND == "psycopg_pool":
+    from psycopg_pool import ConnectionPool
+
+    POOL = ConnectionPool(DSN, min_size=SIZE, max_size=SIZE, timeout=60, open=True)
+
+    def query(seconds: float) -> None:
+        with POOL.connection() as conn:
+            conn.execute("SELECT pg_sleep(%s)", (seconds,))
+
+elif KIND == "django":
+    import django
+    from django.conf import settings
+
+    p = _params()
+    settings.configure(DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": p["dbname"], "USER": p["user"],
+        "HOST": p["host"], "PORT": p["port"],
+        "OPTIONS": {"pool": {"min_size": SIZE, "max_size": SIZE, "timeout": 60}}}},
+        USE_TZ=True)
+    django.setup()
+    from django.db import connection
+
+    def query(seconds: float) -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_sleep(%s)", [seconds])
+        finally:
+            connection.close()  # back to the pool, as Django does at a request's end
+
+else:
+    raise SystemExit(f"POOL_BENCH_KIND must be sqlalchemy, psycopg_pool or django, not {KIND!r}")
+
+
+@app.route("/ok")
+def ok():
+    return "ok"
+
+
+@app.route("/query")
+def db():
+    query(float(request.args.get("ms", "50")) / 1000)
+    return "ok"
