@@ -43,8 +43,8 @@ LINGER_BYTES = 65536
 
 
 class Lingering:
-    """The poller's graceful close; a mixin of ``ApfThreadWorker`` (uses its ``poller`` and
-    ``worker_connections``)."""
+    """The main loop's graceful close, made from the poller's events; a mixin of
+    ``ApfThreadWorker`` (uses its ``poller`` and ``worker_connections``)."""
 
     #: connections lingering -> when they are closed at the latest, in that order
     apf_lingering: dict
