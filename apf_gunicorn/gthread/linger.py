@@ -1,4 +1,4 @@
-"""Closing a connection after the poller's last answer on it as gunicorn does, without waiting.
+"""Closing a connection after its last answer as gunicorn does, without waiting.
 
 gunicorn closes a connection after a response with ``util.close_graceful``: it shuts the write
 side (the client reads the response, then the end of input), reads and drops what the client
@@ -6,12 +6,20 @@ still sends until the client closes, 64 KiB or 2 s, then closes. A plain ``close
 unread (a client that pipelined a request behind one answered ``Connection: close``) makes the
 kernel send a reset, which can destroy the answer before the client has read it and ends the
 connection with ``ECONNRESET`` instead of the end of input. ``close_graceful`` blocks while it
-reads; the poller must not, so :class:`Lingering` makes the same steps from the poller's
-events. A TLS connection first sends its ``close_notify`` alert (``unwrap``, non-blocking: the
-alert is written at once, the client's own is not waited for), so a client that checks for a
-truncation attack sees a clean end. Used for the poller's ``429`` (``pollanswer.py``) and its
-``408`` and ``431`` (``worker.py``); a connection closed without an answer (a dropped idle one,
-a failed handshake) is closed at once.
+reads, and gthread calls it on the worker's main loop (``finish_request``, after a thread's
+response that does not keep the connection alive: ``Connection: close``, an error, the end of
+an HTTP/2 connection), so a client that keeps its socket open after such a response stalled
+every accept and poller event of the worker for up to 2 s per connection. The main loop must
+not block, so :class:`Lingering` makes the same steps from the poller's events. A TLS
+connection first sends its ``close_notify`` alert (``unwrap``, non-blocking: the alert is
+written at once, the client's own is not waited for), so a client that checks for a
+truncation attack sees a clean end (gthread's ``close_graceful`` sends none). Used for every
+graceful close on the main loop: the poller's ``429`` (``pollanswer.py``), its ``408`` and
+``431`` (``worker.py``), and gthread's close after a thread's response (:class:`LingeringConn`,
+the class of the worker's connections); a connection closed without an answer (a dropped idle
+one, a failed handshake, a kept-alive one timed out) is closed at once. (A thread that closes
+its connection itself, gthread's ``handle_request`` after an error in a started response,
+still blocks that thread only.)
 
 Limits: a lingering connection is no longer counted in ``nr_conns`` (it wants no thread, and
 holds neither the accept gate nor ``worker_connections``); at most ``worker_connections`` of them
@@ -27,14 +35,16 @@ import ssl
 import time
 from functools import partial
 
+from gunicorn.workers.gthread import TConn
+
 #: gunicorn's ``close_graceful``: how long to wait for the client's end, and how much to read
 LINGER_S = 2.0
 LINGER_BYTES = 65536
 
 
 class Lingering:
-    """The poller's graceful close; a mixin of ``ApfThreadWorker`` (uses its ``poller`` and
-    ``worker_connections``)."""
+    """The main loop's graceful close, made from the poller's events; a mixin of
+    ``ApfThreadWorker`` (uses its ``poller`` and ``worker_connections``)."""
 
     #: connections lingering -> when they are closed at the latest, in that order
     apf_lingering: dict
@@ -43,8 +53,15 @@ class Lingering:
         """Close ``conn`` after its last answer was written: shut its write side (a TLS one
         sends ``close_notify`` first), then read and drop what it still sends until it ends,
         ``LINGER_BYTES`` or ``LINGER_S``. ``conn`` is in no table of the worker and not
-        registered in the poller; ``nr_conns`` no longer counts it."""
+        registered in the poller; ``nr_conns`` no longer counts it. Blocking or not (a
+        thread's connection is blocking), or already closed by its thread."""
         sock = conn.sock
+        try:
+            # (a thread left it blocking: unwrap would wait for the client's close_notify)
+            sock.setblocking(False)
+        except OSError:  # closed already (gthread's handle after an SSL EOF)
+            conn.close()
+            return
         if isinstance(sock, ssl.SSLSocket):
             try:
                 sock.unwrap()  # writes close_notify; the client's is not awaited (non-blocking)
@@ -94,3 +111,21 @@ class Lingering:
             if lingering[first] > now:
                 return
             self._apf_end_linger(first)
+
+
+class LingeringConn(TConn):
+    """gthread's connection, whose graceful close (gthread's ``finish_request`` on the main
+    loop, after a response that does not keep it alive) lingers in the poller
+    (:meth:`Lingering.apf_close_answered`) instead of blocking the main loop up to 2 s.
+    ``apf_worker`` is the worker (set when it is made); ``nr_conns`` no longer counts it when
+    it is closed gracefully (``finish_request`` decrements before it closes). Its graceful
+    close must be called on the main loop only (as gthread does): it registers in the
+    poller."""
+
+    apf_worker: Lingering
+
+    def close(self, graceful: bool = False) -> None:
+        if graceful:
+            self.apf_worker.apf_close_answered(self)
+        else:
+            TConn.close(self)

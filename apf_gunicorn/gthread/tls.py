@@ -24,7 +24,8 @@ from functools import partial
 
 from gunicorn import http
 from gunicorn import sock as gsock
-from gunicorn.workers.gthread import TConn
+
+from apf_gunicorn.gthread.linger import LingeringConn
 
 RECV_BYTES = 8192  # gunicorn reads 8 KiB at a time too; a larger head takes more passes
 
@@ -207,7 +208,7 @@ def recv_tls(sock) -> bytes | _WantWrite | None:
     return data
 
 
-class TlsConn(TConn):
+class TlsConn(LingeringConn):
     """A TLS connection whose handshake the poller made (``ApfThreadWorker._apf_tls_event``):
     its socket is wrapped already, and its parser set (HTTP/1) or left to make here
     (HTTP/2 chosen by ALPN), where stock gthread's ``init`` would wrap the socket again."""

@@ -66,12 +66,12 @@ from time import monotonic_ns
 from gunicorn import http
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.http2 import negotiation
-from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
+from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, ThreadWorker
 
 from apf_gunicorn.admission.boot import FrontEnd
 from apf_gunicorn.admission.dispatcher import Parking
 from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
-from apf_gunicorn.gthread.linger import Lingering
+from apf_gunicorn.gthread.linger import Lingering, LingeringConn
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
 from apf_gunicorn.gthread.tls import (
@@ -670,7 +670,8 @@ def _false() -> bool:
 def _new_conn(worker, sock, client, server, tls: bool = False):
     """A gthread connection (non-blocking from here) with this worker's fields; ``tls``: one
     whose handshake the poller makes."""
-    conn = (TlsConn if tls else TConn)(worker.cfg, sock, client, server)
+    conn = (TlsConn if tls else LingeringConn)(worker.cfg, sock, client, server)
+    conn.apf_worker = worker  # its graceful close lingers in the worker's poller (linger.py)
     conn.apf_handshake = False
     conn.apf_stepping = conn.apf_doomed = False  # a TLS handshake step on its thread (tls.py)
     conn.apf_events = selectors.EVENT_READ
