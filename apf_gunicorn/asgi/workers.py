@@ -32,7 +32,9 @@ server reads heads and accepts connections itself, and a waiting request holds n
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import sys
 import threading
 from typing import Any
@@ -93,6 +95,22 @@ def looks_asgi2(app: Any) -> bool:
 if _StockUvicornWorker is not None:
     from uvicorn.server import Server
 
+    class _Server(Server):
+        """uvicorn's server that also stops when its worker's master is gone.
+
+        uvicorn-worker never looks at its parent, so after a master's SIGKILL its workers would
+        keep serving on the old socket and a new master's bind would fail. gunicorn's own
+        workers check ``os.getppid()`` once a second; this does the same on uvicorn's tick."""
+
+        def __init__(self, config: Any, worker: Any) -> None:
+            super().__init__(config=config)
+            self.apf_worker = worker
+
+        async def on_tick(self, counter: int) -> bool:
+            if counter % 10 == 0 and not self.should_exit:
+                self.apf_worker.apf_check_parent(self)
+            return await super().on_tick(counter)
+
     class UvicornWorker(FrontEnd, _StockUvicornWorker):
         """uvicorn-worker's ``UvicornWorker`` with APF in front of its app."""
 
@@ -109,6 +127,18 @@ if _StockUvicornWorker is not None:
         def apf_app(self) -> Any:
             return self.wsgi
 
+        def apf_check_parent(self, server: Any) -> None:
+            """Stop ``server`` gracefully if this worker's master is gone (orphaned workers
+            would keep the port). ``should_exit`` also stops admission (``apf_alive``). No
+            master will SIGKILL this worker after ``graceful_timeout`` any more, so the graceful
+            shutdown is cut off there by uvicorn's ``force_exit``."""
+            if os.getppid() == self.ppid:
+                return
+            self.log.info("Parent changed, shutting down: %s", self)
+            server.should_exit = True
+            asyncio.get_running_loop().call_later(self.cfg.graceful_timeout, setattr, server,
+                                                  "force_exit", True)
+
         apf_middleware: ASGIMiddleware | None = None
 
         def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
@@ -120,7 +150,7 @@ if _StockUvicornWorker is not None:
 
         async def _serve(self) -> None:
             # the stock _serve, with APF in front of the app uvicorn loaded, and keeping the
-            # server: apf_alive reads its should_exit
+            # server (apf_alive reads its should_exit), which stops when orphaned
             config = self.config
             config.app = self.wsgi
             middleware = self.apf_middleware
@@ -130,7 +160,7 @@ if _StockUvicornWorker is not None:
                 config.load()
                 middleware.app = config.loaded_app
                 config.loaded_app = middleware
-            server = self.apf_server = Server(config=config)
+            server = self.apf_server = _Server(config, self)
             self._install_sigquit_handler()
             await server.serve(sockets=self.sockets)
             if not server.started:
