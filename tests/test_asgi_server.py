@@ -688,3 +688,25 @@ def test_an_asgi2_app_is_served_as_uvicorn_serves_it_bare(tmp_path):
         status, h, body = srv.request("/work")
         assert (status, body) == (200, b"asgi2 /work") and _schema(h) == "uid-fs-work", h
         assert "Traceback" not in srv.log()
+
+
+def test_a_stopping_uvicorn_worker_serves_a_connection_it_just_accepted(tmp_path):
+    """Issue 32 item 17: uvicorn's graceful shutdown closed every connection without a request
+    in progress, one whose request it had not read yet included (probes reset during HUPs).
+    ``UvicornWorker`` gives such a connection the keep-alive time to bring its request."""
+    pytest.importorskip("uvicorn_worker")
+    with serve_asgi(tmp_path, WORKERS[0], workers=1, args=("--keep-alive", "60")) as srv:
+        [pid] = srv.workers()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as fresh:
+            fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the head, not yet ended
+            # a request on a later connection answered: the worker accepted the first one
+            # too (accepts are in order) and read what it sent
+            assert srv.request("/healthz")[0] == 200
+            os.kill(pid, signal.SIGTERM)
+            assert srv.wait_for(lambda: f"[{pid}] [INFO] apf: stopping; waiting" in srv.log()
+                                or f"[{pid}] [INFO] Shutting down" in srv.log(), 30)
+            fresh.sendall(b"Connection: close\r\n\r\n")
+            answer = b""
+            while chunk := fresh.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), (answer, srv.log()[-3000:])

@@ -111,6 +111,34 @@ if _StockUvicornWorker is not None:
                 self.apf_worker.apf_check_parent(self)
             return await super().on_tick(counter)
 
+        async def shutdown(self, sockets: list | None = None) -> None:
+            # uvicorn's shutdown closes at once every connection with no request in progress,
+            # including one it accepted a moment ago whose request it has not read yet: that
+            # client (a probe during a HUP, say) gets a reset. Stop accepting first, and give
+            # such fresh connections the keep-alive time (gunicorn's --keep-alive) to bring
+            # their request, which uvicorn then serves before it closes them. An idle
+            # keep-alive connection is closed at once, as before.
+            for server in self.servers:
+                server.close()
+            fresh = sum(map(_awaits_first_request, self.server_state.connections))
+            if fresh:
+                grace = self.config.timeout_keep_alive
+                self.apf_worker.log.info("apf: stopping; waiting up to %s s for the request of "
+                                         "%d connection(s) just accepted", grace, fresh)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + grace
+                while any(map(_awaits_first_request, self.server_state.connections)):
+                    if loop.time() >= deadline:
+                        break
+                    await asyncio.sleep(0.01)
+            await super().shutdown(sockets)
+
+    def _awaits_first_request(connection: Any) -> bool:
+        """Whether an HTTP connection of uvicorn's is open and has not begun a request yet
+        (its ``cycle`` is set once a request's head is parsed, and stays after it)."""
+        return (getattr(connection, "cycle", False) is None
+                and not connection.transport.is_closing())
+
     class UvicornWorker(FrontEnd, _StockUvicornWorker):
         """uvicorn-worker's ``UvicornWorker`` with APF in front of its app."""
 
