@@ -18,7 +18,9 @@ WSGI apps.
   socket's peer, and ``APF_TRUSTED_PROXIES`` is decided on it whatever uvicorn's
   ``forwarded_allow_ips`` says, while the app still gets the address uvicorn rewrote from
   ``X-Forwarded-For``. Its ``_serve`` keeps a reference to uvicorn's server, whose
-  ``should_exit`` says when it stops.
+  ``should_exit`` says when it stops. Beyond stock uvicorn-worker, the worker stops when its
+  master is gone (as gunicorn's own workers do), and a stopping worker serves the connections
+  it accepted but has not read a request from yet, where uvicorn would reset them.
 * :class:`ASGIWorker` subclasses gunicorn's ``gunicorn.workers.gasgi.ASGIWorker`` (``-k
   asgi``, beta in gunicorn), which needs no extra package; its app is ``worker.asgi``, which
   it calls with the scope it built from the socket (``client`` is the peer, or the PROXY
@@ -96,11 +98,13 @@ if _StockUvicornWorker is not None:
     from uvicorn.server import Server
 
     class _Server(Server):
-        """uvicorn's server that also stops when its worker's master is gone.
+        """uvicorn's server, with two changes to its lifecycle (none per request).
 
-        uvicorn-worker never looks at its parent, so after a master's SIGKILL its workers would
-        keep serving on the old socket and a new master's bind would fail. gunicorn's own
-        workers check ``os.getppid()`` once a second; this does the same on uvicorn's tick."""
+        It stops when its worker's master is gone: uvicorn-worker never looks at its parent, so
+        after a master's SIGKILL its workers would keep serving on the old socket and a new
+        master's bind would fail. gunicorn's own workers check ``os.getppid()`` once a second;
+        this does the same on uvicorn's tick. And when it stops, it serves the connections it
+        accepted but has not read a request from yet (see :meth:`shutdown`)."""
 
         def __init__(self, config: Any, worker: Any) -> None:
             super().__init__(config=config)
@@ -128,7 +132,7 @@ if _StockUvicornWorker is not None:
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + grace
                 while any(map(_awaits_first_request, self.server_state.connections)):
-                    if loop.time() >= deadline:
+                    if loop.time() >= deadline or self.force_exit:
                         break
                     await asyncio.sleep(0.01)
             await super().shutdown(sockets)
