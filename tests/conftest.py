@@ -149,10 +149,13 @@ class Server:
 def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = None,
           args: tuple = (), config: str | None = None, ready_path: str = "/healthz",
           boot_timeout: float = 30.0, expect_fail: bool = False,
-          conf: tuple = ("-c", "python:apf_gunicorn.conf"), worker: str | None = None):
+          conf: tuple = ("-c", "python:apf_gunicorn.conf"), worker: str | None = None,
+          app: str | None = None):
     """``conf=("-k", "gthread", "--no-control-socket")`` runs the app without APF.
     ``worker``: an ASGI worker class (``-k``, e.g. ``apf_gunicorn.asgi.UvicornWorker``), which
-    serves tests/apps/asgi_app.py (the same routes, async) instead; ``threads`` is then unused."""
+    serves tests/apps/asgi_app.py (the same routes, async) instead; ``threads`` is then unused.
+    ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration); ``app``: what
+    gunicorn serves, if not the test app of the worker's kind."""
     port = free_port()
     instance = (env or {}).get("APF_INSTANCE") or "t" + uuid.uuid4().hex[:10]
     log_path = tmp_path / f"gunicorn-{instance}.log"
@@ -162,15 +165,17 @@ def serve(tmp_path, *, workers: int = 2, threads: int = 8, env: dict | None = No
     full_env.update({
         "APF_INSTANCE": instance,
         "APF_ADMIN_BIND": "off",
-        "APF_CONFIG": config or str(APPS / "apf.yaml"),
+        "APF_CONFIG": str(APPS / "apf.yaml") if config is None else config,
         "APF_CONCURRENCY_LIMIT": "16",
         "APF_TRUSTED_PROXIES": "127.0.0.1",
         "APP_COUNTER": str(counter_path),
         "PYTHONPATH": str(ROOT),
     })
+    if config == "":
+        del full_env["APF_CONFIG"]
     full_env.update(env or {})
     kind = ("-k", worker) if worker else ("--threads", str(threads))
-    app = "tests.apps.asgi_app:app" if worker else "tests.apps.app:app"
+    app = app or ("tests.apps.asgi_app:app" if worker else "tests.apps.app:app")
     cmd = [GUNICORN, *conf, *kind, "-w", str(workers), "-b", f"127.0.0.1:{port}",
            "--graceful-timeout", "5", "--log-level", "info", *args, app]
     log = open(log_path, "wb")

@@ -9,7 +9,6 @@ cross-process counters; the log), never for a time.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import importlib.util
 import os
@@ -17,7 +16,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -27,7 +25,7 @@ import pytest
 
 from apf_gunicorn.flowcontrol.objects import KIND_FLOW_SCHEMA, derived_uid
 from tests.apps.loadgen import Client
-from tests.conftest import APPS, GUNICORN, ROOT, Server, free_port, stop
+from tests.conftest import APPS, Server, free_port, serve
 from tests.promtool import check_metrics
 from tests.test_server_crash import _Pinned
 from tests.test_server_reload import EXTRA  # the same extra level and FlowSchema
@@ -38,65 +36,12 @@ WORKERS = ["apf_gunicorn.asgi.UvicornWorker", "apf_gunicorn.asgi.ASGIWorker"]
 WORK_SEATS = 8  # the "work" level's seats at APF_CONCURRENCY_LIMIT=16 (tests/apps/apf.yaml)
 
 
-@contextlib.contextmanager
-def serve_asgi(tmp_path, worker: str, *, env: dict | None = None, config: str | None = None,
-               workers: int = 2, boot_timeout: float = 60.0,
-               conf: str = "python:apf_gunicorn.conf", app: str = "tests.apps.asgi_app:app",
-               args: tuple[str, ...] = ()):
-    """``gunicorn -c python:apf_gunicorn.conf -k WORKER tests.apps.asgi_app:app`` on a free port,
-    as ``tests/conftest.py``'s ``serve`` starts the WSGI app: waits until it answers and all
-    its workers are forked; always stops it and checks no ``/dev/shm`` entry is left.
-    ``config=""`` leaves ``APF_CONFIG`` unset (the built-in configuration); ``conf``: the
-    gunicorn config (``-c``); ``app``: what gunicorn serves; ``args``: more of gunicorn's
-    options (a second ``-b``, ``--root-path``)."""
-    port = free_port()
-    instance = "t" + uuid.uuid4().hex[:10]
-    log_path = tmp_path / f"gunicorn-{instance}.log"
-    counter_path = tmp_path / f"counter-{instance}.bin"
-    counter_path.write_bytes(bytes(256))
-    full_env = dict(os.environ)
-    full_env.update({"APF_INSTANCE": instance, "APF_ADMIN_BIND": "off",
-                     "APF_CONFIG": str(APPS / "apf.yaml") if config is None else config,
-                     "APF_CONCURRENCY_LIMIT": "16", "APF_TRUSTED_PROXIES": "127.0.0.1",
-                     "APP_COUNTER": str(counter_path), "PYTHONPATH": str(ROOT)})
-    if config == "":
-        del full_env["APF_CONFIG"]
-    full_env.update(env or {})
-    cmd = [GUNICORN, "-c", conf, "-k", worker, "-w", str(workers),
-           "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "info",
-           *args, app]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server(proc, port, instance, log_path, counter_path)
-    try:
-        deadline = time.monotonic() + boot_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited {proc.returncode}:\n{server.log()}")
-            with contextlib.suppress(OSError):
-                # waits as long as the boot may take (see conftest.serve: a probe given up on
-                # would be served later, behind the test's back)
-                if server.request("/healthz",
-                                  timeout=max(0.5, deadline - time.monotonic()))[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn did not answer in {boot_timeout}s:\n"
-                                   f"{server.log()}")
-            time.sleep(0.1)
-        if not server.wait_for(lambda: len(server.workers()) >= workers,
-                               max(1.0, deadline - time.monotonic())):
-            raise RuntimeError(f"{len(server.workers())} of {workers} workers:\n{server.log()}")
-        yield server
-    finally:
-        stop(proc)
-        log.close()
-        leftovers = server.shm_entries()
-        for name in leftovers:
-            import posix_ipc
-            with contextlib.suppress(posix_ipc.ExistentialError):
-                posix_ipc.unlink_shared_memory("/" + name)
-        assert not leftovers, f"/dev/shm entries left behind: {leftovers}"
+def serve_asgi(tmp_path, worker: str, *, conf: str = "python:apf_gunicorn.conf",
+               boot_timeout: float = 60.0, **kw):
+    """``gunicorn -c CONF -k WORKER tests.apps.asgi_app:app``: ``tests/conftest.py``'s
+    ``serve`` (its other keywords: ``env``, ``config``, ``workers``, ``app``, ``args``) with
+    the gunicorn config ``conf`` given by name and a longer boot."""
+    return serve(tmp_path, worker=worker, conf=("-c", conf), boot_timeout=boot_timeout, **kw)
 
 
 @pytest.fixture(params=WORKERS, ids=["uvicorn", "gunicorn-asgi"])
@@ -743,3 +688,25 @@ def test_an_asgi2_app_is_served_as_uvicorn_serves_it_bare(tmp_path):
         status, h, body = srv.request("/work")
         assert (status, body) == (200, b"asgi2 /work") and _schema(h) == "uid-fs-work", h
         assert "Traceback" not in srv.log()
+
+
+def test_a_stopping_uvicorn_worker_serves_a_connection_it_just_accepted(tmp_path):
+    """Issue 32 item 17: uvicorn's graceful shutdown closed every connection without a request
+    in progress, one whose request it had not read yet included (probes reset during HUPs).
+    ``UvicornWorker`` gives such a connection the keep-alive time to bring its request."""
+    pytest.importorskip("uvicorn_worker")
+    with serve_asgi(tmp_path, WORKERS[0], workers=1, args=("--keep-alive", "60")) as srv:
+        [pid] = srv.workers()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as fresh:
+            fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the head, not yet ended
+            # a request on a later connection answered: the worker accepted the first one
+            # too (accepts are in order) and read what it sent
+            assert srv.request("/healthz")[0] == 200
+            os.kill(pid, signal.SIGTERM)
+            assert srv.wait_for(lambda: f"[{pid}] [INFO] apf: stopping; waiting" in srv.log()
+                                or f"[{pid}] [INFO] Shutting down" in srv.log(), 30)
+            fresh.sendall(b"Connection: close\r\n\r\n")
+            answer = b""
+            while chunk := fresh.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), (answer, srv.log()[-3000:])

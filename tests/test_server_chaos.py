@@ -73,6 +73,16 @@ def test_master_sigkill_then_restart_on_the_same_instance(server_factory):
     assert problems == []
 
 
+def test_uvicorn_master_sigkill_orphans_exit_and_free_the_port(server_factory):
+    """uvicorn-worker's workers never look at their parent: orphaned, they kept serving on
+    the port. (gunicorn's ASGI worker checks its parent as gthread does: benchmarks/soak.py.)"""
+    if not importlib.util.find_spec("uvicorn_worker"):
+        pytest.skip("uvicorn-worker is not installed")
+    report, problems = scenario_master_kill(
+        lambda **kw: server_factory(worker=ASGI_WORKERS["uvicorn"], boot_timeout=60.0, **kw))
+    assert problems == []
+
+
 def test_soak_with_abandoned_connections_keeps_rss_flat(chaos_server):
     ctx, track = chaos_server()
     with ctx as srv:

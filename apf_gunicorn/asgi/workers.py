@@ -18,7 +18,9 @@ WSGI apps.
   socket's peer, and ``APF_TRUSTED_PROXIES`` is decided on it whatever uvicorn's
   ``forwarded_allow_ips`` says, while the app still gets the address uvicorn rewrote from
   ``X-Forwarded-For``. Its ``_serve`` keeps a reference to uvicorn's server, whose
-  ``should_exit`` says when it stops.
+  ``should_exit`` says when it stops. Beyond stock uvicorn-worker, the worker stops when its
+  master is gone (as gunicorn's own workers do), and a stopping worker serves the connections
+  it accepted but has not read a request from yet, where uvicorn would reset them.
 * :class:`ASGIWorker` subclasses gunicorn's ``gunicorn.workers.gasgi.ASGIWorker`` (``-k
   asgi``, beta in gunicorn), which needs no extra package; its app is ``worker.asgi``, which
   it calls with the scope it built from the socket (``client`` is the peer, or the PROXY
@@ -32,7 +34,9 @@ server reads heads and accepts connections itself, and a waiting request holds n
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import sys
 import threading
 from typing import Any
@@ -93,6 +97,52 @@ def looks_asgi2(app: Any) -> bool:
 if _StockUvicornWorker is not None:
     from uvicorn.server import Server
 
+    class _Server(Server):
+        """uvicorn's server, with two changes to its lifecycle (none per request).
+
+        It stops when its worker's master is gone: uvicorn-worker never looks at its parent, so
+        after a master's SIGKILL its workers would keep serving on the old socket and a new
+        master's bind would fail. gunicorn's own workers check ``os.getppid()`` once a second;
+        this does the same on uvicorn's tick. And when it stops, it serves the connections it
+        accepted but has not read a request from yet (see :meth:`shutdown`)."""
+
+        def __init__(self, config: Any, worker: Any) -> None:
+            super().__init__(config=config)
+            self.apf_worker = worker
+
+        async def on_tick(self, counter: int) -> bool:
+            if counter % 10 == 0 and not self.should_exit:
+                self.apf_worker.apf_check_parent(self)
+            return await super().on_tick(counter)
+
+        async def shutdown(self, sockets: list | None = None) -> None:
+            # uvicorn's shutdown closes at once every connection with no request in progress,
+            # including one it accepted a moment ago whose request it has not read yet: that
+            # client (a probe during a HUP, say) gets a reset. Stop accepting first, and give
+            # such fresh connections the keep-alive time (gunicorn's --keep-alive) to bring
+            # their request, which uvicorn then serves before it closes them. An idle
+            # keep-alive connection is closed at once, as before.
+            for server in self.servers:
+                server.close()
+            fresh = sum(map(_awaits_first_request, self.server_state.connections))
+            if fresh:
+                grace = self.config.timeout_keep_alive
+                self.apf_worker.log.info("apf: stopping; waiting up to %s s for the request of "
+                                         "%d connection(s) just accepted", grace, fresh)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + grace
+                while any(map(_awaits_first_request, self.server_state.connections)):
+                    if loop.time() >= deadline or self.force_exit:
+                        break
+                    await asyncio.sleep(0.01)
+            await super().shutdown(sockets)
+
+    def _awaits_first_request(connection: Any) -> bool:
+        """Whether an HTTP connection of uvicorn's is open and has not begun a request yet
+        (its ``cycle`` is set once a request's head is parsed, and stays after it)."""
+        return (getattr(connection, "cycle", False) is None
+                and not connection.transport.is_closing())
+
     class UvicornWorker(FrontEnd, _StockUvicornWorker):
         """uvicorn-worker's ``UvicornWorker`` with APF in front of its app."""
 
@@ -109,6 +159,18 @@ if _StockUvicornWorker is not None:
         def apf_app(self) -> Any:
             return self.wsgi
 
+        def apf_check_parent(self, server: Any) -> None:
+            """Stop ``server`` gracefully if this worker's master is gone (orphaned workers
+            would keep the port). ``should_exit`` also stops admission (``apf_alive``). No
+            master will SIGKILL this worker after ``graceful_timeout`` any more, so the graceful
+            shutdown is cut off there by uvicorn's ``force_exit``."""
+            if os.getppid() == self.ppid:
+                return
+            self.log.info("Parent changed, shutting down: %s", self)
+            server.should_exit = True
+            asyncio.get_running_loop().call_later(self.cfg.graceful_timeout, setattr, server,
+                                                  "force_exit", True)
+
         apf_middleware: ASGIMiddleware | None = None
 
         def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
@@ -120,7 +182,7 @@ if _StockUvicornWorker is not None:
 
         async def _serve(self) -> None:
             # the stock _serve, with APF in front of the app uvicorn loaded, and keeping the
-            # server: apf_alive reads its should_exit
+            # server (apf_alive reads its should_exit), which stops when orphaned
             config = self.config
             config.app = self.wsgi
             middleware = self.apf_middleware
@@ -130,7 +192,7 @@ if _StockUvicornWorker is not None:
                 config.load()
                 middleware.app = config.loaded_app
                 config.loaded_app = middleware
-            server = self.apf_server = Server(config=config)
+            server = self.apf_server = _Server(config, self)
             self._install_sigquit_handler()
             await server.serve(sockets=self.sockets)
             if not server.started:

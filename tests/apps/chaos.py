@@ -428,10 +428,21 @@ def scenario_hups(srv, track: str, config, valid: str, invalid: str,
     return {"hups": hups, "seconds": round(storm, 1), "clients": dict(tally.counts)}, problems
 
 
+def port_is_free(port: int) -> bool:
+    """Whether a new master could bind 127.0.0.1:``port`` (as gunicorn binds: SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def scenario_master_kill(serve, rounds: int = 1) -> tuple[dict, list[str]]:
-    """SIGKILL the master (its workers exit on their own once orphaned), then start a new
-    server on the same ``APF_INSTANCE``, ``rounds`` times; ``serve(**kw)`` starts a server
-    (``tests.conftest.serve`` with its temporary directory bound)."""
+    """SIGKILL the master (its workers exit on their own once orphaned, freeing the port),
+    then start a new server on the same ``APF_INSTANCE``, ``rounds`` times; ``serve(**kw)``
+    starts a server (``tests.conftest.serve`` with its temporary directory bound)."""
     instance = "tchaos" + os.urandom(4).hex()
     env = {"APF_INSTANCE": instance}
     problems: list[str] = []
@@ -445,6 +456,8 @@ def scenario_master_kill(serve, rounds: int = 1) -> tuple[dict, list[str]]:
             if not first.wait_for(
                     lambda ws=workers: not any(os.path.exists(f"/proc/{w}") for w in ws), 15):
                 problems.append("orphaned workers did not exit")
+            elif not port_is_free(first.port):
+                problems.append(f"port {first.port} still bound after the workers exited")
             # its segment stays behind (unless another server starting on this host meanwhile
             # already removed it as stale); the new master removes it
             with serve(workers=2, threads=4, env=env) as second:
