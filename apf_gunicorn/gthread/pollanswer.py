@@ -74,7 +74,8 @@ class PollerAnswers:
             sent = conn.sock.send(out)
         except OSError:
             sent = -1
-        self.apf_rejector.log_access(self.log, verdict, conn.client, conn.server)
+        if self.apf_access_log:
+            self.apf_rejector.log_access(self.log, verdict, conn.client, conn.server)
         if sent != len(out):  # a client that does not read, or is gone
             keep = False
         if keep and self.alive:

@@ -177,6 +177,8 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
                              else DEFAULT_HELD_REJECTIONS)
         self._apf_keepalive_s = self.cfg.keepalive  # (read once: the config's getattr is slow)
         self._apf_keepalive_on = bool(self._apf_keepalive_s)
+        # gunicorn's access log is on: the poller's 429s are logged there (set by apf_attach)
+        self.apf_access_log = True
         # callable(level, fs_index, reason): count a held 429 (ledger.count_rejection_delayed)
         self.apf_on_delayed = None
         self.apf_hidden_wait_max_ns = 0
@@ -205,6 +207,9 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         self.wsgi = middleware
         rejector = PollerRejector(middleware, self.cfg)
         self.apf_rejector = rejector if rejector.enabled else None
+        # gunicorn decides it once per logger (Logger.setup), and a worker's logger is set up
+        # once: a reload starts new workers
+        self.apf_access_log = bool(getattr(self.log, "access_log_enabled", True))
         self.apf_on_delayed = ledger.count_rejection_delayed
         return middleware
 
