@@ -19,6 +19,7 @@ import urllib.request
 
 import pytest
 
+from apf_gunicorn.gthread.worker import ApfThreadWorker
 from apf_gunicorn.ledger import LevelSpec
 from apf_gunicorn.master import hookcheck, hooks, reclaim
 from apf_gunicorn.master.master import MasterServices
@@ -40,10 +41,14 @@ def configured(request):
 
 
 class Arbiter:
-    """gunicorn's Arbiter as the hooks see it: a log and the worker table (pid -> Worker)."""
+    """gunicorn's Arbiter as the hooks see it: a log, the worker class, a config without TLS
+    and the worker table (pid -> Worker)."""
+
+    worker_class = ApfThreadWorker
 
     def __init__(self):
         self.log = logging.getLogger("test.recovery")
+        self.cfg = types.SimpleNamespace(is_ssl=False)
         self.WORKERS = {}
 
     def fork(self, pid):

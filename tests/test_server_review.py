@@ -17,6 +17,7 @@ import types
 
 import pytest
 
+from apf_gunicorn.gthread.worker import ApfThreadWorker
 from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
@@ -39,7 +40,10 @@ def master(monkeypatch):
 
 
 def _server():
-    return types.SimpleNamespace(log=logging.getLogger("test.review"))
+    """gunicorn's Arbiter as the hooks see it: a log, the worker class, a config without TLS."""
+    return types.SimpleNamespace(log=logging.getLogger("test.review"),
+                                 worker_class=ApfThreadWorker,
+                                 cfg=types.SimpleNamespace(is_ssl=False))
 
 
 def _fork(server, pid):
