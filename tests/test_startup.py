@@ -186,8 +186,12 @@ def test_package_logs_go_through_gunicorns_error_log(package_logger) -> None:
 
     glog = Logger(Config())
     out = io.StringIO()
-    for h in glog.error_log.handlers:  # gunicorn's own handler and format, into a buffer
-        h.setStream(out)
+    # gunicorn's own handler and format, into a buffer (only gunicorn's: pytest attaches its
+    # capture handlers to every logger that does not propagate, gunicorn.error among them once
+    # an earlier test in this process made a gunicorn Logger)
+    for h in glog.error_log.handlers:
+        if getattr(h, "_gunicorn", False):
+            h.setStream(out)
     startup.route_logs(glog)
     startup.route_logs(glog)  # idempotent: one handler, one line per record
     logging.getLogger("apf_gunicorn.middleware").warning("apf: clamped %d", 4)
