@@ -26,9 +26,7 @@ probes at nice -10 so the other processes' load stays out of the figures. Traffi
 from __future__ import annotations
 
 import argparse
-import datetime
 import http.client
-import ipaddress
 import multiprocessing
 import os
 import socket
@@ -42,36 +40,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.apps.tlsclient import client_context  # noqa: E402
+from tests.apps.tlsclient import client_context, make_cert  # noqa: E402
 from tests.conftest import serve  # noqa: E402
 
 WORKERS, THREADS = 1, 8
-
-
-def make_cert(directory: Path, kind: str) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 with an RSA-2048 or an ECDSA P-256 key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-    from cryptography.x509.oid import NameOID
-
-    key = (rsa.generate_private_key(public_exponent=65537, key_size=2048) if kind == "rsa"
-           else ec.generate_private_key(ec.SECP256R1()))
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    certfile, keyfile = directory / "cert.pem", directory / "key.pem"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return str(certfile), str(keyfile)
 
 
 def client_hello() -> bytes:

@@ -17,14 +17,15 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 
-def make_cert(directory: Path) -> tuple[str, str]:
+def make_cert(directory: Path, kind: str = "ec") -> tuple[str, str]:
     """A self-signed certificate and its key for 127.0.0.1 in ``directory``: (certfile,
-    keyfile)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+    keyfile). ``kind``: ``"ec"`` (P-256) or ``"rsa"`` (2048 bits, the costlier handshake)."""
+    key = (rsa.generate_private_key(public_exponent=65537, key_size=2048) if kind == "rsa"
+           else ec.generate_private_key(ec.SECP256R1()))
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
