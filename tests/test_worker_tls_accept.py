@@ -13,14 +13,12 @@ import selectors
 import socket
 import ssl
 import struct
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from gunicorn.config import Config
 
 from apf_gunicorn.gthread.worker import ApfThreadWorker
-from tests.apps.tlsclient import client_context, make_cert
+from tests.apps.tlsclient import make_cert
 
 
 class _Log:
@@ -39,21 +37,7 @@ def _tls_worker(tmp_path) -> ApfThreadWorker:
     ctx.load_cert_chain(certfile, keyfile)
     worker.apf_tls_context = ctx
     worker.poller = selectors.DefaultSelector()
-    # as init_process and run make them: the handshake thread, and its outcomes' way back
-    worker.apf_tls_pool = ThreadPoolExecutor(1, thread_name_prefix="apf-tls")
-    worker.method_queue.init()
-    worker.poller.register(worker.method_queue.fileno(), selectors.EVENT_READ,
-                           worker.method_queue.run_callbacks)
     return worker
-
-
-def _pump(worker, until, timeout: float = 10.0) -> bool:
-    """Run the worker's poller (its events, its handshake outcomes) until ``until()``."""
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        for key, _ in worker.poller.select(0.05):
-            key.data(key.fileobj)
-    return bool(until())
 
 
 def test_a_tls_connection_reset_before_accept_closes_only_itself(tmp_path):
@@ -143,51 +127,3 @@ def test_a_tls_read_that_wants_to_write_waits_for_room_to_write(tmp_path):
         worker.poller.close()
         a.close()
         b.close()
-
-
-def test_tls_handshakes_are_made_off_the_poller_thread(tmp_path):
-    """The key work of a handshake (the ClientHello's step: key share, signature) runs on
-    the worker's handshake thread, not on the poller, which meanwhile accepts and reads
-    heads: a flood of ClientHellos cannot stall them (issue 32 item 11;
-    benchmarks/bench_tls_flood.py measures it on a real server). The head is then read in
-    the poller as before."""
-    worker = _tls_worker(tmp_path)
-    threads: list[str] = []
-
-    class Recording(ssl.SSLSocket):
-        def do_handshake(self, *args, **kwargs):
-            threads.append(threading.current_thread().name)
-            return super().do_handshake(*args, **kwargs)
-
-    worker.apf_tls_context.sslsocket_class = Recording
-    started: list = []
-    worker.apf_start_request = started.append
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-
-    def client() -> None:
-        with client_context().wrap_socket(socket.create_connection(
-                listener.getsockname(), timeout=10)) as s:
-            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            time.sleep(0.5)  # (keeps the connection open while the worker reads the head)
-
-    t = threading.Thread(target=client)
-    t.start()
-    try:
-        assert _pump(worker, lambda: select_ready(listener))
-        worker.accept(listener)
-        assert _pump(worker, lambda: started), threads
-        assert threads and all(name.startswith("apf-tls") for name in threads), threads
-    finally:
-        t.join(10)
-        listener.close()
-        worker.poller.close()
-
-
-def select_ready(listener: socket.socket) -> bool:
-    """The listener has a connection to accept."""
-    with selectors.DefaultSelector() as sel:
-        sel.register(listener, selectors.EVENT_READ)
-        return bool(sel.select(0.05))

@@ -18,8 +18,8 @@ busy, queueing connections in its executor where APF cannot see them (gunicorn #
   ``APF_HEAD_CONNECTIONS`` reading connections (past it the oldest that sent nothing, else the
   oldest, is closed) and buffers at most ``APF_HEAD_BUFFER_LIMIT`` bytes of incomplete heads
   (past it the largest is answered ``431``); both counted in the ledger. A TLS connection's
-  handshake is driven from here too, non-blocking, within the same deadline, each step on the
-  worker's handshake thread (``gthread/tls.py``), and its head read decrypted: a TLS record
+  handshake is driven from here too, non-blocking, within the same deadline (``gthread/tls.py``),
+  and its head read decrypted: a TLS record
   that arrives in parts is "nothing yet", not the end
   of input. HTTP/2 prior knowledge and uWSGI connections keep gthread's own handling, and so
   does an HTTP/2 connection negotiated by ALPN once its handshake is done.
@@ -59,7 +59,6 @@ import errno
 import logging
 import selectors
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from time import monotonic_ns
 
@@ -74,14 +73,7 @@ from apf_gunicorn.gthread.head import COMPLETE, MORE, HeadRules, HeadScan
 from apf_gunicorn.gthread.linger import Lingering, LingeringConn
 from apf_gunicorn.gthread.pollanswer import PollerAnswers
 from apf_gunicorn.gthread.pollreject import PollerRejector
-from apf_gunicorn.gthread.tls import (
-    RECV_BYTES,
-    WANT_WRITE,
-    TlsConn,
-    TlsHandshakes,
-    handshake_thread_priority,
-    recv_tls,
-)
+from apf_gunicorn.gthread.tls import RECV_BYTES, WANT_WRITE, TlsConn, TlsHandshakes, recv_tls
 from apf_gunicorn.gthread.wsgi import APFMiddleware, hidden
 from apf_gunicorn.server import state, tlscontext
 from apf_gunicorn.server.settings import (
@@ -93,9 +85,6 @@ from apf_gunicorn.server.settings import (
 )
 
 RESERVE_AFTER_S = 0.03
-#: Handshake steps waiting for a worker's handshake thread past which it leaves new
-#: connections to a worker with room (about 4 RSA-2048 signatures: a few ms of wait)
-HANDSHAKE_QUEUE = 4
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\n"
                b"request head timed out.\n")
@@ -144,8 +133,6 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         # reads what a reading or kept-alive connection has (a TLS one: decrypted)
         self.apf_recv = recv_tls if self.apf_tls else _recv
         self.apf_tls_context = None  # set by init_process when apf_tls
-        self.apf_tls_pool = None  # the handshake thread (init_process, when apf_tls)
-        self.apf_tls_steps = 0  # handshake steps submitted to it and not back yet
         self._apf_proxy = self.apf_head_rules.proxy != "off"
         # reading connections -> None, in deadline order (one timeout, so insertion order)
         self.apf_reading: dict = {}
@@ -226,10 +213,6 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
                     self.log.error("apf: %s", e)
                     raise
             self.apf_tls_context = context
-            # one thread for the handshakes' key work (tls.py): at most a core per worker,
-            # never the poller's (benchmarks/bench_tls_flood.py, docs/server.md)
-            self.apf_tls_pool = ThreadPoolExecutor(1, thread_name_prefix="apf-tls",
-                                                   initializer=handshake_thread_priority)
         super().init_process()
 
     def apf_load(self) -> int:
@@ -281,9 +264,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
             self.apf_publish_room(room)
         if room:
             self._apf_all_full_since = 0.0
-            # TLS: past a few handshakes waiting for this worker's handshake thread, a new
-            # connection's is made sooner by another worker with room (tls.py)
-            return self.apf_tls_steps < HANDSHAKE_QUEUE or not self.apf_others_have_room()
+            return True
         if self.apf_others_have_room():
             self._apf_all_full_since = 0.0
             return False
@@ -389,8 +370,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
             self._apf_read_head(conn, now + self.apf_header_timeout)
         reading = self.apf_reading
         if conn in reading:
-            if not conn.apf_handshake:  # (a TLS one is young once its handshake is done)
-                self.apf_young[conn] = now + self.apf_accept_grace
+            self.apf_young[conn] = now + self.apf_accept_grace
             if not conn.apf_buf:  # nothing arrived yet
                 self.apf_silent[conn] = None
         if reading and (len(reading) > self.apf_head_connections
@@ -585,9 +565,7 @@ class ApfThreadWorker(FrontEnd, TlsHandshakes, PollerAnswers, Lingering, ThreadW
         except (KeyError, ValueError, OSError):
             pass
         self.nr_conns -= 1
-        if conn.apf_stepping:  # its handshake step runs: closed when it is back (tls.py)
-            conn.apf_doomed = True
-        elif answered:
+        if answered:
             self.apf_close_answered(conn)
         else:
             conn.close()
@@ -678,7 +656,6 @@ def _new_conn(worker, sock, client, server, tls: bool = False):
     conn = (TlsConn if tls else LingeringConn)(worker.cfg, sock, client, server)
     conn.apf_worker = worker  # its graceful close lingers in the worker's poller (linger.py)
     conn.apf_handshake = False
-    conn.apf_stepping = conn.apf_doomed = False  # a TLS handshake step on its thread (tls.py)
     conn.apf_events = selectors.EVENT_READ
     conn.apf_buf = None
     conn.apf_enqueued_ns = 0
