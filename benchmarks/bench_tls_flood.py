@@ -1,6 +1,6 @@
 """Exempt probes beside a flood of bare TLS handshakes (issue 32 item 11), on a real gunicorn.
 
-    .venv/bin/python benchmarks/bench_tls_flood.py [--seconds 8] [--key rsa|ec]
+    .venv/bin/python benchmarks/bench_tls_flood.py [--flood 8] [--key rsa|ec] [--samples 200]
 
 The server: ``apf_gunicorn.conf``, 1 worker x 8 threads, ``--certfile`` (a self-signed
 RSA-2048 certificate by default, ``--key ec`` for ECDSA P-256: RSA's signature is the
