@@ -363,3 +363,12 @@ def test_master_view_counts_registered_workers_only():
     t = view_of_master_state(m).pools()["db"]
     assert (t.capacity, t.in_use, t.workers) == (4, 1, 1)
     assert view_of_master_state(SimpleNamespace()).pools is None
+
+
+def test_pool_signals_setting_is_on_by_default_and_refuses_anything_but_on_or_off():
+    from apf_gunicorn.server.settings import SettingsError, load_settings
+
+    assert load_settings({}).pool_signals is True
+    assert load_settings({"APF_POOL_SIGNALS": "OFF"}).pool_signals is False
+    with pytest.raises(SettingsError, match="APF_POOL_SIGNALS"):
+        load_settings({"APF_POOL_SIGNALS": "maybe"})

@@ -125,3 +125,20 @@ def test_with_nothing_set_under_the_uvicorn_worker_the_limit_follows_a_resource(
         assert srv.wait_for(lambda: limit_seats(admin) == 7), (limit_seats(admin), srv.log())
         assert ("apf: concurrency limit 64 -> 7 seats (limit from pools: 2 "
                 "apf_gunicorn.resource pools, 4 connections server-wide") in srv.log(), srv.log()
+
+
+def test_pool_signals_off_leaves_the_libraries_alone(server_factory, tmp_path):
+    """APF_POOL_SIGNALS=off: no discovery in the workers (the first worker would log the pool
+    when the app makes its engine, before it serves), no pool series, and the default limit
+    does not follow a pool."""
+    admin = free_port()
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
+           "APF_POOL_SIGNALS": "off",
+           "POOL_APP_DB_URL": f"sqlite:///{tmp_path / 'pool.sqlite'}"}
+    with server_factory(workers=2, threads=20, env=env,
+                        args=("tests.apps.pool_app:app",)) as srv:
+        assert srv.request("/work?ms=1")[0] == 200, srv.log()
+        assert "found pool" not in srv.log(), srv.log()
+        assert srv.wait_for(lambda: limit_seats(admin) is not None), srv.log()
+        assert not any(n.startswith("apf_pool_") for n, _ in scrape(admin)), scrape(admin)
+        assert limit_seats(admin) == 20, srv.log()

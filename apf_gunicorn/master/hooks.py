@@ -181,7 +181,8 @@ def on_starting(server) -> None:
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token, ledger.grant_name), master_pid=pid,
         threads=_threads(server), holds_threads=_holds_threads(server),
-        pool_table=PoolTable.create(capacity.workers),  # the workers' pools (signals/)
+        # the workers' pools (signals/); None (APF_POOL_SIGNALS=off): nothing is looked for
+        pool_table=PoolTable.create(capacity.workers) if settings.pool_signals else None,
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
                      if getattr(settings, "concurrency_auto", None) is not None else None))

@@ -108,6 +108,9 @@ class Settings:
     # it fixed as Kubernetes does (APF_SERVICE_ESTIMATE=<duration>)
     service_estimate_ns: int = DEFAULT_SERVICE_ESTIMATE_NS
     learn_service: bool = True
+    # APF_POOL_SIGNALS: find the app's connection pools in the workers (signals/), for the
+    # metrics, dump_pools and the default limit; "off" leaves the libraries untouched
+    pool_signals: bool = True
     # connection handling by the accept-gated worker (gthread/worker.py, gthread/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
@@ -429,6 +432,9 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         work_estimator=work_estimator,
         service_estimate_ns=service_ns,
         learn_service=learn,
+        pool_signals=_choice(get, "APF_POOL_SIGNALS", "on", ("on", "off"),
+                             "must be 'on' (find the app's connection pools: docs/signals.md) "
+                             "or 'off'") == "on",
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
         concurrency_limit_set=raw_limit is not None,
