@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from tests.apps.asgi_app import lifespan
+
 if not settings.configured:
     settings.configure(DEBUG=False, ALLOWED_HOSTS=["*"], ROOT_URLCONF=__name__,
                        INSTALLED_APPS=[], MIDDLEWARE=[], DATABASES={}, USE_TZ=True,
@@ -76,13 +78,7 @@ async def _hold(scope, send) -> None:
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        return await lifespan(receive, send)
     p = scope["path"]
     if p.startswith("/work/django/"):
         return await _django(scope, receive, send)
