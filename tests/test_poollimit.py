@@ -1,4 +1,4 @@
-"""The limit from the app's pools (flowcontrol/poollimit.py, master/poollimit.py): the rule
+"""The limit from the app's pools (control/poollimit.py, master/poollimit.py): the rule
 driven tick by tick with an injected clock, and the master's runner against a fake master."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from apf_gunicorn.flowcontrol.poollimit import PoolLimit, PoolLimitSettings, describe_pools
+from apf_gunicorn.control.poollimit import PoolLimit, PoolLimitSettings, describe_pools
 from apf_gunicorn.ledger.records import LevelLoad
 from apf_gunicorn.master.poollimit import FIRST_SIGHT_WAIT_NS, ServerPoolLimit
 from apf_gunicorn.signals.table import PoolTotals

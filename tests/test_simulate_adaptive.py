@@ -1,5 +1,5 @@
 """The adaptive concurrency limit (``auto``) in virtual time: the production controller
-(apf_gunicorn.flowcontrol.adaptive) against backends whose service time depends on
+(apf_gunicorn.control.adaptive) against backends whose service time depends on
 concurrency (apf_gunicorn.simulate.capacity), under both fairnesses (kubernetes, maxmin). No wall clock."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from apf_gunicorn.flowcontrol.adaptive import (
+from apf_gunicorn.control.adaptive import (
     AdaptiveLimit,
     AdaptiveSettings,
     KindSample,

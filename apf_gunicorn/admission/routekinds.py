@@ -2,7 +2,7 @@
 FlowSchema.
 
 The adaptive controller compares each kind of request with its own no-load latency
-(``flowcontrol/adaptive.py``). A FlowSchema can hold routes of very different cost (a 2 ms
+(``control/adaptive.py``). A FlowSchema can hold routes of very different cost (a 2 ms
 ``GET /`` and a 200 ms ``/slow``): its mean service time then swings with the mix of the
 requests that finished in a tick, and the controller would read a mix for overload. So with
 ``auto`` every worker also counts, per route, how many requests finished and their summed

@@ -1,7 +1,7 @@
 """``APF_CONCURRENCY_LIMIT=auto``: the master runs the adaptive controller against the live ledger.
 
 Once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread calls
-:meth:`ServerAutoLimit.tick`. It feeds :class:`apf_gunicorn.flowcontrol.adaptive.AdaptiveLimit`
+:meth:`ServerAutoLimit.tick`. It feeds :class:`apf_gunicorn.control.adaptive.AdaptiveLimit`
 what the simulator feeds it (``simulate/autolimit.py``), read from the ledger's per-request
 statistics (``ledger.request_stats()``, one short read under the ledger lock):
 
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from apf_gunicorn.flowcontrol.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
+from apf_gunicorn.control.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates
 from apf_gunicorn.flowcontrol.relimit import follow_server_limit
 

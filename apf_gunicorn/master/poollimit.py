@@ -2,7 +2,7 @@
 
 The workers find the app's connection pools after the app loads and publish them once a second
 (``signals/``); once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread reads them
-server-wide and runs the pool rule (:class:`apf_gunicorn.flowcontrol.poollimit.PoolLimit`). Its
+server-wide and runs the pool rule (:class:`apf_gunicorn.control.poollimit.PoolLimit`). Its
 limit is applied as ``auto``'s is (:func:`apf_gunicorn.master.autolimit.apply_server_limit`).
 Until a worker publishes a bounded pool nothing changes: an app without one keeps the default.
 An explicit limit (a number, or ``auto``) turns this off.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from apf_gunicorn.flowcontrol.poollimit import PoolDecision, PoolLimit, PoolLimitSettings
+from apf_gunicorn.control.poollimit import PoolDecision, PoolLimit, PoolLimitSettings
 from apf_gunicorn.master.autolimit import apply_server_limit
 
 #: the first limit waits this long for every live worker to publish its pools

@@ -228,7 +228,7 @@ def parse_auto_limit(raw: str, workers: int, threads: int) -> tuple[int, int]:
     Raises:
         SettingsError: not ``auto`` nor ``auto:MIN-MAX`` with ``1 <= MIN <= MAX <= 1000000``.
     """
-    from apf_gunicorn.flowcontrol.adaptive import parse_auto
+    from apf_gunicorn.control.adaptive import parse_auto
 
     allowed = ("must be auto or auto:MIN-MAX with 1 <= MIN <= MAX <= 1000000 (e.g. auto:2-64): "
                "the master adapts the limit within the bounds (experimental)")

@@ -1,6 +1,6 @@
 """``concurrencyLimit: auto`` in the simulator: the production controller in virtual time.
 
-:class:`AutoLimit` feeds :class:`apf_gunicorn.flowcontrol.adaptive.AdaptiveLimit` once a tick
+:class:`AutoLimit` feeds :class:`apf_gunicorn.control.adaptive.AdaptiveLimit` once a tick
 with what the harness saw (each kind of request's finished count and summed service time, the
 average seats executing, whether anything waited) and applies each new limit through
 ``apply(limit, now)``: the one level's ``set_limits`` in the queueSet form,
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from apf_gunicorn.flowcontrol.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
+from apf_gunicorn.control.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
 
 from .scenario import AutoSpec
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
+from apf_gunicorn.control.adaptive import parse_auto
 from apf_gunicorn.flowcontrol import fairness
-from apf_gunicorn.flowcontrol.adaptive import parse_auto
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, flow_hash

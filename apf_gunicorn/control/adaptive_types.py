@@ -1,4 +1,4 @@
-"""What the adaptive limit's controller (:mod:`apf_gunicorn.flowcontrol.adaptive`) is fed and
+"""What the adaptive limit's controller (:mod:`apf_gunicorn.control.adaptive`) is fed and
 configured with, and what it answers: the ``auto`` setting's bounds, a tick's observations,
 the controller's constants, its decision. Kept apart so that settings, the simulator's scenario
 and the metrics read them without the control law.
