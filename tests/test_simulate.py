@@ -83,6 +83,14 @@ def test_validation_errors_name_the_field(path, value, field) -> None:
     assert str(info.value).startswith(field + ": ")
 
 
+def test_an_unknown_field_names_the_closest_known_one() -> None:
+    with pytest.raises(ScenarioError, match=r"unknown field; did you mean think\? \(allowed: "):
+        parse_scenario(with_("clients.0.thinkk", "1s"))
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(with_("clients.0.zzzzzz", "1s"))
+    assert "did you mean" not in str(info.value)
+
+
 def test_dealer_errors_use_kubernetes_text() -> None:
     with pytest.raises(ScenarioError, match="handSize 10 is greater than deckSize 9"):
         parse_scenario(with_("queueSet.handSize", 10))

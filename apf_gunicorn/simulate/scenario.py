@@ -40,6 +40,7 @@ from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.gomath import parse_duration
 from apf_gunicorn.flowcontrol.objects import RequestAttributes
 from apf_gunicorn.flowcontrol.shufflesharding import DealerError, check_dealer, flow_hash
+from apf_gunicorn.flowcontrol.suggest import unknown_field
 
 _U64_MAX = (1 << 64) - 1
 
@@ -576,7 +577,8 @@ def _parse_evaluate(raw: Any) -> tuple[int, ...]:
 
 def _no_unknown(raw: dict, allowed: set[str], where: str) -> None:
     errors = [ScenarioError(f"{where}.{key}" if where else str(key),
-                            f"unknown field (allowed: {', '.join(sorted(allowed))})")
+                            f"{unknown_field(str(key), allowed)} "
+                            f"(allowed: {', '.join(sorted(allowed))})")
               for key in raw if key not in allowed]
     if errors:
         raise ScenarioErrors(errors)
