@@ -51,8 +51,9 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 CLI = str(Path(sys.executable).parent / "apf-gunicorn")
 #: the oldest Kubernetes the manifests are for, and the newest the validator has schemas of
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-#: what the kubelet's HTTP probes send besides the probe's own httpHeaders (its prober)
-KUBELET_HEADERS = {"User-Agent": "kube-probe/1.37", "Accept": "*/*"}
+#: what the kubelet's HTTP probes send besides the probe's own httpHeaders (its prober, which
+#: opens a connection per probe)
+KUBELET_HEADERS = {"User-Agent": "kube-probe/1.37", "Accept": "*/*", "Connection": "close"}
 #: seconds the master needs after its workers are gone (its services thread and admin
 #: endpoint stop, the ledger is unlinked): about 2 s measured on an idle server here
 MASTER_EXIT_S = 3
@@ -324,6 +325,8 @@ def mount(docs, tmp_path) -> Path:
 
 
 def test_the_directory_holds_what_the_readme_applies(docs):
+    # and nothing else: `kubectl apply -f deploy/kubernetes/` would give a FlowSchema there to
+    # the cluster's own API server
     assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "NetworkPolicy",
                                                "Service"]
     readme = (ROOT / "README.md").read_text() + (DEPLOY / "README.md").read_text()
