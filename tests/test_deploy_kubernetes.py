@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import ipaddress
 import json
 import os
 import re
@@ -40,11 +41,15 @@ import yaml
 from gunicorn.app.wsgiapp import WSGIApplication
 
 from apf_gunicorn import cli
+from apf_gunicorn.flowcontrol.limits import compute_limits
+from apf_gunicorn.flowcontrol.loader import load_configuration
+from apf_gunicorn.flowcontrol.matching import Classifier
 from apf_gunicorn.flowcontrol.objects import derived_uid
 from apf_gunicorn.master.hooks import check_worker_class
 from apf_gunicorn.server import startup
 from apf_gunicorn.server.generation import thread_budget
 from apf_gunicorn.server.settings import load_settings
+from apf_gunicorn.server.state import Generation
 from tests.conftest import GUNICORN, ROOT, Server, free_port, stop
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -262,11 +267,6 @@ def resource_problems(docs: list[dict], cfg, mount: Path) -> list[str]:
         problems.append(f"memory limit {limits['memory']} < {need:.0f} MiB: "
                         f"({cfg.workers} workers + 1) x {PROCESS_MIB} MiB + {cfg.workers} x "
                         f"APF_HEAD_BUFFER_LIMIT + {LEDGER_MIB} MiB of ledger")
-    from apf_gunicorn.flowcontrol.limits import compute_limits
-    from apf_gunicorn.flowcontrol.loader import load_configuration
-    from apf_gunicorn.flowcontrol.matching import Classifier
-    from apf_gunicorn.server.state import Generation
-
     config = load_configuration(str(mount))
     gen = Generation(config, compute_limits(config.priority_levels.values(),
                                             settings.concurrency_limit),
@@ -291,6 +291,13 @@ def environment_problems(docs: list[dict], mount: Path) -> list[str]:
     return startup.unknown_variable_warnings(env)
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
+
+
 def service_problems(docs: list[dict]) -> list[str]:
     """The Service selects the pods, targets ports the container has, and its scrape
     annotation names the admin endpoint's port (APF_ADMIN_BIND, on the pod's address)."""
@@ -300,14 +307,19 @@ def service_problems(docs: list[dict]) -> list[str]:
     if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
         problems.append(f"Service selector {svc['spec']['selector']} misses the pods {labels}")
     targets = {container_port(container, p["targetPort"]) for p in svc["spec"]["ports"]}
-    admin = container_env(docs).get("APF_ADMIN_BIND", "127.0.0.1:9180")
-    host, port = admin.rsplit(":", 1)
-    if host in ("127.0.0.1", "localhost", "::1"):
-        problems.append(f"APF_ADMIN_BIND={admin}: Prometheus cannot reach it from another pod")
+    settings = load_settings({k: v for k, v in container_env(docs).items()
+                              if k != "APF_CONFIG"})
+    if settings.admin_bind is None:
+        return problems + ["APF_ADMIN_BIND=off: no metrics"]
+    host, port = settings.admin_bind
+    if is_loopback(host):
+        problems.append(f"the admin endpoint listens on {host}:{port}: Prometheus cannot "
+                        "reach it from another pod")
     scrape = svc["metadata"].get("annotations", {})
-    if scrape.get("prometheus.io/scrape") != "true" or scrape.get("prometheus.io/port") != port:
+    if (scrape.get("prometheus.io/scrape") != "true"
+            or scrape.get("prometheus.io/port") != str(port)):
         problems.append(f"the scrape annotations {scrape} do not name port {port}")
-    if int(port) not in targets:
+    if port not in targets:
         problems.append(f"the Service does not expose the admin port {port}")
     return problems
 
@@ -433,7 +445,9 @@ def test_the_service_exposes_the_app_and_the_scraped_admin_endpoint(docs):
     assert service_problems(docs) == []
     broken = copy.deepcopy(docs)
     del app_container(broken)["env"][1]  # APF_ADMIN_BIND: the default, on loopback
-    assert "cannot reach it" in service_problems(broken)[0]
+    assert service_problems(broken) == [
+        "the admin endpoint listens on 127.0.0.1:9180: Prometheus cannot reach it from another "
+        "pod"]
 
 
 def image_app_dir(root: Path) -> Path:
