@@ -83,3 +83,9 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path: Path, alert: str) -> None:
     # promtool names the failing cases on stderr; only the changed alert's fail
     failed = set(re.findall(r"alertname: (\w+),", out.stderr))
     assert failed == {alert}, out.stdout + out.stderr
+
+
+def test_the_example_scrape_config_loads_the_rules() -> None:
+    out = _promtool("check", "config", "examples/prometheus.yml", cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 1 rule files found" in out.stdout, out.stdout
