@@ -89,3 +89,17 @@ def test_the_example_scrape_config_loads_the_rules() -> None:
     out = _promtool("check", "config", "examples/prometheus.yml", cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS: 1 rule files found" in out.stdout, out.stdout
+
+
+def test_every_alert_is_documented() -> None:
+    """docs/observability.md's "Alerts" links the rules and the dashboard and has a row (what it
+    means, what to do) for each alert, no more."""
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    section = doc.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|(.*)\|$", section, re.M)
+    assert tuple(name for name, _ in rows) == ALERTS, rows
+    assert all(len([c for c in cells.split(" | ") if c.strip()]) == 3 for _, cells in rows), rows
+    links = re.findall(r"\]\((\.\./[^)#]+)\)", doc)
+    for path in ("deploy/prometheus/apf-rules.yml", "deploy/grafana/apf-dashboard.json"):
+        assert f"../{path}" in links, f"docs/observability.md does not link {path}"
+        assert (ROOT / path).is_file(), path
