@@ -8,9 +8,10 @@
 #            --co -q); prefix APF_NO_ACCELERATOR=1 to run them on the Python paths.
 # As root with apt-get available, also installs HAProxy for tests/test_haproxy.py, wrk for
 # tests/test_bench_storm.py, PostgreSQL for tests/test_signals_postgres.py and promtool
-# (Debian's prometheus package) for the /metrics lint
-# (tests/promtool.py) (each skipped, saying why, without it; but under CI, CI=true, a missing
-# promtool fails those tests); set APF_NO_APT=1 to skip that.
+# and the prometheus server (Debian's prometheus package) for the /metrics lint, the alert
+# rules and the Grafana dashboard's queries (tests/promtool.py) (each skipped, saying why,
+# without it; but under CI, CI=true, a missing promtool or prometheus fails those tests); set
+# APF_NO_APT=1 to skip that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # apt_install COMMAND PACKAGE TEST: install PACKAGE (as root, with apt-get) when COMMAND is
@@ -29,7 +30,7 @@ apt_install wrk wrk tests/test_bench_storm.py
 # PostgreSQL (initdb, pg_ctl under /usr/lib/postgresql/*/bin): the pool signals' tests start
 # a throwaway server in a temp dir (tests/apps/pgserver.py)
 apt_install pg_ctlcluster postgresql tests/test_signals_postgres.py
-apt_install promtool prometheus "the promtool checks (tests/promtool.py; under CI they fail)"
+apt_install promtool prometheus "the promtool and Prometheus checks (tests/promtool.py; under CI they fail)"
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

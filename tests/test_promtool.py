@@ -48,3 +48,18 @@ def test_a_missing_promtool_skips_the_test_outside_ci() -> None:
 def test_ci_is_read_from_the_environment(monkeypatch, value: str, ci: bool) -> None:
     monkeypatch.setenv("CI", value)
     assert promtool.in_ci() is ci
+
+
+@pytest.mark.parametrize("binary", ["promtool", "prometheus"])
+def test_require_fails_under_ci_and_skips_outside(monkeypatch, binary: str) -> None:
+    """The rules' and the dashboard's tests (tests/test_deploy_prometheus.py,
+    tests/test_dashboard_prometheus.py) find their binaries with ``require``."""
+    monkeypatch.setattr(promtool.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=f"{binary} is not installed.*CI is set"):
+        promtool.require(binary, "the check")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match=f"{binary} is not installed"):
+        promtool.require(binary, "the check")
+    monkeypatch.setattr(promtool.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert promtool.require(binary) == f"/usr/bin/{binary}"

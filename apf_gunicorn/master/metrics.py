@@ -152,6 +152,7 @@ class MasterView:
     clock: Callable[[], int] = field(default=time.monotonic_ns)
     server_limit: int | None = None
     reload_errors: int = 0  # rejected configuration reloads so far
+    workers_reclaimed: int = 0  # workers that exited holding requests (master/reclaim.py)
     auto: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
     # the app's pools server-wide, {name: signals.table.PoolTotals}, read when called
     pools: Callable[[], Mapping[str, Any]] | None = None
@@ -174,6 +175,7 @@ def view_of_master_state(m: Any) -> MasterView:
         workers=sum(1 for pid in (getattr(m, "workers", None) or {}).values() if pid),
         server_limit=getattr(settings, "concurrency_limit", None),
         reload_errors=int(getattr(m, "reload_errors", 0) or 0),
+        workers_reclaimed=int(getattr(m, "workers_reclaimed", 0) or 0),
         auto=getattr(m, "auto_limit", None),
         pools=_pools_of(m),
     )
@@ -344,6 +346,12 @@ class LedgerCollector:
                                       "rejected because the new configuration was invalid")
         reloads.add_metric([], float(view.reload_errors))
         yield reloads
+        reclaimed = CounterMetricFamily(f"{p}_reclaimed_workers", "Workers that exited while "
+                                        "they held requests (executing or waiting): killed "
+                                        "(SIGKILL, OOM, timeout) or crashed; the master "
+                                        "reclaimed their seats")
+        reclaimed.add_metric([], float(view.workers_reclaimed))
+        yield reclaimed
         heads = CounterMetricFamily(f"{p}_request_head_timeouts", "Connections answered 408 "
                                     "because their request head did not arrive within "
                                     "APF_HEADER_TIMEOUT")

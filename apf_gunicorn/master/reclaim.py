@@ -48,12 +48,18 @@ CONFIRM_S = 0.5
 # master.SERVICE_LOCK, which the fork takes first.
 _LOCK = threading.Lock()
 
+# The slot states of requests a worker was serving or holding in a queue: a worker that exits
+# holding one died mid-request (``apf_reclaimed_workers_total``). Lingering seats (a finished
+# request's additional latency) are not in flight: a graceful exit may leave them.
+IN_FLIGHT = frozenset(("waiting", "executing"))
+
 
 def reclaim_worker(m: Any, worker: Any, glog: Any = None) -> bool:
     """Reclaim everything worker ``worker`` held in the ledger (its waiting requests, seats and
     lingering seats), send the grants that frees, free its index, and drop its live metrics
-    files. Once per worker: a later call for the same worker does nothing, and a call for a
-    worker whose index was since handed to another does not touch the other.
+    files; count it in ``m.workers_reclaimed`` when it held a request in flight. Once per
+    worker: a later call for the same worker does nothing, and a call for a worker whose index
+    was since handed to another does not touch the other.
 
     Args:
         m: the ``state.MasterState``.
@@ -72,6 +78,14 @@ def reclaim_worker(m: Any, worker: Any, glog: Any = None) -> bool:
         # The index is this worker's until now (pre_fork gave it, nothing else frees it), so
         # free it whatever pid the master thread learned for it.
         worker.apf_reaped = True
+        try:
+            # A worker that exits on its own (HUP, max_requests, shutdown) has finished or
+            # cancelled its requests first; one that still holds some was killed or crashed.
+            if any(state in IN_FLIGHT for _slot, _gen, state in m.ledger.owned_slots(index)):
+                m.workers_reclaimed = getattr(m, "workers_reclaimed", 0) + 1
+        except Exception:
+            glog.exception("apf: reading the slots of worker %s (pid %s) failed", index,
+                           worker.pid)
         try:
             granted = m.ledger.reap_worker(index, time.monotonic_ns())
             if granted:

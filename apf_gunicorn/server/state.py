@@ -49,6 +49,8 @@ class MasterState:
     forked: dict[int, Any] = field(default_factory=dict)
     services: Any = None  # master.MasterServices
     reload_errors: int = 0
+    # workers that exited holding requests (killed or crashed mid-request): master/reclaim.py
+    workers_reclaimed: int = 0
     borrowing_states: Any = None
     master_pid: int = 0
     auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
