@@ -210,6 +210,9 @@ def test_the_watcher_applies_refuses_and_replaces_workers_only_for_what_they_cla
                       'must be an integer'], arbiter.log.lines
     os.utime(cfg, ns=(2, 2))  # the same broken bytes: not refused (logged) again
     assert settle() is None and m.reloads[("refused", "file")] == 1
+    cfg.unlink()  # gone (or unreadable): refused, logged
+    assert settle() is None and m.reloads[("refused", "file")] == 2
+    assert "No such file or directory" in arbiter.log.lines[-1] and m.generation.number == 2
 
     # a new FlowSchema: applied in the master, and the workers are replaced by a queued HUP
     cfg.write_text(BASE + NEW_LEVEL + NEW_SCHEMA)
