@@ -79,6 +79,7 @@ def main(argv=None) -> int:
                 if name == "hups":
                     config.write_text((APPS / "apf.yaml").read_text())
                     env["APF_CONFIG"] = str(config)
+                    env.update(chaos.HUP_ONLY)
                     extra["args"] = ("--graceful-timeout", "2")
                 with start(workers=2, threads=8, env=env, **extra) as srv:
                     if name == "kills":

@@ -263,7 +263,8 @@ def test_a_hup_applies_a_new_configuration(asgi, tmp_path):
     UID headers say so) and the ledger has the level; an invalid file is refused first."""
     cfg = tmp_path / "apf.yaml"
     shutil.copy(APPS / "apf.yaml", cfg)
-    with asgi(config=str(cfg)) as srv:
+    # the HUP path alone (the file watcher would apply each file before the HUP)
+    with asgi(config=str(cfg), env={"APF_CONFIG_WATCH": "off"}) as srv:
         headers = {"X-Remote-User": "z"}
         status, h, _ = srv.request("/other?ms=1", headers=headers)
         assert status == 200 and h["x-kubernetes-pf-prioritylevel-uid"] == "uid-pl-other"

@@ -18,6 +18,7 @@ from apf_gunicorn.flowcontrol.loader import builtin_path
 from apf_gunicorn.ledger import Capacity, Ledger
 from apf_gunicorn.ledger.lock import NullLock
 from apf_gunicorn.master import hooks, master
+from apf_gunicorn.master import reload as master_reload
 from apf_gunicorn.master.autolimit import ServerAutoLimit
 from apf_gunicorn.server import state
 from apf_gunicorn.server.generation import configure_ledger, load_generation
@@ -84,7 +85,8 @@ def running_master(tmp_path, monkeypatch, limit: str):
     ledger = Ledger.create(bytearray(Ledger.size(cap)), cap, lock=NullLock())
     configure_ledger(ledger, gen, 1)
     m = SimpleNamespace(ledger=ledger, generation=gen, settings=settings, borrowing_states=None,
-                        sender=None, reload_errors=0, threads=80, holds_threads=True,
+                        sender=None, reload_errors=0, reloads={}, restart_digest="",
+                        threads=80, holds_threads=True,
                         resolver=build_resolver(settings, gen.configuration))
     monkeypatch.setattr(state, "MASTER", m)
     log = Log()
@@ -143,7 +145,7 @@ def test_an_adaptive_tick_while_a_reload_loads_its_files_keeps_its_limit(
     ticks = []
     master_lock = threading.Lock()
     lock = RunOnAcquire(lambda: ticks.append(auto.tick(m, master_lock)), at=1)
-    monkeypatch.setattr(hooks, "SERVICE_LOCK", lock)
+    monkeypatch.setattr(master_reload, "SERVICE_LOCK", lock)  # the lock the reload takes
     reload()
     assert ticks == [(old, 12)] and lock.acquired == 1
     assert m.settings.concurrency_limit == 12

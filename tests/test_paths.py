@@ -176,7 +176,9 @@ def test_reload_that_adds_resource_rules_turns_kubernetes_paths_on(server_factor
     cfg = tmp_path / "apf.yaml"
     shutil.copy(REST, cfg)
     header = "X-Kubernetes-PF-FlowSchema-UID"
-    with server_factory(workers=1, threads=4, config=str(cfg)) as srv:
+    # the HUP path alone (the file watcher would apply the file before the HUP)
+    with server_factory(workers=1, threads=4, config=str(cfg),
+                        env={"APF_CONFIG_WATCH": "off"}) as srv:
         old_workers = set(srv.workers())
         assert srv.request("/api/v1/items/")[1][header] == "uid-fs-web"
         with open(cfg, "a") as f:

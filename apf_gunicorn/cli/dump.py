@@ -2,7 +2,8 @@
 
 Fetches one of the debug dumps from a running server's admin endpoint and prints it. ``levels``
 and ``queues`` end with each level's fairness and virtual time (``?includeFairness=1``),
-and ``levels`` with its nominal, current and used seats (``&includeSeats=1``), unless
+and ``levels`` with its nominal, current and used seats (``&includeSeats=1``) and a last line
+naming the running configuration's generation and digest, unless
 ``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
 ``maxmin`` levels; ``pools`` the app's connection pools, summed over the workers
 (docs/signals.md). The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in

@@ -91,25 +91,39 @@ def builtin_path(name: str = DEFAULT_BUILTIN) -> Path:
     return path
 
 
-def load_configuration(path: str | Path | None) -> Configuration:
+def load_configuration(path: str | Path | None,
+                       contents: list[tuple[str, bytes]] | None = None) -> Configuration:
     """Read, default, validate and digest a configuration; ``None`` means the built-in webapp set.
+
+    ``contents``: the files' bytes as :func:`read_config_files` returned them for ``path``
+    (the master hashes the very bytes it applies); read here when None.
 
     Raises ``ConfigErrors`` listing every problem, or ``OSError`` if the path cannot be read.
     """
-    files = config_files(path)
+    if contents is None:
+        contents = read_config_files(path)
     parsed: list[ParsedObject] = []
     errors: list[ConfigError] = []
-    if not files:
+    if not contents:
         # Almost always a wrong path or an empty mount; use builtin:mandatory to mean "nothing".
         errors.append(ConfigError(str(path), "", "", "", "no *.yaml or *.yml files in directory"))
-    for file in files:
-        objs, errs = load_file(file)
+    for source, data in contents:
+        objs, errs = load_bytes(data, source)
         parsed.extend(objs)
         errors.extend(errs)
     errors.extend(duplicate_errors(parsed))
     if errors:
         raise ConfigErrors(errors)
-    return digest_objects(parsed, sources=[str(f) for f in files])
+    return digest_objects(parsed, sources=[source for source, _ in contents])
+
+
+def read_config_files(path: str | Path | None) -> list[tuple[str, bytes]]:
+    """``(file name, bytes)`` of every file :func:`config_files` names, in its order.
+
+    Raises:
+        OSError: the path or one of its files cannot be read.
+    """
+    return [(str(f), f.read_bytes()) for f in config_files(path)]
 
 
 def config_files(path: str | Path | None) -> list[Path]:
@@ -143,9 +157,13 @@ class ParsedObject:
 
 def load_file(file: str | Path) -> tuple[list[ParsedObject], list[ConfigError]]:
     """Parse one YAML file; returns its valid objects and every error found in it."""
-    source = str(file)
+    return load_bytes(Path(file).read_bytes(), str(file))
+
+
+def load_bytes(data: bytes, source: str) -> tuple[list[ParsedObject], list[ConfigError]]:
+    """Parse a file's bytes (UTF-8 YAML) as :func:`load_file` does."""
     try:
-        text = Path(file).read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return [], [ConfigError(source, "", "", "", f"not UTF-8 text: {exc}")]
     return load_text(text, source)

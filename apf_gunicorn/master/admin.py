@@ -16,7 +16,8 @@ metrics prefix). Paths:
 * ``/debug/api_priority_and_fairness/dump_priority_levels``, ``.../dump_queues``,
   ``.../dump_requests`` (``?includeRequestDetails=1`` adds the request columns), Kubernetes'
   text; ``?includeFairness=1`` appends each level's fairness and virtual time to the
-  first two, ``?includeSeats=1`` its nominal, current and used seats to the first;
+  first two, ``?includeSeats=1`` its nominal, current and used seats to the first, and a
+  last line with the applied configuration's generation and digest;
   ``.../dump_flows`` lists the active flows of ``maxmin`` levels, ``.../dump_pools`` the
   app's connection pools server-wide (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
@@ -78,6 +79,17 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             505: "HTTP Version Not Supported"}
 _DRAIN_S = 1.0  # after the response: how long unread request bytes are drained before close
 MAX_DRAINING = 1024  # answered connections draining at once (each at most _DRAIN_S)
+
+
+def _configuration(view: object) -> str | None:
+    """``generation 3, digest sha256:0123456789abcdef`` of the applied configuration, for the
+    levels dump (None when the view does not know it)."""
+    generation = getattr(view, "generation", None)
+    if generation is None:
+        return None
+    from apf_gunicorn.server.generation import short_digest
+
+    return f"generation {generation}, digest {short_digest(getattr(view, 'digest', ''))}"
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -444,7 +456,8 @@ class AdminServer:
             fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":
                 seats = (view.level_limits or {}) if _flag(query, "includeSeats") else None
-                text = dumps.dump_priority_levels(snap, include_fairness=fairness, seats=seats)
+                text = dumps.dump_priority_levels(snap, include_fairness=fairness, seats=seats,
+                                                  configuration=_configuration(view))
             elif name == "dump_queues":
                 text = dumps.dump_queues(snap, include_fairness=fairness)
             elif name == "dump_flows":

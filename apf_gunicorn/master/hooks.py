@@ -6,7 +6,8 @@ creates and configures the shared ledger; ``when_ready`` starts the master servi
 ledger and the name of its grant socket); ``child_exit`` reclaims everything a dead worker held
 (``reclaim.py``; the master's 1 s check does it too when a config replaced this hook);
 ``on_reload`` (HUP) loads the configuration again and reconfigures the ledger in place, or keeps
-the running one and logs every error; ``on_exit`` unlinks the segment.
+the running one and logs every error (``reload.py``, which also follows ``APF_CONFIG``'s files
+from ``when_ready`` on: ``APF_CONFIG_WATCH``); ``on_exit`` unlinks the segment.
 
 Worker: ``post_fork`` closes what the child must not hold; ``post_worker_init`` attaches the
 ledger, binds the grant socket, starts the dispatcher thread and wraps the worker's app in its front
@@ -25,7 +26,6 @@ A user config that defines its own hook of the same name should call ours from i
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -42,25 +42,13 @@ from apf_gunicorn.ledger.layout import Capacity
 from apf_gunicorn.ledger.ledger import Ledger
 from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.master.hookcheck import log_replaced_hooks
-from apf_gunicorn.master.master import SERVICE_LOCK, MasterServices
+from apf_gunicorn.master.master import MasterServices
 from apf_gunicorn.master.reclaim import reclaim_worker
+from apf_gunicorn.master.reload import ConfigWatcher, budget_warning, on_hup
 from apf_gunicorn.server import shm, startup, state, tlscontext
-from apf_gunicorn.server.generation import (
-    config_change_lines,
-    config_error_lines,
-    configure_ledger,
-    derive_limits,
-    level_seats,
-    load_generation,
-    seat_change_lines,
-    thread_budget,
-)
-from apf_gunicorn.server.resolver import (
-    ResolverError,
-    apply_path_parsing,
-    build_resolver,
-    path_parsing_note,
-)
+from apf_gunicorn.server.configwatch import watchable
+from apf_gunicorn.server.generation import config_error_lines, configure_ledger, load_generation
+from apf_gunicorn.server.resolver import ResolverError, build_resolver, path_parsing_note
 from apf_gunicorn.server.settings import SettingsError, load_settings
 from apf_gunicorn.signals.table import PoolTable
 
@@ -116,14 +104,6 @@ def _threads(server) -> int:
     return server.cfg.threads if _holds_threads(server) else boot.LOOP_THREADS
 
 
-def _thread_budget(server, gen, settings, holds_threads: bool) -> str | None:
-    """The thread-budget warning (gthread only: an event loop's waiting requests hold no
-    thread)."""
-    if not holds_threads:
-        return None
-    return thread_budget(gen, settings, server.cfg.workers, server.cfg.threads)
-
-
 # -- master hooks -----------------------------------------------------------------------------
 
 def on_starting(server) -> None:
@@ -154,7 +134,7 @@ def on_starting(server) -> None:
         _fail(server, ["invalid configuration (APF_CONFIG="
                        f"{settings.config_source}):", *config_error_lines(e)])
     resolver = _build_resolver(server, settings, gen.configuration)
-    warning = _thread_budget(server, gen, settings, _holds_threads(server))
+    warning = budget_warning(server, gen, settings, _holds_threads(server))
     if warning:
         server.log.warning("apf: %s", warning)
     for msg in getattr(gen.configuration, "warnings", lambda: [])():
@@ -206,6 +186,13 @@ def when_ready(server) -> None:
     m.services.start_admin()
     m.services.start_agent(server)  # APF_AGENT_BIND (off by default)
     m.services.start()
+    if m.settings.config_watch and watchable(m.settings.config_path):
+        m.watcher = ConfigWatcher(m, server)  # APF_CONFIG_WATCH: follow the file
+        m.watcher.start()
+        server.log.info("apf: following APF_CONFIG=%s: a change is applied within 2 s "
+                        "(APF_CONFIG_WATCH=off: only on HUP)", m.settings.config_path)
+    elif watchable(m.settings.config_path):
+        server.log.info("apf: APF_CONFIG_WATCH=off: APF_CONFIG is applied again only on HUP")
     startup.log_ready(server.log, m, server.cfg)
 
 
@@ -245,38 +232,7 @@ def on_reload(server) -> None:
     m = state.MASTER
     if m is None:
         return
-    config_path = os.environ.get("APF_CONFIG", "").strip() or None
-    try:
-        # Read from disk outside the lock; the adaptive tick (APF_CONCURRENCY_LIMIT=auto) may
-        # move the server limit meanwhile, so the limit is taken again under the lock.
-        gen = load_generation(dataclasses.replace(m.settings, config_path=config_path),
-                              m.generation.number + 1)
-        with SERVICE_LOCK:
-            settings = dataclasses.replace(m.settings, config_path=config_path)
-            derive_limits(gen, settings.concurrency_limit)
-            changes = config_change_lines(m.generation.configuration, gen.configuration)
-            seats_before = level_seats(m.ledger, m.generation)
-            configure_ledger(m.ledger, gen, time.monotonic_ns())
-            m.generation = gen
-            m.settings = settings
-            # the workers forked from now on inherit it (APF_PATHS=auto follows the schemas)
-            apply_path_parsing(m.resolver, settings, gen.configuration)
-    except Exception as e:
-        m.reload_errors += 1
-        lines = config_error_lines(e)
-        server.log.error("apf: reload rejected, the running configuration stays in force "
-                         "(%d error(s)):", len(lines))
-        for line in lines:
-            server.log.error("apf:   %s", line)
-        return
-    server.log.info("apf: configuration generation %d applied: %d priority levels; /api/ and "
-                    "/apis/ paths are %s", gen.number, len(gen.level_index),
-                    path_parsing_note(settings, gen.configuration))
-    for line in changes + seat_change_lines(seats_before, level_seats(m.ledger, gen)):
-        server.log.info("apf:   %s", line)
-    warning = _thread_budget(server, gen, settings, m.holds_threads)
-    if warning:
-        server.log.warning("apf: %s", warning)
+    on_hup(server, m, os.environ.get("APF_CONFIG", "").strip() or None)
 
 
 def on_exit(server) -> None:
@@ -285,6 +241,8 @@ def on_exit(server) -> None:
         return
     if m.services is not None:
         m.services.stop()
+    if m.watcher is not None:
+        m.watcher.stop()
     m.segment.unlink()
 
 

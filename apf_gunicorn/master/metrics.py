@@ -153,6 +153,10 @@ class MasterView:
     server_limit: int | None = None
     reload_errors: int = 0  # rejected configuration reloads so far
     workers_reclaimed: int = 0  # workers that exited holding requests (master/reclaim.py)
+    # configuration reloads by (result, trigger) (master/reload.py), and the applied one
+    reloads: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    generation: int | None = None
+    digest: str = ""
     auto: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
     # the app's pools server-wide, {name: signals.table.PoolTotals}, read when called
     pools: Callable[[], Mapping[str, Any]] | None = None
@@ -176,6 +180,9 @@ def view_of_master_state(m: Any) -> MasterView:
         server_limit=getattr(settings, "concurrency_limit", None),
         reload_errors=int(getattr(m, "reload_errors", 0) or 0),
         workers_reclaimed=int(getattr(m, "workers_reclaimed", 0) or 0),
+        reloads=dict(getattr(m, "reloads", None) or {}),
+        generation=getattr(gen, "number", None),
+        digest=getattr(gen, "digest", "") or "",
         auto=getattr(m, "auto_limit", None),
         pools=_pools_of(m),
     )
@@ -352,6 +359,7 @@ class LedgerCollector:
                                         "reclaimed their seats")
         reclaimed.add_metric([], float(view.workers_reclaimed))
         yield reclaimed
+        yield from config_families(p, view)
         heads = CounterMetricFamily(f"{p}_request_head_timeouts", "Connections answered 408 "
                                     "because their request head did not arrive within "
                                     "APF_HEADER_TIMEOUT")
@@ -365,6 +373,30 @@ class LedgerCollector:
         for reason, n in sorted((getattr(snap, "connections_dropped", None) or {}).items()):
             dropped.add_metric([reason], float(n))
         yield dropped
+
+
+def config_families(p: str, view: MasterView) -> list:
+    """``config_reloads_total{result, trigger}`` (every pair, 0 included, so rates and alerts
+    have a series from the start) and ``config_info{generation, digest} 1`` for the applied
+    configuration (digest ``sha256:`` and 16 hex digits)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from apf_gunicorn.server.generation import short_digest
+
+    total = CounterMetricFamily(f"{p}_config_reloads", "Configuration reloads by result "
+                                "(applied, refused as invalid) and trigger (file: APF_CONFIG "
+                                "changed, hup: SIGHUP)", labels=["result", "trigger"])
+    for result in ("applied", "refused"):
+        for trigger in ("file", "hup"):
+            total.add_metric([result, trigger], float(view.reloads.get((result, trigger), 0)))
+    out = [total]
+    if view.generation is not None:
+        info = GaugeMetricFamily(f"{p}_config_info", "The configuration applied: its "
+                                 "generation (1 at start, +1 per reload applied) and the "
+                                 "digest of its files", labels=["generation", "digest"])
+        info.add_metric([str(view.generation), short_digest(view.digest)], 1.0)
+        out.append(info)
+    return out
 
 
 def _server_limit_families(p: str, view: MasterView) -> list:

@@ -257,7 +257,8 @@ def _level_fairness_cells(lv: Any) -> list[str]:
 # -- the dumps --------------------------------------------------------------------------------
 
 def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
-                         seats: Mapping[str, Any] | None = None) -> str:
+                         seats: Mapping[str, Any] | None = None,
+                         configuration: str | None = None) -> str:
     """Kubernetes' ``dump_priority_levels``: one row per level, by name.
 
     Args:
@@ -270,6 +271,8 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
             ``nominal``, as ``LevelLimits``): append ``NominalSeats`` (empty for a level it
             does not name, e.g. one draining after a reload), ``CurrentSeats`` (the ledger's
             limit, after borrowing) and ``SeatsInUse``.
+        configuration: with ``seats``, what the running configuration is (its generation and
+            digest): a last line ``# configuration <it>`` under the table.
     Returns:
         The text, Kubernetes' exact layout when ``include_fairness`` is false and ``seats``
         None.
@@ -291,6 +294,8 @@ def dump_priority_levels(snapshot: Any, include_fairness: bool = False,
             row += ["" if nominal is None else str(int(nominal)), str(lv.concurrency_limit),
                     str(lv.seats_in_use)]
         rows.append(row)
+    if seats is not None and configuration:
+        return tabwrite(rows) + f"# configuration {configuration}\n"
     return tabwrite(rows)
 
 

@@ -1,7 +1,9 @@
 """A configuration generation: what the master derives from ``APF_CONFIG`` and applies to the
 ledger, at start and on every HUP.
 
-    gen = load_generation(settings)            # raises the loader's errors
+    gen = load_generation(settings)            # raises the loader's errors; gen.digest set
+    contents = read_config_files(settings.config_source)   # or read first, hash, then load:
+    gen = load_generation(settings, 2, contents)            # config_digest(source, contents)
     derive_limits(gen, server_limit)           # again for another server limit
     level_specs(gen)
     configure_ledger(ledger, gen, now)         # gen.level_index / fs_index filled in
@@ -9,6 +11,7 @@ ledger, at start and on every HUP.
     before = level_seats(ledger, old_gen)      # on a reload, around configure_ledger:
     config_change_lines(old_gen.configuration, gen.configuration)  # objects added/removed/changed
     seat_change_lines(before, level_seats(ledger, gen))   # each level's seats before/after
+    worker_change_lines(old_gen.configuration, gen.configuration)  # what workers must re-read
 
 Workers take the per-level request widths (``level_max_seats``) and the route cost table
 (``route_table``) from the generation they inherit.
@@ -17,12 +20,14 @@ Workers take the per-level request widths (``level_max_seats``) and the route co
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apf_gunicorn.flowcontrol import fairness
 from apf_gunicorn.flowcontrol.limits import compute_limits
-from apf_gunicorn.flowcontrol.loader import load_configuration
-from apf_gunicorn.flowcontrol.matching import Classifier
+from apf_gunicorn.flowcontrol.loader import load_configuration, read_config_files
+from apf_gunicorn.flowcontrol.matching import Classifier, queues_flows
 from apf_gunicorn.flowcontrol.workestimate import level_max_seats as widest
 from apf_gunicorn.ledger.ledger import LevelSpec
 from apf_gunicorn.server.settings import default_concurrency_limit
@@ -34,17 +39,47 @@ if TYPE_CHECKING:
     from apf_gunicorn.server.settings import Settings
 
 
-def load_generation(settings: Settings, number: int = 1) -> Generation:
+def load_generation(settings: Settings, number: int = 1,
+                    contents: list[tuple[str, bytes]] | None = None) -> Generation:
     """Load ``APF_CONFIG`` and derive the levels' limits and the classifier.
 
+    Args:
+        settings: whose ``config_source`` is loaded; number: the generation's number;
+        contents: the source's files as ``read_config_files`` read them (read here when None).
+    Returns:
+        The generation, its ``digest`` that of exactly the bytes it was loaded from.
     Raises:
         ConfigErrors: the configuration is invalid (every error listed).
         OSError: it cannot be read.
     """
-    cfg = load_configuration(settings.config_source)
-    gen = Generation(cfg, {}, Classifier(cfg), {}, {}, number, fairness=settings.fairness)
+    source = settings.config_source
+    if contents is None:
+        contents = read_config_files(source)
+    cfg = load_configuration(source, contents)
+    gen = Generation(cfg, {}, Classifier(cfg), {}, {}, number, fairness=settings.fairness,
+                     digest=config_digest(source, contents))
     derive_limits(gen, settings.concurrency_limit)
     return gen
+
+
+def config_digest(source: str | Path, contents: list[tuple[str, bytes]]) -> str:
+    """``sha256:<hex>`` of a configuration's files, to tell which version runs.
+
+    A file: the SHA-256 of its bytes (what ``sha256sum FILE`` prints). A directory (and a
+    built-in set): the SHA-256 of ``sha256sum``'s lines for its files in name order,
+    ``<hex>  <file name>\n`` each (``cd DIR && sha256sum $(ls *.yaml *.yml) | sha256sum``
+    when the names sort the same).
+    """
+    if len(contents) == 1 and Path(contents[0][0]) == Path(str(source)):
+        return "sha256:" + hashlib.sha256(contents[0][1]).hexdigest()
+    lines = "".join(f"{hashlib.sha256(data).hexdigest()}  {Path(name).name}\n"
+                    for name, data in contents)
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def short_digest(digest: str) -> str:
+    """``sha256:`` and the first 16 hex digits, as the metrics, dumps and log show it."""
+    return digest[:len("sha256:") + 16]
 
 
 def derive_limits(gen: Generation, server_limit: int) -> None:
@@ -158,13 +193,19 @@ def _changed_fields(old: Any, new: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def _object_changes(kind: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """One line naming the objects of ``kind`` added, removed and changed (with the fields)."""
-    parts = []
+def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """The names added and removed, and the changed ones with their fields: ``'x' (a, b)``."""
     added = sorted(new.keys() - old.keys())
     removed = sorted(old.keys() - new.keys())
     changed = [f"{name!r} ({', '.join(fields)})" for name in sorted(old.keys() & new.keys())
                if (fields := _changed_fields(old[name], new[name]))]
+    return added, removed, changed
+
+
+def _object_changes(kind: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """One line naming the objects of ``kind`` added, removed and changed (with the fields)."""
+    parts = []
+    added, removed, changed = _diff(old, new)
     if added:
         parts.append("added " + ", ".join(repr(n) for n in added))
     if removed:
@@ -188,6 +229,64 @@ def config_change_lines(old: Configuration, new: Configuration) -> list[str]:
     return [_object_changes("FlowSchemas", {fs.name: fs for fs in old.flow_schemas},
                             {fs.name: fs for fs in new.flow_schemas}),
             _object_changes("priority levels", old.priority_levels, new.priority_levels)]
+
+
+def config_change_summary(old: Configuration, new: Configuration) -> str:
+    """A reload's changes counted, for its one log line: ``5 priority levels (1 added,
+    0 removed, 1 changed), 4 FlowSchemas (0 added, 0 removed, 0 changed)``."""
+    parts = []
+    for kind, a, b in (("priority levels", old.priority_levels, new.priority_levels),
+                       ("FlowSchemas", {fs.name: fs for fs in old.flow_schemas},
+                        {fs.name: fs for fs in new.flow_schemas})):
+        added, removed, changed = _diff(a, b)
+        parts.append(f"{len(b)} {kind} ({len(added)} added, {len(removed)} removed, "
+                     f"{len(changed)} changed)")
+    return ", ".join(parts)
+
+
+def _worker_schemas(cfg: Configuration) -> dict[str, Any]:
+    """The FlowSchemas a worker's classifier matches by (the dangling ones are left out)."""
+    return {fs.name: fs for fs in cfg.flow_schemas if fs.priority_level in cfg.priority_levels}
+
+
+def _worker_level_view(level: Any) -> tuple:
+    """What a worker takes from a level it classifies into, besides its name: the uid (a
+    response header), whether it is exempt, its limit response and whether its requests get
+    a flow (more than one queue), and its max-seats annotation. Its shares, queue sizes and
+    fairness live in the ledger, which the master changes in place."""
+    return (level.uid, level.type, level.limit_response, queues_flows(level), level.max_seats)
+
+
+def worker_change_lines(old: Configuration, new: Configuration) -> list[str]:
+    """What of a new configuration the running workers cannot take without being replaced.
+
+    A worker classifies with the FlowSchemas and the levels they name as it was forked with
+    them (``admission/boot.py``); everything else (new or unused levels, shares, queues,
+    fairness: the ledger's) reaches it through the ledger the master reconfigures. The width
+    clamp a worker computed from the limits (``level_max_seats``) stays as it was, as it does
+    while ``APF_CONCURRENCY_LIMIT=auto`` moves the limit.
+
+    Args:
+        old, new: the configuration the workers run and the one applied.
+    Returns:
+        Lines naming the FlowSchemas and the levels that changed for the workers, such as
+        ``FlowSchemas: added 'extra'`` or ``priority level 'web': type``; empty when the
+        workers may go on as they are.
+    """
+    before, after = _worker_schemas(old), _worker_schemas(new)
+    if before.keys() != after.keys() or any(_changed_fields(before[n], after[n])
+                                              for n in before):
+        return [_object_changes("FlowSchemas", before, after)]
+    names = ("metadata.uid", "type", "limitResponse.type", "queuing.queues (one or several)",
+             "annotation apf-gunicorn.io/max-seats")
+    lines = []
+    for name in sorted({fs.priority_level for fs in after.values()}):
+        a, b = (_worker_level_view(old.priority_levels[name]),
+                _worker_level_view(new.priority_levels[name]))
+        if a != b:
+            fields = ", ".join(n for n, x, y in zip(names, a, b, strict=True) if x != y)
+            lines.append(f"priority level {name!r}: {fields}")
+    return lines
 
 
 def config_error_lines(exc: BaseException) -> list[str]:

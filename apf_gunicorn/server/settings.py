@@ -156,6 +156,9 @@ class Settings:
     load_report_interval_s: float = 0.1  # APF_LOAD_REPORT_INTERVAL: ORCA value reused this long
     # the built-in configuration used when APF_CONFIG is unset (see builtin_configuration)
     builtin: str = DEFAULT_BUILTIN
+    # APF_CONFIG_WATCH: the master applies APF_CONFIG's file (or directory) when it changes
+    # (master/reload.py); False: only a HUP does
+    config_watch: bool = True
 
     @property
     def config_source(self) -> str:
@@ -450,6 +453,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         fairness=fairness_name,
         paths=paths,
         builtin=builtin_configuration(user_from, get("APF_JWT_KEY") is not None, request_info),
+        config_watch=_on_off(get, "APF_CONFIG_WATCH", True,
+                             "must be 'on' (1, true: the master applies APF_CONFIG when its "
+                             "file or directory changes) or 'off' (0, false: only a HUP "
+                             "reloads it)"),
         **_load_balancer_settings(get),
         **_jwt_settings(get, user_from),
     )
@@ -545,6 +552,24 @@ def _choice(get: Callable[[str], str | None], var: str, default: str,
     if value not in names:
         raise SettingsError(var, raw or "", allowed)
     return value
+
+
+def _on_off(get: Callable[[str], str | None], var: str, default: bool, allowed: str) -> bool:
+    """A switch: ``on``/``1``/``true`` or ``off``/``0``/``false`` (any case; ``default`` when
+    unset).
+
+    Raises:
+        SettingsError: it is set to anything else (``allowed`` says what may be).
+    """
+    raw = get(var)
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("on", "1", "true"):
+        return True
+    if value in ("off", "0", "false"):
+        return False
+    raise SettingsError(var, raw, allowed)
 
 
 def _int_setting(get: Callable[[str], str | None], var: str, default: int, lo: int, hi: int,

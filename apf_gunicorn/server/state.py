@@ -31,6 +31,8 @@ class Generation:
     number: int = 1
     # APF_FAIRNESS: the fairness of levels without an apf-gunicorn.io/fairness annotation
     fairness: str = "kubernetes"
+    # "sha256:<hex>" of the bytes it was read from (generation.config_digest)
+    digest: str = ""
 
 
 @dataclass
@@ -48,9 +50,15 @@ class MasterState:
     # worker index -> gunicorn's Worker (pre_fork): master/reclaim.py finds dead ones by it
     forked: dict[int, Any] = field(default_factory=dict)
     services: Any = None  # master.MasterServices
+    watcher: Any = None  # master.reload.ConfigWatcher while APF_CONFIG_WATCH follows the files
     reload_errors: int = 0
     # workers that exited holding requests (killed or crashed mid-request): master/reclaim.py
     workers_reclaimed: int = 0
+    # configuration reloads so far by (result, trigger): ("applied" | "refused", "file" | "hup")
+    reloads: dict[tuple[str, str], int] = field(default_factory=dict)
+    # the digest a file change applied and asked gunicorn to restart the workers for (their
+    # classifier); the HUP that restarts them does not apply it again (master/reload.py)
+    restart_digest: str = ""
     borrowing_states: Any = None
     master_pid: int = 0
     auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto

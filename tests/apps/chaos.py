@@ -397,10 +397,15 @@ def scenario_hostile(srv, n: int, seed: int = 7) -> tuple[dict, list[str]]:
     return {"sent": sent, "answers": dict(sorted(seen.items()))}, problems
 
 
+#: the server environment for :func:`scenario_hups`: it counts one reload per HUP, and the
+#: master's file watcher (on by default) would apply each written file on its own as well
+HUP_ONLY = {"APF_CONFIG_WATCH": "off"}
+
+
 def scenario_hups(srv, track: str, config, valid: str, invalid: str,
                   hups: int) -> tuple[dict, list[str]]:
     """``hups`` HUPs under mixed load, alternating a valid and an invalid configuration, each
-    sent once the master has read the previous one."""
+    sent once the master has read the previous one (the server runs with :data:`HUP_ONLY`)."""
     def reloads() -> int:
         log = srv.log()
         return log.count("reload rejected") + log.count("apf: configuration generation")
