@@ -13,12 +13,13 @@ import sys
 import threading
 from collections.abc import Callable
 
-from apf_gunicorn.signals import psycopg_pools, sqlalchemy_pools
+from apf_gunicorn.signals import asyncpg_pools, psycopg_pools, sqlalchemy_pools
 
 #: top-level package -> what installs its discovery once the package is imported
 WATCHED: dict[str, Callable[[], bool]] = {
     "sqlalchemy": sqlalchemy_pools.install,
     "psycopg_pool": psycopg_pools.install,
+    "asyncpg": asyncpg_pools.install,
 }
 
 _lock = threading.Lock()
