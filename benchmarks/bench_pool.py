@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pool.py [--kinds sqlalchemy psycopg_pool django]
                                               [--duration 18] [--json FILE]
+    .venv/bin/python benchmarks/bench_pool.py --worker uvicorn [--kinds asyncpg psycopg_async]
 
 Starts a throwaway PostgreSQL (``tests/apps/pgserver.py``; Debian's ``postgresql`` package,
 which ``scripts/test.sh`` installs), then per pool kind real gunicorn servers on 127.0.0.1,
@@ -22,6 +23,11 @@ p99 and how many requests they stand on, the flood's 200s per second, answers th
 nothing-set row's light p99 <= 1.2 x tuned's + 5 ms, its flood 200s >= 0.9 x tuned's, no 5xx,
 and each p99 on at least 100 light requests. The machine's load average is printed before
 each row: on a shared host, read the numbers with it.
+
+``--worker uvicorn``: the same under ``-k apf_gunicorn.asgi.UvicornWorker`` (2 workers), with
+the app's async pools (a Starlette app: ``asyncpg``'s pool, psycopg_pool's
+``AsyncConnectionPool``; 4 connections per worker). A request waiting there holds no thread,
+so the default without the pools is workers x 32 = 64 seats, which is the "before" row.
 """
 
 from __future__ import annotations
@@ -52,10 +58,16 @@ PATH = "/query?ms=50"
 ENOUGH = 100
 ROWS = [("before", "20"), ("nothing set", None), ("tuned 10", "10")]
 KINDS = ("sqlalchemy", "psycopg_pool", "django")
+#: --worker uvicorn: the async pools, and the ASGI default without them (2 workers x 32)
+ASYNC_KINDS = ("asyncpg", "psycopg_async")
+ASYNC_ROWS = [("before", "64"), ("nothing set", None), ("tuned 10", "10")]
+UVICORN = "apf_gunicorn.asgi.UvicornWorker"
 
 
-def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) -> dict:
-    """One server and the traffic against it: the events and the limit each second."""
+def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
+            worker: str = "gthread") -> dict:
+    """One server and the traffic against it: the events and the limit each second.
+    ``worker``: ``gthread`` (2 x 20 threads) or ``uvicorn`` (the async kinds)."""
     admin, port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), POOL_BENCH_KIND=kind, POOL_BENCH_DSN=dsn,
                APF_TRUSTED_PROXIES="127.0.0.1", APF_ADMIN_BIND=f"127.0.0.1:{admin}",
@@ -63,8 +75,9 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) 
     env.pop("APF_CONCURRENCY_LIMIT", None)
     if limit is not None:
         env["APF_CONCURRENCY_LIMIT"] = limit
-    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(WORKERS), "--threads",
-           str(THREADS), "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
+    kind_args = ["-k", UVICORN] if worker == "uvicorn" else ["--threads", str(THREADS)]
+    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(WORKERS), *kind_args,
+           "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
            "--graceful-timeout", "3", "pool_bench_app:app"]
     log = tmp / f"gunicorn-{kind}-{limit}.log"
     with running(cmd, env, log, port):
@@ -138,7 +151,11 @@ def verdicts(rows: dict) -> list[tuple[bool, str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--worker", choices=("gthread", "uvicorn"), default="gthread",
+                    help="gthread: the sync pools (Flask); uvicorn: the async pools (Starlette)")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS + ASYNC_KINDS,
+                    help=f"default: {' '.join(KINDS)} (gthread), {' '.join(ASYNC_KINDS)} "
+                         "(uvicorn)")
     ap.add_argument("--rows", nargs="+", choices=[r for r, _ in ROWS],
                     default=[r for r, _ in ROWS])
     ap.add_argument("--duration", type=float, default=18.0,
@@ -148,6 +165,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.duration <= FLOOD_START + SETTLE + 2:
         ap.error(f"--duration must be more than {FLOOD_START + SETTLE + 2} s")
+    fits, rows = (ASYNC_KINDS, ASYNC_ROWS) if args.worker == "uvicorn" else (KINDS, ROWS)
+    args.kinds = args.kinds or list(fits)
+    wrong = [k for k in args.kinds if k not in fits]
+    if wrong:
+        ap.error(f"--worker {args.worker} serves the kinds {', '.join(fits)}, not "
+                 f"{', '.join(wrong)}")
     out: dict = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="apf-bench-pool-") as tmp, \
@@ -155,11 +178,11 @@ def main() -> int:
         pg.wait_ready()
         for kind in args.kinds:
             out[kind] = {}
-            for label, limit in ROWS:
+            for label, limit in rows:
                 if label not in args.rows:
                     continue
                 load = os.getloadavg()[0]
-                result = run_row(pg.dsn, kind, limit, args.duration, Path(tmp))
+                result = run_row(pg.dsn, kind, limit, args.duration, Path(tmp), args.worker)
                 row = summarize(result, FLOOD_START + SETTLE, args.duration)
                 row["load_before"] = round(load, 2)
                 out[kind][label] = row
