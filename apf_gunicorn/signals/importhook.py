@@ -2,7 +2,12 @@
 soon as the app imports it (a post-import hook on ``sys.meta_path``), so that no library is
 imported for an app that does not use it.
 
-    importhook.install()   # a worker, before it loads the app (admission/boot.py)
+    importhook.install()   # a worker, before it loads the app; the master, when gunicorn loads
+                           # the worker class, before preload_app loads the app there
+                           # (admission/boot.py: FrontEnd.init_process, FrontEnd.setup)
+
+Installed in the master, the hook and the patches are inherited by every worker it forks, and
+so are the pools registered there.
 """
 
 from __future__ import annotations
