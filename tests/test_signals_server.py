@@ -130,14 +130,16 @@ def test_with_nothing_set_under_the_uvicorn_worker_the_limit_follows_a_resource(
 def test_pool_signals_off_leaves_the_libraries_alone(server_factory, tmp_path):
     """APF_POOL_SIGNALS=off: no discovery in the workers (the first worker would log the pool
     when the app makes its engine, before it serves), no pool series, and the default limit
-    does not follow a pool."""
+    does not follow a pool. Given with gunicorn's ``-e``, which the master applies only after
+    it loaded the worker class (whose setup() installs the discovery in the master): the
+    workers still patch nothing."""
     admin = free_port()
     env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
-           "APF_POOL_SIGNALS": "off",
            "POOL_APP_DB_URL": f"sqlite:///{tmp_path / 'pool.sqlite'}"}
-    with server_factory(workers=2, threads=20, env=env,
-                        args=("tests.apps.pool_app:app",)) as srv:
+    with server_factory(workers=2, threads=20, env=env, app="tests.apps.pool_app:app",
+                        args=("-e", "APF_POOL_SIGNALS=off")) as srv:
         assert srv.request("/work?ms=1")[0] == 200, srv.log()
+        assert {srv.request("/patched")[2] for _ in range(6)} == {b"no"}, srv.log()
         assert "found pool" not in srv.log(), srv.log()
         assert srv.wait_for(lambda: limit_seats(admin) is not None), srv.log()
         assert not any(n.startswith("apf_pool_") for n, _ in scrape(admin)), scrape(admin)

@@ -87,6 +87,8 @@ class FrontEnd:
         # in the libraries the app imports (signals/importhook.py).
         if state.MASTER is not None and getattr(state.MASTER, "pool_table", None) is not None:
             importhook.install()
+        else:  # off (maybe by gunicorn's -e, which the master's setup() could not see yet)
+            importhook.uninstall()
         super().init_process()
 
     def apf_parking(self) -> Any:

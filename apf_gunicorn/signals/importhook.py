@@ -69,6 +69,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 _HOOK = _AfterImport()
 
 
+def uninstall() -> None:
+    """Take the post-import hook off ``sys.meta_path`` (a worker with the signals off that
+    inherited it from its master); libraries already patched stay so."""
+    with _lock:
+        while _HOOK in sys.meta_path:
+            sys.meta_path.remove(_HOOK)
+
+
 def install() -> list[str]:
     """Install the discovery of every watched library: now for those imported, on import for
     the others. Idempotent. Returns the libraries watched now."""

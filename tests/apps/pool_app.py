@@ -22,6 +22,12 @@ def healthz():
     return "ok"
 
 
+@app.route("/patched")
+def patched():
+    """Whether the pool discovery patched SQLAlchemy in this worker (``yes``/``no``)."""
+    return "yes" if hasattr(sa.pool.QueuePool._do_get, "__wrapped__") else "no"
+
+
 @app.route("/work")  # (the path tests/apps/apf.yaml gives a level of its own)
 def db():
     seconds = float(request.args.get("ms", "50")) / 1000
