@@ -50,7 +50,7 @@ from bench_adaptive import _metric, _pct  # noqa: E402
 from plot_effect import GUNICORN, _client_loop, _flood, running  # noqa: E402
 
 from tests.apps.pgserver import PostgresServer  # noqa: E402
-from tests.apps.procs import free_port  # noqa: E402
+from tests.apps.procs import children, free_port  # noqa: E402
 
 WORKERS, THREADS, FLOOD, LIGHT_USERS, THINK = 2, 20, 32, 5, 0.2
 FLOOD_START, SETTLE = 2.0, 4.0
@@ -80,7 +80,8 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
            "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
            "--graceful-timeout", "3", "pool_bench_app:app"]
     log = tmp / f"gunicorn-{kind}-{limit}.log"
-    with running(cmd, env, log, port):
+    split: list[int] = []
+    with running(cmd, env, log, port) as proc:
         ctx = multiprocessing.get_context("fork")
         recv, send = ctx.Pipe(duplex=False)
         t0 = time.monotonic() + 0.5
@@ -96,6 +97,8 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
                 samples.append((round(time.monotonic() - t0, 1),
                                 _metric(admin, "apf_server_concurrency_limit_seats")))
                 k += 1
+                if k == int(FLOOD_START + SETTLE + 1):  # the flood's connections, in the window
+                    split.extend(connection_split(proc.pid, port))
                 stop.wait(max(0.0, t0 + k - time.monotonic()))
 
         light: list = []
@@ -113,7 +116,39 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
         threads[0].join()
     lines = [ln for ln in log.read_text(errors="replace").splitlines()
              if "concurrency limit" in ln and "->" in ln]
-    return {"light": light, "flood": heavy, "limit": samples, "log": lines}
+    return {"light": light, "flood": heavy, "limit": samples, "log": lines, "split": split}
+
+
+def connection_split(master: int, port: int) -> list[int]:
+    """The client connections each worker of ``master`` holds on ``port`` now, most first
+    (from /proc). Under the uvicorn worker the flood's connections can land mostly in one
+    worker, whose own pool then bounds what its seats serve: read a row with its split."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cells = row.split()
+            if cells[3] == "01" and int(cells[1].rsplit(":", 1)[1], 16) == port:  # ESTABLISHED
+                inodes.add(cells[9])
+    counts = []
+    for pid in children(master):
+        held = 0
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            held += link.startswith("socket:[") and link[8:-1] in inodes
+        counts.append(held)
+    return sorted(counts, reverse=True)
 
 
 def summarize(result: dict, start: float, end: float) -> dict:
@@ -130,7 +165,8 @@ def summarize(result: dict, start: float, end: float) -> dict:
             "5xx": sum(n for k, n in statuses.items() if k.split()[1].startswith("5")),
             "light_not_200": sum(n for k, n in statuses.items()
                                  if k.startswith("light") and not k.endswith(" 200")),
-            "limit": [v for _, v in result["limit"]], "changes": result["log"]}
+            "limit": [v for _, v in result["limit"]], "changes": result["log"],
+            "connections_per_worker": result.get("split", [])}
 
 
 def verdicts(rows: dict) -> list[tuple[bool, str]]:
@@ -189,7 +225,8 @@ def main() -> int:
                 print(f"{kind:13} {label:12} load {load:4.1f}  light p50 {row['light_p50_ms']:6.1f}"
                       f" p99 {row['light_p99_ms']:6.1f} ms (n={row['light_n']})  flood "
                       f"{row['flood_200_per_s']:6.1f}/s  5xx {row['5xx']}  limit "
-                      f"{row['limit'][-1] if row['limit'] else '-'}", flush=True)
+                      f"{row['limit'][-1] if row['limit'] else '-'}  connections per worker "
+                      f"{'/'.join(map(str, row['connections_per_worker'])) or '-'}", flush=True)
                 for line in row["changes"][:6]:
                     print(f"{'':28}{line.split('apf: ', 1)[-1]}")
             if {"nothing set", "tuned 10"} <= out[kind].keys():
