@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pool.py [--kinds sqlalchemy psycopg_pool django]
                                               [--duration 18] [--json FILE]
+    .venv/bin/python benchmarks/bench_pool.py --worker uvicorn [--kinds asyncpg psycopg_async]
 
 Starts a throwaway PostgreSQL (``tests/apps/pgserver.py``; Debian's ``postgresql`` package,
 which ``scripts/test.sh`` installs), then per pool kind real gunicorn servers on 127.0.0.1,
@@ -22,6 +23,11 @@ p99 and how many requests they stand on, the flood's 200s per second, answers th
 nothing-set row's light p99 <= 1.2 x tuned's + 5 ms, its flood 200s >= 0.9 x tuned's, no 5xx,
 and each p99 on at least 100 light requests. The machine's load average is printed before
 each row: on a shared host, read the numbers with it.
+
+``--worker uvicorn``: the same under ``-k apf_gunicorn.asgi.UvicornWorker`` (2 workers), with
+the app's async pools (a Starlette app: ``asyncpg``'s pool, psycopg_pool's
+``AsyncConnectionPool``; 4 connections per worker). A request waiting there holds no thread,
+so the default without the pools is workers x 32 = 64 seats, which is the "before" row.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from bench_adaptive import _metric, _pct  # noqa: E402
 from plot_effect import GUNICORN, _client_loop, _flood, running  # noqa: E402
 
 from tests.apps.pgserver import PostgresServer  # noqa: E402
-from tests.apps.procs import free_port  # noqa: E402
+from tests.apps.procs import children, free_port  # noqa: E402
 
 WORKERS, THREADS, FLOOD, LIGHT_USERS, THINK = 2, 20, 32, 5, 0.2
 FLOOD_START, SETTLE = 2.0, 4.0
@@ -52,10 +58,16 @@ PATH = "/query?ms=50"
 ENOUGH = 100
 ROWS = [("before", "20"), ("nothing set", None), ("tuned 10", "10")]
 KINDS = ("sqlalchemy", "psycopg_pool", "django")
+#: --worker uvicorn: the async pools, and the ASGI default without them (2 workers x 32)
+ASYNC_KINDS = ("asyncpg", "psycopg_async")
+ASYNC_ROWS = [("before", "64"), ("nothing set", None), ("tuned 10", "10")]
+UVICORN = "apf_gunicorn.asgi.UvicornWorker"
 
 
-def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) -> dict:
-    """One server and the traffic against it: the events and the limit each second."""
+def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
+            worker: str = "gthread") -> dict:
+    """One server and the traffic against it: the events and the limit each second.
+    ``worker``: ``gthread`` (2 x 20 threads) or ``uvicorn`` (the async kinds)."""
     admin, port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), POOL_BENCH_KIND=kind, POOL_BENCH_DSN=dsn,
                APF_TRUSTED_PROXIES="127.0.0.1", APF_ADMIN_BIND=f"127.0.0.1:{admin}",
@@ -63,11 +75,13 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) 
     env.pop("APF_CONCURRENCY_LIMIT", None)
     if limit is not None:
         env["APF_CONCURRENCY_LIMIT"] = limit
-    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(WORKERS), "--threads",
-           str(THREADS), "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
+    kind_args = ["-k", UVICORN] if worker == "uvicorn" else ["--threads", str(THREADS)]
+    cmd = [GUNICORN, "-c", "python:apf_gunicorn.conf", "-w", str(WORKERS), *kind_args,
+           "-b", f"127.0.0.1:{port}", "--pythonpath", str(ROOT / "benchmarks"),
            "--graceful-timeout", "3", "pool_bench_app:app"]
     log = tmp / f"gunicorn-{kind}-{limit}.log"
-    with running(cmd, env, log, port):
+    split: list[int] = []
+    with running(cmd, env, log, port) as proc:
         ctx = multiprocessing.get_context("fork")
         recv, send = ctx.Pipe(duplex=False)
         t0 = time.monotonic() + 0.5
@@ -83,6 +97,8 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) 
                 samples.append((round(time.monotonic() - t0, 1),
                                 _metric(admin, "apf_server_concurrency_limit_seats")))
                 k += 1
+                if k == int(FLOOD_START + SETTLE + 1):  # the flood's connections, in the window
+                    split.extend(connection_split(proc.pid, port))
                 stop.wait(max(0.0, t0 + k - time.monotonic()))
 
         light: list = []
@@ -100,7 +116,39 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path) 
         threads[0].join()
     lines = [ln for ln in log.read_text(errors="replace").splitlines()
              if "concurrency limit" in ln and "->" in ln]
-    return {"light": light, "flood": heavy, "limit": samples, "log": lines}
+    return {"light": light, "flood": heavy, "limit": samples, "log": lines, "split": split}
+
+
+def connection_split(master: int, port: int) -> list[int]:
+    """The client connections each worker of ``master`` holds on ``port`` now, most first
+    (from /proc). Under the uvicorn worker the flood's connections can land mostly in one
+    worker, whose own pool then bounds what its seats serve: read a row with its split."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cells = row.split()
+            if cells[3] == "01" and int(cells[1].rsplit(":", 1)[1], 16) == port:  # ESTABLISHED
+                inodes.add(cells[9])
+    counts = []
+    for pid in children(master):
+        held = 0
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            held += link.startswith("socket:[") and link[8:-1] in inodes
+        counts.append(held)
+    return sorted(counts, reverse=True)
 
 
 def summarize(result: dict, start: float, end: float) -> dict:
@@ -117,7 +165,8 @@ def summarize(result: dict, start: float, end: float) -> dict:
             "5xx": sum(n for k, n in statuses.items() if k.split()[1].startswith("5")),
             "light_not_200": sum(n for k, n in statuses.items()
                                  if k.startswith("light") and not k.endswith(" 200")),
-            "limit": [v for _, v in result["limit"]], "changes": result["log"]}
+            "limit": [v for _, v in result["limit"]], "changes": result["log"],
+            "connections_per_worker": result.get("split", [])}
 
 
 def verdicts(rows: dict) -> list[tuple[bool, str]]:
@@ -138,7 +187,11 @@ def verdicts(rows: dict) -> list[tuple[bool, str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--worker", choices=("gthread", "uvicorn"), default="gthread",
+                    help="gthread: the sync pools (Flask); uvicorn: the async pools (Starlette)")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS + ASYNC_KINDS,
+                    help=f"default: {' '.join(KINDS)} (gthread), {' '.join(ASYNC_KINDS)} "
+                         "(uvicorn)")
     ap.add_argument("--rows", nargs="+", choices=[r for r, _ in ROWS],
                     default=[r for r, _ in ROWS])
     ap.add_argument("--duration", type=float, default=18.0,
@@ -148,6 +201,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.duration <= FLOOD_START + SETTLE + 2:
         ap.error(f"--duration must be more than {FLOOD_START + SETTLE + 2} s")
+    fits, rows = (ASYNC_KINDS, ASYNC_ROWS) if args.worker == "uvicorn" else (KINDS, ROWS)
+    args.kinds = args.kinds or list(fits)
+    wrong = [k for k in args.kinds if k not in fits]
+    if wrong:
+        ap.error(f"--worker {args.worker} serves the kinds {', '.join(fits)}, not "
+                 f"{', '.join(wrong)}")
     out: dict = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="apf-bench-pool-") as tmp, \
@@ -155,18 +214,19 @@ def main() -> int:
         pg.wait_ready()
         for kind in args.kinds:
             out[kind] = {}
-            for label, limit in ROWS:
+            for label, limit in rows:
                 if label not in args.rows:
                     continue
                 load = os.getloadavg()[0]
-                result = run_row(pg.dsn, kind, limit, args.duration, Path(tmp))
+                result = run_row(pg.dsn, kind, limit, args.duration, Path(tmp), args.worker)
                 row = summarize(result, FLOOD_START + SETTLE, args.duration)
                 row["load_before"] = round(load, 2)
                 out[kind][label] = row
                 print(f"{kind:13} {label:12} load {load:4.1f}  light p50 {row['light_p50_ms']:6.1f}"
                       f" p99 {row['light_p99_ms']:6.1f} ms (n={row['light_n']})  flood "
                       f"{row['flood_200_per_s']:6.1f}/s  5xx {row['5xx']}  limit "
-                      f"{row['limit'][-1] if row['limit'] else '-'}", flush=True)
+                      f"{row['limit'][-1] if row['limit'] else '-'}  connections per worker "
+                      f"{'/'.join(map(str, row['connections_per_worker'])) or '-'}", flush=True)
                 for line in row["changes"][:6]:
                     print(f"{'':28}{line.split('apf: ', 1)[-1]}")
             if {"nothing set", "tuned 10"} <= out[kind].keys():

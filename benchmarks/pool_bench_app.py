@@ -1,11 +1,19 @@
-"""Flask app for ``bench_pool.py``: each ``/query`` runs one ``SELECT pg_sleep(0.05)`` on a
+"""The app for ``bench_pool.py``: each ``/query`` runs one ``SELECT pg_sleep(0.05)`` on a
 pooled PostgreSQL connection, 4 connections per worker; nothing in it knows about apf_gunicorn.
+A Flask app (WSGI, the gthread worker) for the synchronous pools, a Starlette app (ASGI, the
+uvicorn worker) for the async ones.
 
 ``POOL_BENCH_KIND`` picks the pool: ``sqlalchemy`` (``create_engine(pool_size=4,
 max_overflow=0)``), ``psycopg_pool`` (``ConnectionPool(min_size=4, max_size=4)``) or ``django``
 (Django 5.2's postgresql backend with ``OPTIONS: {"pool": {"min_size": 4, "max_size": 4}}``,
 used from the Flask view through ``django.db.connection``). ``POOL_BENCH_DSN`` is the libpq
 connection string. ``/ok`` answers without the database (readiness).
+
+The async kinds, under ``-k apf_gunicorn.asgi.UvicornWorker``: ``asyncpg``
+(``asyncpg.create_pool(min_size=4, max_size=4)``, made at the lifespan's startup: an asyncpg
+pool belongs to the loop it is made on) and ``psycopg_async`` (psycopg_pool's
+``AsyncConnectionPool(min_size=4, max_size=4)``, made at import and opened at the lifespan's
+startup).
 """
 
 import os
@@ -63,8 +71,36 @@ elif KIND == "django":
         finally:
             connection.close()  # back to the pool, as Django does at a request's end
 
+elif KIND == "asyncpg":
+    import asyncpg
+
+    p = _params()
+    URL = f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+    APOOL = None
+
+    async def open_pool() -> None:
+        global APOOL
+        APOOL = await asyncpg.create_pool(URL, min_size=SIZE, max_size=SIZE)
+
+    async def query_async(seconds: float) -> None:
+        async with APOOL.acquire() as conn:
+            await conn.execute("SELECT pg_sleep($1)", seconds)
+
+elif KIND == "psycopg_async":
+    from psycopg_pool import AsyncConnectionPool
+
+    APOOL = AsyncConnectionPool(DSN, min_size=SIZE, max_size=SIZE, timeout=60, open=False)
+
+    async def open_pool() -> None:
+        await APOOL.open(wait=True)
+
+    async def query_async(seconds: float) -> None:
+        async with APOOL.connection() as conn:
+            await conn.execute("SELECT pg_sleep(%s)", (seconds,))
+
 else:
-    raise SystemExit(f"POOL_BENCH_KIND must be sqlalchemy, psycopg_pool or django, not {KIND!r}")
+    raise SystemExit("POOL_BENCH_KIND must be sqlalchemy, psycopg_pool, django, asyncpg or "
+                     f"psycopg_async, not {KIND!r}")
 
 
 @app.route("/ok")
@@ -76,3 +112,29 @@ def ok():
 def db():
     query(float(request.args.get("ms", "50")) / 1000)
     return "ok"
+
+
+if KIND in ("asyncpg", "psycopg_async"):
+    import contextlib
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def ok_async(request):
+        return PlainTextResponse("ok")
+
+    async def db_async(request):
+        await query_async(float(request.query_params.get("ms", "50")) / 1000)
+        return PlainTextResponse("ok")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        await open_pool()
+        try:
+            yield
+        finally:
+            await APOOL.close()
+
+    app = Starlette(routes=[Route("/ok", ok_async), Route("/query", db_async)],
+                    lifespan=lifespan)

@@ -4,6 +4,7 @@ on SQLite, apf_gunicorn.resource, the import hook, and what /metrics and dump_po
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import threading
@@ -223,6 +224,29 @@ print(r.kind, r.capacity)
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sqlalchemy", "4"]
+
+
+@pytest.mark.parametrize("signals", ["on", "off"])
+def test_the_master_installs_the_discovery_when_gunicorn_loads_the_worker_class(signals):
+    """gunicorn calls the worker class's ``setup()`` in the master before a ``preload_app``
+    master loads the app: the discovery is in place there (unless APF_POOL_SIGNALS=off),
+    so an engine the app makes in the master is found by its URL, before any checkout."""
+    code = """
+import sys
+from gunicorn.config import Config
+from apf_gunicorn.signals import importhook, pools
+cfg = Config()
+cfg.set("worker_class", "apf_gunicorn.gthread.worker.ApfThreadWorker")
+cfg.worker_class   # what gunicorn's Arbiter.setup does before it preloads the app
+import sqlalchemy as sa
+engine = sa.create_engine("sqlite://", poolclass=sa.pool.QueuePool, pool_size=3)
+print(importhook._HOOK in sys.meta_path, [(r.name, r.capacity) for r in pools.readings()])
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "APF_POOL_SIGNALS": signals})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("True [('sqlite:///', 13)]" if signals == "on"
+                                  else "False []"), out.stdout
 
 
 # -- resource() ---------------------------------------------------------------------------

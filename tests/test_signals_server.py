@@ -130,15 +130,36 @@ def test_with_nothing_set_under_the_uvicorn_worker_the_limit_follows_a_resource(
 def test_pool_signals_off_leaves_the_libraries_alone(server_factory, tmp_path):
     """APF_POOL_SIGNALS=off: no discovery in the workers (the first worker would log the pool
     when the app makes its engine, before it serves), no pool series, and the default limit
-    does not follow a pool."""
+    does not follow a pool. Given with gunicorn's ``-e``, which the master applies only after
+    it loaded the worker class (whose setup() installs the discovery in the master): the
+    workers still patch nothing."""
     admin = free_port()
     env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
-           "APF_POOL_SIGNALS": "off",
            "POOL_APP_DB_URL": f"sqlite:///{tmp_path / 'pool.sqlite'}"}
-    with server_factory(workers=2, threads=20, env=env,
-                        args=("tests.apps.pool_app:app",)) as srv:
+    with server_factory(workers=2, threads=20, env=env, app="tests.apps.pool_app:app",
+                        args=("-e", "APF_POOL_SIGNALS=off")) as srv:
         assert srv.request("/work?ms=1")[0] == 200, srv.log()
+        answers = {srv.request("/work/patched")[::2] for _ in range(6)}
+        assert answers == {(200, b"no")}, (answers, srv.log())
         assert "found pool" not in srv.log(), srv.log()
         assert srv.wait_for(lambda: limit_seats(admin) is not None), srv.log()
         assert not any(n.startswith("apf_pool_") for n, _ in scrape(admin)), scrape(admin)
         assert limit_seats(admin) == 20, srv.log()
+
+
+def test_an_engine_made_in_a_preloading_master_is_found_before_any_request(server_factory,
+                                                                            tmp_path):
+    """``--preload``: the app (and its engine) is loaded in the master, before any worker.
+    The master installed the discovery before loading it (FrontEnd.setup), so the engine's
+    pool is known by its URL in every worker before its first checkout."""
+    admin = free_port()
+    db = tmp_path / "pool.sqlite"
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "POOL_APP_DB_URL": f"sqlite:///{db}",
+           "APF_CONCURRENCY_LIMIT": "32"}
+    name = slot_name(f"sqlite:///{db}")
+    with server_factory(workers=2, threads=4, env=env, args=("--preload",),
+                        app="tests.apps.pool_app:app") as srv:
+        found = srv.wait_for(lambda: pool_samples(admin, name).get("apf_pool_capacity") == 8
+                             and pool_samples(admin, name))
+        assert found, (scrape(admin), srv.log())
+        assert srv.request("/work?ms=1")[0] == 200

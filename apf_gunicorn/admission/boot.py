@@ -35,6 +35,7 @@ from apf_gunicorn.ledger.lock import ProcessLock
 from apf_gunicorn.server import startup, state
 from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
+from apf_gunicorn.server.settings import load_settings
 from apf_gunicorn.signals import importhook
 from apf_gunicorn.signals.publisher import Publisher
 
@@ -63,11 +64,31 @@ class FrontEnd:
     #: loop's worker (False) counts as :data:`LOOP_THREADS` instead.
     apf_holds_threads: bool = True
 
+    @classmethod
+    def setup(cls) -> None:
+        """gunicorn calls this in the master when it loads the worker class, before a
+        ``preload_app`` master loads the app: the pool discovery is installed there too, so
+        the pools the app makes in the master are registered when made, and each worker
+        inherits them with the registry (``signals/importhook.py``). APF_POOL_SIGNALS is read
+        from the environment here (gunicorn applies its ``-e``/``raw_env`` only after this);
+        a bad value installs nothing (``on_starting`` then refuses it)."""
+        try:
+            wanted = load_settings().pool_signals
+        except Exception:  # noqa: BLE001 - reported, with its variable, by on_starting
+            wanted = False
+        if wanted:
+            importhook.install()
+        parent = getattr(super(), "setup", None)
+        if parent is not None:
+            parent()
+
     def init_process(self) -> None:
         # Before gunicorn loads the app in this worker: the pool discovery is then in place
         # in the libraries the app imports (signals/importhook.py).
         if state.MASTER is not None and getattr(state.MASTER, "pool_table", None) is not None:
             importhook.install()
+        else:  # off (maybe by gunicorn's -e, which the master's setup() could not see yet)
+            importhook.uninstall()
         super().init_process()
 
     def apf_parking(self) -> Any:

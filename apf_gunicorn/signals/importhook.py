@@ -2,7 +2,12 @@
 soon as the app imports it (a post-import hook on ``sys.meta_path``), so that no library is
 imported for an app that does not use it.
 
-    importhook.install()   # a worker, before it loads the app (admission/boot.py)
+    importhook.install()   # a worker, before it loads the app; the master, when gunicorn loads
+                           # the worker class, before preload_app loads the app there
+                           # (admission/boot.py: FrontEnd.init_process, FrontEnd.setup)
+
+Installed in the master, the hook and the patches are inherited by every worker it forks, and
+so are the pools registered there.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import sys
 import threading
 from collections.abc import Callable
 
-from apf_gunicorn.signals import psycopg_pools, sqlalchemy_pools
+from apf_gunicorn.signals import asyncpg_pools, psycopg_pools, sqlalchemy_pools
 
 #: top-level package -> what installs its discovery once the package is imported
 WATCHED: dict[str, Callable[[], bool]] = {
     "sqlalchemy": sqlalchemy_pools.install,
     "psycopg_pool": psycopg_pools.install,
+    "asyncpg": asyncpg_pools.install,
 }
 
 _lock = threading.Lock()
@@ -61,6 +67,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 _HOOK = _AfterImport()
+
+
+def uninstall() -> None:
+    """Take the post-import hook off ``sys.meta_path`` (a worker with the signals off that
+    inherited it from its master); libraries already patched stay so."""
+    with _lock:
+        while _HOOK in sys.meta_path:
+            sys.meta_path.remove(_HOOK)
 
 
 def install() -> list[str]:

@@ -55,6 +55,38 @@ class PoolReading:
 Reader = Callable[[Any], "PoolReading | None"]
 
 
+class Probe:
+    """What a discovery measures around one pool's acquire path: requests waiting now and,
+    cumulative, their time waited and how many waited. The lock is taken only by a wait
+    (``+=`` from several threads would lose counts) and by a reading."""
+
+    __slots__ = ("name", "lock", "waiting", "wait_ns", "waits")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.waiting = 0
+        self.wait_ns = 0
+        self.waits = 0
+
+    def begin(self) -> None:
+        """A request starts waiting."""
+        with self.lock:
+            self.waiting += 1
+
+    def end(self, waited_ns: int) -> None:
+        """That request's wait ended (got one, timed out or was cancelled)."""
+        with self.lock:
+            self.waiting -= 1
+            self.wait_ns += waited_ns
+            self.waits += 1
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """``(waiting, wait_ns, waits)`` now."""
+        with self.lock:
+            return self.waiting, self.wait_ns, self.waits
+
+
 class Registry:
     """The pools found in this process, each with the function that reads it (None: not to
     count now, e.g. a closed pool)."""

@@ -15,8 +15,10 @@ A pool not open (never opened, or closed) is not counted. Django's pools are als
 Django itself (``connections[alias].pool`` lives in the postgresql backend's
 ``DatabaseWrapper._connection_pools``) and named ``django:<alias>``; any other pool by its
 ``name`` (psycopg_pool numbers unnamed pools ``pool-1``, ``pool-2``... in construction order,
-the same in every worker that builds them in the same order). A pool constructed before the
-discovery was installed (in the master, with ``preload_app``) is not found.
+the same in every worker that builds them in the same order). A pool constructed in a
+``preload_app`` master is registered there (the master installs the discovery before it loads
+the app) and inherited by the workers; one constructed before the discovery was installed at
+all is not found.
 """
 
 from __future__ import annotations

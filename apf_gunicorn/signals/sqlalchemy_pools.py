@@ -26,29 +26,15 @@ pool whose engine is unknown.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from typing import Any
 
-from apf_gunicorn.signals.pools import REGISTRY, UNBOUNDED, PoolReading, log
+from apf_gunicorn.signals.pools import REGISTRY, UNBOUNDED, PoolReading, Probe, log
 
 _PROBE = "_apf_probe"
 # the pool's creator (kept across engine.dispose()) -> (name, weakref to its engine)
 _BY_CREATOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class Probe:
-    """What this module measures on one pool: requests waiting now, their cumulative wait."""
-
-    __slots__ = ("name", "lock", "waiting", "wait_ns", "waits")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.lock = threading.Lock()  # += from several threads would lose counts
-        self.waiting = 0
-        self.wait_ns = 0
-        self.waits = 0
 
 
 def engine_name(url: Any) -> str:
@@ -105,8 +91,7 @@ def read_pool(pool: Any) -> PoolReading | None:
             adopt(current)  # found before its first checkout
             return read_pool(current)
     probe = adopt(pool)
-    with probe.lock:
-        waiting, wait_ns, waits = probe.waiting, probe.wait_ns, probe.waits
+    waiting, wait_ns, waits = probe.snapshot()
     return PoolReading(name=probe.name, kind="sqlalchemy", capacity=capacity(pool),
                        in_use=max(0, pool.checkedout()), waiting=waiting, wait_ns=wait_ns,
                        waits=waits)
@@ -136,17 +121,12 @@ def _wrap_do_get(orig):
         if (self._max_overflow > -1 and self._overflow >= self._max_overflow
                 and self._pool.empty()):
             # every connection is out and none can be made: QueuePool blocks for one
-            with probe.lock:
-                probe.waiting += 1
+            probe.begin()
             start = _now()
             try:
                 return _orig(self)
             finally:
-                waited = _now() - start
-                with probe.lock:
-                    probe.waiting -= 1
-                    probe.wait_ns += waited
-                    probe.waits += 1
+                probe.end(_now() - start)
         return _orig(self)
 
     _do_get._apf_wrapped = True

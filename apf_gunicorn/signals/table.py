@@ -35,7 +35,7 @@ _WORDS = 6  # kind, capacity, in use, waiting, wait ns, waits
 _SLOT = NAME_BYTES + _WORDS * 8
 _HEADER = 16  # seq, stamp
 _ROW = _HEADER + SLOTS * _SLOT
-KINDS = ("", "sqlalchemy", "psycopg_pool", "django", "resource")
+KINDS = ("", "sqlalchemy", "psycopg_pool", "django", "resource", "asyncpg")
 _WINDOW_NS = 1_000_000_000
 #: gauges count from rows published within this (five windows of the publisher)
 MAX_AGE_NS = 5 * _WINDOW_NS

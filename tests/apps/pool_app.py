@@ -2,8 +2,9 @@
 per worker, no overflow), for the pool signals' server test (tests/test_signals_server.py).
 
 ``POOL_APP_DB_URL`` names the database (a SQLite file, or PostgreSQL); ``/work?ms=N`` holds a
-connection N ms (``pg_sleep`` on PostgreSQL, a sleep after ``SELECT 1`` on SQLite). Nothing in
-it knows about apf_gunicorn.
+connection N ms (``pg_sleep`` on PostgreSQL, a sleep after ``SELECT 1`` on SQLite);
+``/work/patched`` says whether this worker's SQLAlchemy was patched by the discovery. Nothing
+in it knows about apf_gunicorn.
 """
 
 import os
@@ -20,6 +21,12 @@ app = Flask(__name__)
 @app.route("/healthz")
 def healthz():
     return "ok"
+
+
+@app.route("/work/patched")  # (the work level: catch-all has 1 seat and rejects)
+def patched():
+    """Whether the pool discovery patched SQLAlchemy in this worker (``yes``/``no``)."""
+    return "yes" if hasattr(sa.pool.QueuePool._do_get, "__wrapped__") else "no"
 
 
 @app.route("/work")  # (the path tests/apps/apf.yaml gives a level of its own)
