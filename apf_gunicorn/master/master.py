@@ -112,9 +112,11 @@ class MasterServices(threading.Thread):
                                      route_times=getattr(master_state, "route_times", None)))
         if self.auto is not None:
             master_state.auto_limit = self.auto
+        self._told_host = False  # the last tick held the limit for a busy host
         # nothing set about the limit: the master follows the app's pools once it has any
         self.pools = (ServerPoolLimit(settings.concurrency_limit)
                       if not getattr(settings, "concurrency_limit_set", True)
+                      and getattr(settings, "pool_signals", True)
                       and getattr(master_state, "pool_table", None) is not None else None)
 
     @property
@@ -244,10 +246,19 @@ class MasterServices(threading.Thread):
             return
         last = self.auto.controller.last
         self.glog.debug("apf: concurrency limit auto: %s -> %s", self.auto.last_tick, last)
-        if change is not None and large_move(*change):
+        told, self._told_host = self._told_host, last.reason.startswith("hold: host busy")
+        if change is not None and last.reason.startswith("cpu:"):
+            # the CPU rule's every change, with its cause
+            self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s)", change[0],
+                           change[1], last.reason)
+        elif change is not None and (large_move(*change) or "slow backend" in last.reason):
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
                            "of the baseline at %.1f seats)", change[0], change[1], last.reason,
                            last.inflation or 1.0, last.concurrency)
+        elif self._told_host and not told:
+            # a busy host told apart from a slow backend: once per spell
+            self.glog.info("apf: concurrency limit auto: stays %d seats (%s)", last.limit,
+                           last.reason)
 
     def follow_pools_once(self) -> None:
         """One tick of the limit from the app's pools (master/poollimit.py): each change is
