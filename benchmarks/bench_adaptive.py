@@ -111,16 +111,19 @@ def override_limits(shapes: dict, specs: list[str]) -> None:
             (v if v.startswith("auto") else f"static {v}", v) for v in values.split(",")]
 
 
-def _metric(admin: int, name: str) -> float | None:
+def _metrics(admin: int) -> dict[str, float]:
+    """Every series of the admin endpoint's ``/metrics``, the labelled ones summed per name."""
+    out: dict[str, float] = {}
     with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
         conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=2)
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
         conn.close()
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{}"):
-                return float(line.rsplit(" ", 1)[1])
-    return None
+            if line and not line.startswith("#"):
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _burn(until: float) -> None:
@@ -159,9 +162,15 @@ def run_one(shape: dict, limit: str | None, tmp: Path, label: str) -> dict:
                     time.sleep(0.01)
                 k = 0
                 while not stop.is_set():
-                    value = _metric(admin, "apf_server_concurrency_limit_seats")
-                    ratio = _metric(admin, "apf_adaptive_latency_ratio")
-                    samples.append((round(time.monotonic() - t0, 2), value, ratio))
+                    m = _metrics(admin)
+                    # (the CPU: the workers' shares of their GILs summed, the host's busy
+                    # share and the share not ours)
+                    samples.append((round(time.monotonic() - t0, 2),
+                                    m.get("apf_server_concurrency_limit_seats"),
+                                    m.get("apf_adaptive_latency_ratio"),
+                                    tuple(round(m[k], 2) if k in m else None for k in (
+                                        "apf_worker_cpu_share", "apf_host_cpu_share",
+                                        "apf_host_cpu_others_share"))))
                     k += 1
                     stop.wait(max(0.0, t0 + k - time.monotonic()))
 
@@ -195,7 +204,10 @@ def run_one(shape: dict, limit: str | None, tmp: Path, label: str) -> dict:
         if burner is not None:
             burner.terminate()
             burner.join()
-    return {"light": sorted(light), "flood": heavy, "limit": samples}
+    log = tmp / f"gunicorn-{label}.log"
+    moves = [line.split("apf: ", 1)[1] for line in log.read_text(errors="replace").splitlines()
+             if "concurrency limit" in line and "apf: " in line] if log.exists() else []
+    return {"light": sorted(light), "flood": heavy, "limit": samples, "moves": moves}
 
 
 def _pct(xs: list, q: float) -> float:
@@ -211,7 +223,7 @@ def summary(result: dict, windows: list) -> dict:
     for name, start, end in windows:
         light = [lat for t, lat, s in result["light"] if start <= t < end]
         served = sum(1 for t, _, s in result["flood"] if start <= t < end and s == 200)
-        limits = [v for t, v, _ in result["limit"] if start <= t < end and v is not None]
+        limits = [v for t, v, *_ in result["limit"] if start <= t < end and v is not None]
         out[name] = {"light_p50_ms": round(_pct(light, 0.5) * 1000, 1),
                      "light_p99_ms": round(_pct(light, 0.99) * 1000, 1),
                      "light_requests": len(light),
@@ -226,9 +238,11 @@ def summary(result: dict, windows: list) -> dict:
         statuses[who] = counts
     out["statuses"] = statuses
     out["5xx"] = sum(n for who in statuses.values() for s, n in who.items() if s.startswith("5"))
-    out["limit_per_second"] = [v for _, v, _ in result["limit"]]
+    out["limit_per_second"] = [v for _, v, *_ in result["limit"]]
     out["latency_ratio_per_second"] = [None if r is None else round(r, 2)
-                                       for _, _, r in result["limit"]]
+                                       for _, _, r, *_ in result["limit"]]
+    out["cpu_per_second"] = [c for *_, c in result["limit"]]
+    out["moves"] = result.get("moves", [])
     return out
 
 
@@ -400,7 +414,7 @@ def plot(results: dict, shapes: dict, out: Path) -> None:
                 if s == 200 and 0 <= int(t) < bins:
                     served[int(t)] += 1
             axes[1][col].step(range(bins), served, where="post", color=c, label=label)
-            lim = [(t, v) for t, v, _ in r["limit"] if v is not None]
+            lim = [(t, v) for t, v, *_ in r["limit"] if v is not None]
             axes[2][col].step([p[0] for p in lim], [p[1] for p in lim], where="post", color=c,
                               label=label)
         for ax in axes[:, col]:
@@ -458,6 +472,10 @@ def main() -> int:
                      for w, _, _ in shape["windows"]}), flush=True)
                 print(f"   statuses {s['statuses']}, 5xx {s['5xx']}; limit per second "
                       f"{s['limit_per_second']}", flush=True)
+                print(f"   cpu per second (workers' GIL shares summed, host, not ours) "
+                      f"{s['cpu_per_second']}; load {os.getloadavg()[0]:.1f}", flush=True)
+                for line in s["moves"]:
+                    print(f"   log: {line}", flush=True)
     numbers["load_after"] = os.getloadavg()
     numbers["seconds"] = round(time.monotonic() - began)
     print(f"load average before {numbers['load_before']}, after {numbers['load_after']}; "

@@ -134,8 +134,9 @@ class AdaptiveSettings:
     host_full: float = 0.9
     cpu_ours: float = 0.5
     # CPU-bound, the seats that keep every worker's GIL busy: workers x (no-load service
-    # time / CPU per request, at least 1) x (1 + cpu_margin)
-    cpu_margin: float = 0.5
+    # time / CPU per request, at least 1) x (1 + cpu_margin): a request ready in each worker
+    # while one runs, so that its GIL does not wait for a seat's hand-off
+    cpu_margin: float = 1.0
     # a host busy with other processes: from this share of its cores not ours
     host_others: float = 0.1
 

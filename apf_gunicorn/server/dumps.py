@@ -414,7 +414,7 @@ def dump_cpu(state: Any) -> str:
     host, others = sample.host_share, sample.others_share
     rows.append([f"host ({sample.cores or '-'} cores)", "-" if host is None else f"{host:.3f}",
                  "-", "-"])
-    rows.append(["host, not ours", "-" if others is None else f"{others:.3f}", "-", "-"])
+    rows.append(["host: not ours", "-" if others is None else f"{others:.3f}", "-", "-"])
     return tabwrite(rows)
 
 
