@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import re
 import threading
-from types import SimpleNamespace
 
 import pytest
 
