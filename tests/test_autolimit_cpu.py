@@ -22,6 +22,7 @@ from apf_gunicorn.signals.cpu import (
     HostReading,
     cpu_state,
     parse_proc_stat,
+    run_delay_ns,
 )
 from apf_gunicorn.signals.pools import PoolReading
 from apf_gunicorn.signals.table import PoolTable
@@ -36,15 +37,27 @@ KIND = ("users", "users", "/cpu")
 # -- what is measured ---------------------------------------------------------------------------
 
 def test_a_workers_window_is_its_cpu_over_wall_time_and_per_served_request() -> None:
-    t = {"wall": 0, "cpu": 0, "served": 0}
-    meter = CpuMeter(lambda: t["served"], cpu_clock=lambda: t["cpu"], clock=lambda: t["wall"])
-    t.update(wall=S, cpu=900 * MS, served=150)
+    t = {"wall": 0, "cpu": 0, "served": 0, "delay": 0}
+    meter = CpuMeter(lambda: t["served"], cpu_clock=lambda: t["cpu"], clock=lambda: t["wall"],
+                     run_delay=lambda: t["delay"])
+    t.update(wall=S, cpu=300 * MS, served=50, delay=650 * MS)
     w = meter.window()
-    assert (w.cpu_ns, w.wall_ns, w.requests) == (900 * MS, S, 150)
-    assert w.share == pytest.approx(0.9) and w.cpu_per_request_ns == pytest.approx(6 * MS)
-    t.update(wall=2 * S, cpu=1000 * MS)  # the next window: from the last one, nothing served
+    assert (w.cpu_ns, w.wall_ns, w.requests, w.wait_ns) == (300 * MS, S, 50, 650 * MS)
+    assert w.share == pytest.approx(0.3) and w.cpu_per_request_ns == pytest.approx(6 * MS)
+    assert w.wanted == pytest.approx(0.95)  # ran or waited for a core
+    # the next window: from the last one, nothing served; a thread that ended took its
+    # delays with it (the sum went back): none counted
+    t.update(wall=2 * S, cpu=400 * MS, delay=100 * MS)
     w = meter.window()
-    assert w.share == pytest.approx(0.1) and w.cpu_per_request_ns is None
+    assert w.share == pytest.approx(0.1) and w.cpu_per_request_ns is None and w.wait_ns == 0
+
+
+def test_the_run_queue_delay_is_summed_over_the_threads(tmp_path) -> None:
+    for tid, line in (("11", "500 2000 3\n"), ("12", "7 30 1\n"), ("13", "garbage\n")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text(line)
+    assert run_delay_ns(str(tmp_path)) == 2030
+    assert run_delay_ns(str(tmp_path / "none")) == 0
 
 
 STAT = """cpu  {u} 0 {s} {i} 0 0 0 0 0 0
@@ -71,12 +84,12 @@ def test_the_host_share_is_busy_jiffies_over_all_of_them_from_proc_stat() -> Non
 def test_the_signals_table_carries_each_workers_cpu_window_beside_its_pools() -> None:
     table = PoolTable.create(3)
     pool = PoolReading("db", "sqlalchemy", 4, 4, 1, 5 * MS, 1)
-    table.writer(0).publish([pool], 10 * S, cpu=CpuWindow(101, 950 * MS, S, 190))
+    table.writer(0).publish([pool], 10 * S, cpu=CpuWindow(101, 950 * MS, S, 190, 20 * MS))
     table.writer(1).publish([], 10 * S, cpu=CpuWindow(102, 500 * MS, S, 100))
     table.writer(2).publish([], 2 * S, cpu=CpuWindow(103, S, S, 1))  # stale: 8 s old
     rows = table.cpu_rows(10 * S)
-    assert [(w.pid, w.cpu_ns, w.requests) for w in rows] == [(101, 950 * MS, 190),
-                                                             (102, 500 * MS, 100)]
+    assert [(w.pid, w.cpu_ns, w.requests, w.wait_ns) for w in rows] == [
+        (101, 950 * MS, 190, 20 * MS), (102, 500 * MS, 100, 0)]
     assert [w.pid for w in table.cpu_rows(10 * S, live={1})] == [102]
     assert table.totals(10 * S)["db"].waiting == 1  # the pools read as before
     table.writer(0).publish([pool], 11 * S)  # no CPU meter: the row says none
@@ -156,6 +169,18 @@ def test_cpu_bound_more_seats_add_nothing_so_the_limit_never_rises() -> None:
     moved = [blind.update(Tick(t.now, t.kinds, t.concurrency, t.waiting))
              for t in (cpu_app_tick(i * S, 2) for i in range(1, 12))]
     assert set(moved) != {2}, moved
+
+
+def test_workers_that_always_have_python_to_run_are_cpu_bound_on_a_busy_host() -> None:
+    """Other processes take the cores: the workers run 0.30 of the time and wait for a core
+    the rest. More seats add nothing there either; latency's inflation is the host's."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=16), start=8)
+    ctl.update(light_tick(0))
+    t = cpu_app_tick(S, 8, gil=0.3, host=1.0)
+    ctl.update(Tick(t.now, t.kinds, t.concurrency, t.waiting,
+                    CpuSample(2, 0.6, 5.2 * MS, 1.0, 2, wanted=1.94)))
+    assert ctl.last.reason == ("cpu: workers want their GIL 0.97 of the time (0.30 running, "
+                               "the rest waiting for a core), 6 seats")
 
 
 def test_the_host_at_its_cores_with_our_workers_on_them_is_cpu_bound() -> None:
@@ -266,7 +291,8 @@ def test_metrics_and_the_dump_show_the_cpu() -> None:
     from apf_gunicorn.master.metrics import cpu_families
     from apf_gunicorn.server.dumps import dump_cpu
 
-    state = cpu_state([CpuWindow(101, 970 * MS, S, 190), CpuWindow(102, 500 * MS, S, 100)],
+    state = cpu_state([CpuWindow(101, 970 * MS, S, 190), CpuWindow(102, 500 * MS, S, 100,
+                                                                   300 * MS)],
                       HostReading(0.95, 2))
 
     class One:
@@ -279,16 +305,18 @@ def test_metrics_and_the_dump_show_the_cpu() -> None:
            for fam in reg.collect() for s in fam.samples}
     assert got[("apf_worker_cpu_share", (("worker", "101"),))] == pytest.approx(0.97)
     assert got[("apf_worker_cpu_share", (("worker", "102"),))] == pytest.approx(0.5)
+    assert got[("apf_worker_cpu_wanted_share", (("worker", "102"),))] == pytest.approx(0.8)
     assert got[("apf_host_cpu_share", ())] == pytest.approx(0.95)
     assert got[("apf_host_cpu_others_share", ())] == pytest.approx(0.95 - 1.47 / 2)
     assert got[("apf_cpu_per_request_seconds", ())] == pytest.approx(1.47 / 290)
     text = dump_cpu(state)
     lines = [re.split(r",\s*", line.strip()) for line in text.strip().splitlines()]
-    assert lines[0] == ["Worker", "CpuShare", "CpuPerRequestMs", "Requests"]
-    assert lines[1] == ["101", "0.970", "5.105", "190"]
-    assert lines[3] == ["workers", "1.470", "5.069", "290"]
-    assert lines[4] == ["host (2 cores)", "0.950", "-", "-"]
-    assert lines[5] == ["host: not ours", "0.215", "-", "-"]
+    assert lines[0] == ["Worker", "CpuShare", "WantedShare", "CpuPerRequestMs", "Requests"]
+    assert lines[1] == ["101", "0.970", "0.970", "5.105", "190"]
+    assert lines[2] == ["102", "0.500", "0.800", "5.000", "100"]
+    assert lines[3] == ["workers", "1.470", "1.770", "5.069", "290"]
+    assert lines[4] == ["host (2 cores)", "0.950", "-", "-", "-"]
+    assert lines[5] == ["host: not ours", "0.215", "-", "-", "-"]
 
 
 # -- a real server -------------------------------------------------------------------------------

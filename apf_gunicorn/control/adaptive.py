@@ -218,12 +218,17 @@ class AdaptiveLimit:
     # -- the CPU (issue 33) ------------------------------------------------------------------
     def _cpu_bound(self, cpu: CpuSample | None) -> str | None:
         """Why more seats add nothing (for the log), or None: the workers at their GILs'
-        capacity, or the host at its cores' with our workers using most of them."""
+        capacity; or running or waiting for a core nearly all the time (a host whose other
+        processes take the cores); or the host at its cores' with our workers using most."""
         s = self.settings
         if cpu is None or cpu.workers <= 0:
             return None
         if cpu.gil_share >= s.gil_full:
             return f"workers at {cpu.gil_share:.2f} of their GIL"
+        if cpu.wanted is not None and cpu.wanted >= s.gil_full * cpu.workers:
+            # always Python to run, the host's cores the only limit: more seats add nothing
+            return (f"workers want their GIL {cpu.wanted / cpu.workers:.2f} of the time "
+                    f"({cpu.gil_share:.2f} running, the rest waiting for a core)")
         if (cpu.host_share is not None and cpu.cores > 0 and cpu.host_share >= s.host_full
                 and cpu.busy >= s.cpu_ours * cpu.host_share * cpu.cores):
             return (f"host at {cpu.host_share:.2f} of its {cpu.cores} cores, "

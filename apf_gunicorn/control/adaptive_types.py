@@ -59,7 +59,9 @@ class CpuSample:
     ``workers``: the workers counted; ``busy``: their CPU summed, in cores (a worker's GIL
     lets it use about one); ``cpu_per_request_ns``: their CPU over the requests they served
     (None: none); ``host_share``: the busy share of all the host's cores (None: not known);
-    ``cores``: the host's cores (0: not known).
+    ``cores``: the host's cores (0: not known); ``wanted``: the workers' time running or
+    waiting for a core (the host's run queue), in workers (each at most 1; None: not known):
+    near ``workers``, they always had Python to run, and only the cores held them back.
     """
 
     workers: int
@@ -67,6 +69,7 @@ class CpuSample:
     cpu_per_request_ns: float | None = None
     host_share: float | None = None
     cores: int = 0
+    wanted: float | None = None
 
     @property
     def gil_share(self) -> float:

@@ -448,9 +448,13 @@ def cpu_families(p: str, cpu: Any) -> list:
     share = G(f"{p}_worker_cpu_share", "A worker's process CPU time over wall time in its "
               "last window (about 1 s): the share of its GIL it used (1: at capacity)",
               labels=["worker"])
+    wanted = G(f"{p}_worker_cpu_wanted_share", "The share of a worker's last window it ran "
+               "or waited for a core (the host's run queue), at most 1: near 1 it always had "
+               "Python to run", labels=["worker"])
     for w in sorted(cpu.windows, key=lambda w: w.pid):
         share.add_metric([str(w.pid)], w.share)
-    out = [share]
+        wanted.add_metric([str(w.pid)], w.wanted)
+    out = [share, wanted]
     per = cpu.sample.cpu_per_request_ns
     if per is not None:
         g = G(f"{p}_cpu_per_request_seconds", "The workers' CPU time over the requests they "

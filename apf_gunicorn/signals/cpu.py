@@ -35,12 +35,14 @@ PROC_STAT = "/proc/stat"
 @dataclass(frozen=True, slots=True)
 class CpuWindow:
     """One worker's window: its ``pid``, the process CPU time and the wall time the window
-    lasted (ns), and the requests it served in it."""
+    lasted (ns), the requests it served in it, and the time its threads waited for a core
+    (runnable, not running: the host's run queue; ns, summed over its threads)."""
 
     pid: int
     cpu_ns: int
     wall_ns: int
     requests: int
+    wait_ns: int = 0
 
     @property
     def share(self) -> float:
@@ -48,34 +50,65 @@ class CpuWindow:
         return self.cpu_ns / self.wall_ns if self.wall_ns > 0 else 0.0
 
     @property
+    def wanted(self) -> float:
+        """The share of the window the worker ran or waited for a core, at most 1: near 1, it
+        always had Python to run, and only the host's cores kept it from using its GIL."""
+        return min(1.0, (self.cpu_ns + self.wait_ns) / self.wall_ns) if self.wall_ns > 0 \
+            else 0.0
+
+    @property
     def cpu_per_request_ns(self) -> float | None:
         """The window's CPU time per served request (None: none served)."""
         return self.cpu_ns / self.requests if self.requests > 0 else None
 
 
+def run_delay_ns(task_dir: str = "/proc/self/task") -> int:
+    """This process's threads' time spent runnable but not running (the host's run queue),
+    summed, cumulative (``/proc/self/task/*/schedstat``'s second field); 0 where it cannot be
+    read (not Linux, no schedstats). A thread that ends takes its share with it, so the sum
+    can go back: a window counts only what grew."""
+    total = 0
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"{task_dir}/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 class CpuMeter:
-    """A worker's CPU, window by window: two clock reads and a counter read per window.
+    """A worker's CPU, window by window: two clock reads, a counter read and the threads'
+    run-queue delays (a small file per thread) per window.
 
     Args:
         served: the worker's cumulative count of requests served (its middleware's).
-        cpu_clock: process CPU time in ns; clock: monotonic ns (injected by tests).
+        cpu_clock: process CPU time in ns; clock: monotonic ns; run_delay: the threads'
+            cumulative run-queue delay in ns (injected by tests).
     """
 
     def __init__(self, served: Callable[[], int],
                  cpu_clock: Callable[[], int] = time.process_time_ns,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 run_delay: Callable[[], int] = run_delay_ns) -> None:
         self._served = served
         self._cpu_clock = cpu_clock
         self._clock = clock
-        self._last = (clock(), cpu_clock(), served())
+        self._run_delay = run_delay
+        self._last = (clock(), cpu_clock(), served(), run_delay())
 
     def window(self) -> CpuWindow:
         """The window since the last call (the first: since the meter was made)."""
-        now, cpu, served = self._clock(), self._cpu_clock(), self._served()
-        then, cpu_then, served_then = self._last
-        self._last = (now, cpu, served)
+        now, cpu, served, delay = (self._clock(), self._cpu_clock(), self._served(),
+                                   self._run_delay())
+        then, cpu_then, served_then, delay_then = self._last
+        self._last = (now, cpu, served, delay)
         return CpuWindow(os.getpid(), max(0, cpu - cpu_then), max(0, now - then),
-                         max(0, served - served_then))
+                         max(0, served - served_then), max(0, delay - delay_then))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +197,8 @@ def cpu_state(windows: Iterable[CpuWindow], host: HostReading | None) -> CpuStat
     requests = sum(w.requests for w in counted)
     sample = CpuSample(len(counted), sum(w.share for w in counted),
                        cpu / requests if requests else None,
-                       None if host is None else host.share, 0 if host is None else host.cores)
+                       None if host is None else host.share, 0 if host is None else host.cores,
+                       wanted=sum(w.wanted for w in counted))
     return CpuState(sample, counted)
 
 
