@@ -163,13 +163,15 @@ def run_one(shape: dict, limit: str | None, tmp: Path, label: str) -> dict:
                 k = 0
                 while not stop.is_set():
                     m = _metrics(admin)
-                    # (the CPU: the workers' shares of their GILs summed, the host's busy
-                    # share and the share not ours)
+                    # (the CPU: the workers' shares of their GILs summed, their shares run
+                    # or waiting for a core summed, the host's busy share and the share not
+                    # ours)
                     samples.append((round(time.monotonic() - t0, 2),
                                     m.get("apf_server_concurrency_limit_seats"),
                                     m.get("apf_adaptive_latency_ratio"),
                                     tuple(round(m[k], 2) if k in m else None for k in (
-                                        "apf_worker_cpu_share", "apf_host_cpu_share",
+                                        "apf_worker_cpu_share", "apf_worker_cpu_wanted_share",
+                                        "apf_host_cpu_share",
                                         "apf_host_cpu_others_share"))))
                     k += 1
                     stop.wait(max(0.0, t0 + k - time.monotonic()))
@@ -472,7 +474,7 @@ def main() -> int:
                      for w, _, _ in shape["windows"]}), flush=True)
                 print(f"   statuses {s['statuses']}, 5xx {s['5xx']}; limit per second "
                       f"{s['limit_per_second']}", flush=True)
-                print(f"   cpu per second (workers' GIL shares summed, host, not ours) "
+                print(f"   cpu per second (workers' GIL shares, run or waiting, host, not ours) "
                       f"{s['cpu_per_second']}; load {os.getloadavg()[0]:.1f}", flush=True)
                 for line in s["moves"]:
                     print(f"   log: {line}", flush=True)

@@ -253,7 +253,10 @@ class Log:
         self.lines.append(("exception", msg % args))
 
 
-def test_the_masters_tick_feeds_the_cpu_and_logs_each_cpu_move_with_its_cause() -> None:
+def run_master(served_per_window: int, ticks: int):
+    """The master's ticks against the pool flood of test_autolimit (50 ms a request, no queue
+    inside the app), both workers publishing 0.97 of their GILs and ``served_per_window``
+    requests a window; returns the master, its services and their info lines."""
     from apf_gunicorn.master.master import MasterServices
     from tests.test_autolimit import Clock, PoolLoad, master
 
@@ -265,24 +268,38 @@ def test_the_masters_tick_feeds_the_cpu_and_logs_each_cpu_move_with_its_cause() 
     log = Log()
     services = MasterServices(m, log)
     services.auto.clock = clock
-    load = PoolLoad(m, clock, pool=64)  # 50 ms a request, no queue inside the app
-
-    def windows() -> None:  # the workers at 0.97 of their GILs, 50 ms of CPU a request
+    load = PoolLoad(m, clock, pool=64)
+    for _ in range(ticks):
         for row, pid in m.workers.items():
-            table.writer(row).publish([], clock.now, cpu=CpuWindow(pid, 970 * MS, S, 19))
-
-    for _ in range(6):
-        windows()
+            table.writer(row).publish([], clock.now,
+                                      cpu=CpuWindow(pid, 970 * MS, S, served_per_window))
         services.adapt_once()
         load.run_until(clock.now + S)
+    return m, services, [line for level, line in log.lines if level == "info"]
+
+
+def test_the_masters_tick_feeds_the_cpu_and_logs_each_cpu_move_with_its_cause() -> None:
+    """50 ms of CPU a request (19 a window at 0.97 of a GIL): down to 2 x 1 x 2 = 4 seats,
+    each move logged with its cause (the hold that follows is what the moves said)."""
+    m, services, infos = run_master(19, 12)
     tick = services.auto.last_tick
     assert tick.cpu.workers == 2 and tick.cpu.busy == pytest.approx(1.94)
     assert tick.cpu.host_share is not None and tick.cpu.cores == 2
     assert services.auto.last_cpu.shares == {101: pytest.approx(0.97), 102: pytest.approx(0.97)}
-    infos = [line for level, line in log.lines if level == "info"]
-    assert infos and infos[0] == ("apf: concurrency limit auto: 24 -> 18 seats (cpu: workers "
-                                  "at 0.97 of their GIL, 18 seats)"), log.lines
-    assert m.settings.concurrency_limit == services.auto.limit < 24
+    assert infos[0] == ("apf: concurrency limit auto: 24 -> 18 seats (cpu: workers at 0.97 of "
+                        "their GIL, 18 seats)"), infos
+    assert infos[-1].endswith("-> 4 seats (cpu: workers at 0.97 of their GIL, 4 seats)"), infos
+    assert m.settings.concurrency_limit == services.auto.limit == 4
+    assert not [line for line in infos if " stays " in line], infos
+
+
+def test_a_cpu_hold_is_logged_once() -> None:
+    """5 ms of CPU a request of 50 ms (190 a window): both GILs busy needs 2 x 10 x 2 = 40
+    seats, more than the 24 it has: it holds there, and says so once."""
+    m, services, infos = run_master(190, 8)
+    assert m.settings.concurrency_limit == 24
+    assert infos == ["apf: concurrency limit auto: stays 24 seats (cpu: workers at 0.97 of "
+                     "their GIL, holding 24 seats (more add nothing))"], infos
 
 
 def test_metrics_and_the_dump_show_the_cpu() -> None:
