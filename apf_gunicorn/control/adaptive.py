@@ -96,6 +96,11 @@ from .adaptive_types import (
 __all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings",
            "CpuSample", "Decision", "KindSample", "Tick", "parse_auto"]
 
+# the latency law's cuts on inflated latency (a busy host may explain it: _host_explains);
+# the look below and probes are not
+_LATENCY_CUTS = ("down: latency jumped", "down: inflated", "down: finishing a partial cut",
+                 "down: seats above only queued", "down: past the knee", "down: slow start")
+
 # light traffic: at most this many requests at a time on average (five light users of the
 # benchmark, one 50 ms query per 250 ms each, run 1.2)
 LIGHT_SEATS = 2.0
@@ -216,7 +221,8 @@ class AdaptiveLimit:
         return self.limit
 
     # -- the CPU (issue 33) ------------------------------------------------------------------
-    def _cpu_bound(self, cpu: CpuSample | None) -> str | None:
+    def _cpu_bound(self, cpu: CpuSample | None,
+                   kinds: Mapping[Hashable, KindSample]) -> str | None:
         """Why more seats add nothing (for the log), or None: the workers at their GILs'
         capacity; or running or waiting for a core nearly all the time (a host whose other
         processes take the cores); or the host at its cores' with our workers using most."""
@@ -225,8 +231,11 @@ class AdaptiveLimit:
             return None
         if cpu.gil_share >= s.gil_full:
             return f"workers at {cpu.gil_share:.2f} of their GIL"
-        if cpu.wanted is not None and cpu.wanted >= s.gil_full * cpu.workers:
+        if cpu.wanted is not None and cpu.wanted >= s.gil_full * cpu.workers and \
+                self._cpu_part(kinds, cpu) >= s.cpu_part:
             # always Python to run, the host's cores the only limit: more seats add nothing
+            # (threads that only wake for I/O also wait for a core on a busy host: the
+            # requests must be CPU for a part of their time)
             return (f"workers want their GIL {cpu.wanted / cpu.workers:.2f} of the time "
                     f"({cpu.gil_share:.2f} running, the rest waiting for a core)")
         if (cpu.host_share is not None and cpu.cores > 0 and cpu.host_share >= s.host_full
@@ -243,6 +252,11 @@ class AdaptiveLimit:
         return sum(v.count * self.baselines[k] for k, v in kinds.items()
                    if self.baselines.get(k)) / n
 
+    def _cpu_part(self, kinds: Mapping[Hashable, KindSample], cpu: CpuSample) -> float:
+        """The requests' CPU over their no-load service time, at most 1 (0: not known)."""
+        base, per = self._no_load_ns(kinds), cpu.cpu_per_request_ns
+        return min(1.0, per / base) if base and per else 0.0
+
     def cpu_seats(self, kinds: Mapping[Hashable, KindSample], cpu: CpuSample) -> int:
         """The seats that keep every worker's GIL busy: a worker runs one request's Python at a
         time, so it needs (no-load service time / CPU per request) requests, at least one,
@@ -258,7 +272,7 @@ class AdaptiveLimit:
         """CPU-bound: more seats add nothing, and latency there is the GIL's queue, not the
         backend's: never up; down towards :meth:`cpu_seats` (at most ``step_down`` a tick),
         else hold, instead of the latency law's noisy look below. None: not CPU-bound."""
-        why = self._cpu_bound(cpu)
+        why = self._cpu_bound(cpu, kinds)
         if why is None:
             return None
         assert cpu is not None
@@ -288,8 +302,7 @@ class AdaptiveLimit:
         if (others is None or cpu is None or cpu.host_share is None
                 or cpu.host_share < s.host_full or others < s.host_others):
             return None
-        base, per = self._no_load_ns(kinds), cpu.cpu_per_request_ns
-        part = min(1.0, per / base) if base and per else 0.0
+        part = self._cpu_part(kinds, cpu)
         left = max(0.5, cpu.cores * (1 - others))
         return 1 + part * (cpu.cores / left - 1)
 
@@ -299,16 +312,18 @@ class AdaptiveLimit:
         """A cut on inflated latency while other processes keep the host busy: held when the
         busy host explains the inflation (a slower backend would not be helped by fewer
         seats), else made and said to be the backend's."""
-        if new >= self.limit:
+        if new >= self.limit or not reason.startswith(_LATENCY_CUTS):
             return new, reason
         explained = self.host_inflation(kinds, cpu)
         if explained is None:
             return new, reason
         assert cpu is not None and cpu.others_share is not None
         host = f"{cpu.others_share:.2f} of {cpu.cores} cores not ours"
-        if r <= explained * (1 + self.settings.tolerance):
+        bound = explained * (1 + self.settings.tolerance)
+        if r <= bound:
             return self.limit, (f"hold: host busy with other processes ({host}), latency "
-                                f"x{r:.2f} within what it explains (x{explained:.2f})")
+                                f"x{r:.2f} within what it explains (x{explained:.2f}, "
+                                f"x{bound:.2f} with the tolerance)")
         return new, (f"{reason} (a slow backend: latency x{r:.2f} beyond the busy host's "
                      f"x{explained:.2f}, {host})")
 

@@ -136,6 +136,9 @@ class AdaptiveSettings:
     gil_full: float = 0.9
     host_full: float = 0.9
     cpu_ours: float = 0.5
+    # ... or running or waiting for a core (a busy host) this share of the time, their
+    # requests' CPU at least cpu_part of their no-load service time
+    cpu_part: float = 0.1
     # CPU-bound, the seats that keep every worker's GIL busy: workers x (no-load service
     # time / CPU per request, at least 1) x (1 + cpu_margin): a request ready in each worker
     # while one runs, so that its GIL does not wait for a seat's hand-off
