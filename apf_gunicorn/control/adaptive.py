@@ -310,8 +310,9 @@ class AdaptiveLimit:
                        kinds: Mapping[Hashable, KindSample], cpu: CpuSample | None
                        ) -> tuple[float, str]:
         """A cut on inflated latency while other processes keep the host busy: held when the
-        busy host explains the inflation (a slower backend would not be helped by fewer
-        seats), else made and said to be the backend's."""
+        busy host explains the inflation (more than the calm band, and this tick's within the
+        calm band of it: fewer seats would not help), else made and said to be the
+        backend's."""
         if new >= self.limit or not reason.startswith(_LATENCY_CUTS):
             return new, reason
         explained = self.host_inflation(kinds, cpu)
@@ -319,8 +320,11 @@ class AdaptiveLimit:
             return new, reason
         assert cpu is not None and cpu.others_share is not None
         host = f"{cpu.others_share:.2f} of {cpu.cores} cores not ours"
-        bound = explained * (1 + self.settings.tolerance)
-        if r <= bound:
+        calm = 1 + self.settings.tolerance / 2
+        bound = explained * calm
+        # a host that explains less than the calm band changes nothing: the law as on a quiet
+        # host (holding there kept a pool app a seat or two past its knee)
+        if explained > calm and r <= bound:
             return self.limit, (f"hold: host busy with other processes ({host}), latency "
                                 f"x{r:.2f} within what it explains (x{explained:.2f}, "
                                 f"x{bound:.2f} with the tolerance)")
