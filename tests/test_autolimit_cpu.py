@@ -37,19 +37,18 @@ KIND = ("users", "users", "/cpu")
 # -- what is measured ---------------------------------------------------------------------------
 
 def test_a_workers_window_is_its_cpu_over_wall_time_and_per_served_request() -> None:
-    t = {"wall": 0, "cpu": 0, "served": 0, "delay": 0}
-    meter = CpuMeter(lambda: t["served"], cpu_clock=lambda: t["cpu"], clock=lambda: t["wall"],
-                     run_delay=lambda: t["delay"])
-    t.update(wall=S, cpu=300 * MS, served=50, delay=650 * MS)
+    t = {"wall": 0, "cpu": 0, "served": 0}
+    meter = CpuMeter(lambda: t["served"], cpu_clock=lambda: t["cpu"], clock=lambda: t["wall"])
+    t.update(wall=S, cpu=300 * MS, served=50)
     w = meter.window()
-    assert (w.cpu_ns, w.wall_ns, w.requests, w.wait_ns) == (300 * MS, S, 50, 650 * MS)
+    assert (w.cpu_ns, w.wall_ns, w.requests) == (300 * MS, S, 50)
     assert w.share == pytest.approx(0.3) and w.cpu_per_request_ns == pytest.approx(6 * MS)
-    assert w.wanted == pytest.approx(0.95)  # ran or waited for a core
-    # the next window: from the last one, nothing served; a thread that ended took its
-    # delays with it (the sum went back): none counted
-    t.update(wall=2 * S, cpu=400 * MS, delay=100 * MS)
+    t.update(wall=2 * S, cpu=400 * MS)  # the next window: from the last one, nothing served
     w = meter.window()
-    assert w.share == pytest.approx(0.1) and w.cpu_per_request_ns is None and w.wait_ns == 0
+    assert w.share == pytest.approx(0.1) and w.cpu_per_request_ns is None
+    # ran 0.3 of a window and waited for a core 0.65: wanted its GIL 0.95 of the time
+    assert CpuWindow(1, 300 * MS, S, 50, 650 * MS).wanted == pytest.approx(0.95)
+    assert CpuWindow(1, 300 * MS, S, 50, 2 * S).wanted == 1.0
 
 
 def test_the_run_queue_delay_is_summed_over_the_threads(tmp_path) -> None:
@@ -84,12 +83,12 @@ def test_the_host_share_is_busy_jiffies_over_all_of_them_from_proc_stat() -> Non
 def test_the_signals_table_carries_each_workers_cpu_window_beside_its_pools() -> None:
     table = PoolTable.create(3)
     pool = PoolReading("db", "sqlalchemy", 4, 4, 1, 5 * MS, 1)
-    table.writer(0).publish([pool], 10 * S, cpu=CpuWindow(101, 950 * MS, S, 190, 20 * MS))
+    table.writer(0).publish([pool], 10 * S, cpu=CpuWindow(101, 950 * MS, S, 190))
     table.writer(1).publish([], 10 * S, cpu=CpuWindow(102, 500 * MS, S, 100))
     table.writer(2).publish([], 2 * S, cpu=CpuWindow(103, S, S, 1))  # stale: 8 s old
     rows = table.cpu_rows(10 * S)
-    assert [(w.pid, w.cpu_ns, w.requests, w.wait_ns) for w in rows] == [
-        (101, 950 * MS, 190, 20 * MS), (102, 500 * MS, 100, 0)]
+    assert [(w.pid, w.cpu_ns, w.requests) for w in rows] == [(101, 950 * MS, 190),
+                                                             (102, 500 * MS, 100)]
     assert [w.pid for w in table.cpu_rows(10 * S, live={1})] == [102]
     assert table.totals(10 * S)["db"].waiting == 1  # the pools read as before
     table.writer(0).publish([pool], 11 * S)  # no CPU meter: the row says none
@@ -102,22 +101,30 @@ def test_the_signals_table_carries_each_workers_cpu_window_beside_its_pools() ->
     assert state.shares == {101: pytest.approx(0.95), 102: pytest.approx(0.5)}
 
 
-def test_the_watch_reads_the_host_at_most_every_half_second() -> None:
+def test_the_watch_reads_the_host_and_the_run_queue_at_most_every_half_second() -> None:
+    """The master reads the host and each worker's threads' run-queue delay itself (the
+    workers do nothing for it), at most every 0.5 s; a worker's waiting share is the growth
+    of its delay over the master's interval."""
     now = [0]
     reads = []
+    delay = {101: 0}
 
     class Host:
         def read(self):
             reads.append(now[0])
             return HostReading(0.5, 2)
 
-    watch = CpuWatch(PoolTable.create(1), Host(), clock=lambda: now[0])
-    watch.read()
-    now[0] = 400 * MS
-    assert watch.read().sample.host_share == 0.5  # (the last reading)
-    now[0] = 600 * MS
-    watch.read()
+    table = PoolTable.create(1)
+    watch = CpuWatch(table, Host(), clock=lambda: now[0], run_delay=lambda pid: delay[pid])
+    table.writer(0).publish([], 0, cpu=CpuWindow(101, 300 * MS, S, 10))
+    assert watch.read().sample.wanted == pytest.approx(0.3)  # no interval yet: not waiting
+    now[0], delay[101] = 400 * MS, 10 * S
+    assert watch.read().sample.host_share == 0.5  # (the last reading, not a new one)
+    now[0], delay[101] = 600 * MS, 390 * MS  # 0.39 s of delay over 0.6 s
+    state = watch.read()
     assert reads == [0, 600 * MS]
+    assert state.windows[0].wait_ns == pytest.approx(650 * MS, abs=1)
+    assert state.sample.wanted == pytest.approx(0.95)
 
 
 # -- what the controller does with it -------------------------------------------------------------
@@ -272,7 +279,7 @@ def run_master(served_per_window: int, ticks: int):
     table = PoolTable.create(2)
     host = HostCpu(lambda: STAT.format(u=clock.now // MS, s=0, i=clock.now // (50 * MS)))
     m.pool_table, m.workers = table, {0: 101, 1: 102}
-    m.cpu_watch = CpuWatch(table, host, clock=clock)
+    m.cpu_watch = CpuWatch(table, host, clock=clock, run_delay=lambda pid: 0)
     log = Log()
     services = MasterServices(m, log)
     services.auto.clock = clock
@@ -375,7 +382,10 @@ def test_a_real_server_publishes_each_workers_cpu_and_the_hosts(server_factory) 
                 workers = re.findall(r'^apf_worker_cpu_share\{worker="(\d+)"\} (\S+)$', text,
                                      re.M)
                 per = re.search(r"^apf_cpu_per_request_seconds (\S+)$", text, re.M)
+                wanted = re.findall(r'^apf_worker_cpu_wanted_share\{worker="(\d+)"\} \S+$',
+                                    text, re.M)
                 return (len(workers) == 2 and all(float(v) > 0 for _, v in workers)
+                        and sorted(wanted) == sorted(pid for pid, _ in workers)
                         and per is not None and float(per.group(1)) >= 0.004
                         and re.search(r"^apf_host_cpu_share \S+$", text, re.M) is not None
                         and re.search(r"^apf_host_cpu_others_share \S+$", text, re.M)

@@ -9,8 +9,8 @@ time less our workers' CPU) whether other processes are what keeps it busy.
 Nothing is measured per request: a worker's publisher thread reads ``time.process_time_ns``
 and the worker's count of served requests once a window (:class:`CpuMeter`), and publishes
 the window in the worker's row of the signals table (``table.py``); the master reads
-``/proc/stat`` once a tick (:class:`HostCpu`) and folds both into a :class:`CpuState`
-(:func:`cpu_state`)::
+``/proc/stat`` once a tick (:class:`HostCpu`) and the workers' threads' run-queue delays, and
+folds them into a :class:`CpuState` (:class:`CpuWatch`)::
 
     meter = CpuMeter(served=lambda: middleware.stats["served"])   # worker
     writer.publish(pools, now_ns, cpu=meter.window())                # once a window
@@ -20,6 +20,7 @@ the window in the worker's row of the signals table (``table.py``); the master r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -36,7 +37,8 @@ PROC_STAT = "/proc/stat"
 class CpuWindow:
     """One worker's window: its ``pid``, the process CPU time and the wall time the window
     lasted (ns), the requests it served in it, and the time its threads waited for a core
-    (runnable, not running: the host's run queue; ns, summed over its threads)."""
+    (runnable, not running: the host's run queue; ns, summed over its threads, measured by
+    the master over its own interval and scaled to the window)."""
 
     pid: int
     cpu_ns: int
@@ -62,11 +64,11 @@ class CpuWindow:
         return self.cpu_ns / self.requests if self.requests > 0 else None
 
 
-def run_delay_ns(task_dir: str = "/proc/self/task") -> int:
-    """This process's threads' time spent runnable but not running (the host's run queue),
-    summed, cumulative (``/proc/self/task/*/schedstat``'s second field); 0 where it cannot be
-    read (not Linux, no schedstats). A thread that ends takes its share with it, so the sum
-    can go back: a window counts only what grew."""
+def run_delay_ns(task_dir: str) -> int:
+    """A process's threads' time spent runnable but not running (the host's run queue),
+    summed, cumulative (``/proc/PID/task/*/schedstat``'s second field); 0 where it cannot be
+    read (not Linux, no schedstats, the process gone). A thread that ends takes its share
+    with it, so the sum can go back: an interval counts only what grew."""
     total = 0
     try:
         tids = os.listdir(task_dir)
@@ -82,33 +84,28 @@ def run_delay_ns(task_dir: str = "/proc/self/task") -> int:
 
 
 class CpuMeter:
-    """A worker's CPU, window by window: two clock reads, a counter read and the threads'
-    run-queue delays (a small file per thread) per window.
+    """A worker's CPU, window by window: two clock reads and a counter read per window.
 
     Args:
         served: the worker's cumulative count of requests served (its middleware's).
-        cpu_clock: process CPU time in ns; clock: monotonic ns; run_delay: the threads'
-            cumulative run-queue delay in ns (injected by tests).
+        cpu_clock: process CPU time in ns; clock: monotonic ns (injected by tests).
     """
 
     def __init__(self, served: Callable[[], int],
                  cpu_clock: Callable[[], int] = time.process_time_ns,
-                 clock: Callable[[], int] = time.monotonic_ns,
-                 run_delay: Callable[[], int] = run_delay_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self._served = served
         self._cpu_clock = cpu_clock
         self._clock = clock
-        self._run_delay = run_delay
-        self._last = (clock(), cpu_clock(), served(), run_delay())
+        self._last = (clock(), cpu_clock(), served())
 
     def window(self) -> CpuWindow:
         """The window since the last call (the first: since the meter was made)."""
-        now, cpu, served, delay = (self._clock(), self._cpu_clock(), self._served(),
-                                   self._run_delay())
-        then, cpu_then, served_then, delay_then = self._last
-        self._last = (now, cpu, served, delay)
+        now, cpu, served = self._clock(), self._cpu_clock(), self._served()
+        then, cpu_then, served_then = self._last
+        self._last = (now, cpu, served)
         return CpuWindow(os.getpid(), max(0, cpu - cpu_then), max(0, now - then),
-                         max(0, served - served_then), max(0, delay - delay_then))
+                         max(0, served - served_then))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,34 +201,49 @@ def cpu_state(windows: Iterable[CpuWindow], host: HostReading | None) -> CpuStat
 
 class CpuWatch:
     """The master's view of the CPU, shared by the controller, the metrics and the dump: the
-    workers' last windows from the signals table, the host's busy share since the previous
-    ``/proc/stat`` reading (read again only when ``min_interval_ns`` has passed, so that a
-    scrape between two ticks leaves the tick an interval to measure).
+    workers' last windows from the signals table; what the master reads itself, at most
+    every ``min_interval_ns`` (so that a scrape between two ticks leaves the tick an interval
+    to measure): the host's busy share since its previous ``/proc/stat`` reading, and each
+    worker's threads' run-queue delay since the previous reading (``/proc/PID/task``: read by
+    the master, so that the workers do nothing for it).
 
     Args:
         table: the signals table (``table.PoolTable``: ``cpu_rows``).
-        host: the host's reader (injected by tests); clock: monotonic ns.
+        host: the host's reader; clock: monotonic ns; run_delay: a pid's threads' cumulative
+            run-queue delay in ns (injected by tests).
     """
 
     def __init__(self, table: Any, host: HostCpu | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 min_interval_ns: int = 500_000_000) -> None:
+                 min_interval_ns: int = 500_000_000,
+                 run_delay: Callable[[int], int] | None = None) -> None:
         self.table = table
         self.host = host or HostCpu()
         self.clock = clock
         self.min_interval_ns = min_interval_ns
+        self._run_delay = run_delay or (lambda pid: run_delay_ns(f"/proc/{pid}/task"))
         self._host: HostReading | None = None
-        self._host_at: int | None = None
+        self._at: int | None = None
+        self._delays: dict[int, int] = {}  # pid -> cumulative run-queue delay at _at
+        self._waiting: dict[int, float] = {}  # pid -> its share of the interval waiting
         self._lock = threading.Lock()
 
     def read(self, live: Collection[int] | None = None) -> CpuState:
-        """The CPU now: the live workers' (by index) last windows and the host's share."""
+        """The CPU now: the live workers' (by index) last windows, each with its run-queue
+        share of the master's last interval, and the host's share."""
         now = self.clock()
+        windows = self.table.cpu_rows(now, live=live)
         with self._lock:
-            if self._host_at is None or now - self._host_at >= self.min_interval_ns:
+            if self._at is None or now - self._at >= self.min_interval_ns:
                 reading = self.host.read()
-                self._host_at = now
                 if reading is not None or self._host is None:
                     self._host = reading
-            host = self._host
-        return cpu_state(self.table.cpu_rows(now, live=live), host)
+                elapsed = now - self._at if self._at is not None else 0
+                delays = {w.pid: self._run_delay(w.pid) for w in windows}
+                self._waiting = {
+                    pid: max(0, d - self._delays[pid]) / elapsed for pid, d in delays.items()
+                    if elapsed > 0 and pid in self._delays}
+                self._delays, self._at = delays, now
+            host, waiting = self._host, self._waiting
+        return cpu_state([dataclasses.replace(w, wait_ns=int(waiting[w.pid] * w.wall_ns))
+                          if w.pid in waiting else w for w in windows], host)

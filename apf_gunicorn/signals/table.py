@@ -7,7 +7,7 @@ its writer is in the middle of a window, bumped again at the end) that a reader 
 and after copying the row, and a stamp (the window's ``monotonic_ns``).
 
 Per row, besides: the worker's CPU over the window (``cpu.py``: its pid, process CPU time,
-the window's wall time, the requests it served and its threads' run-queue delay), so that one mechanism carries every
+the window's wall time and the requests it served), so that one mechanism carries every
 signal. Per slot: kind, capacity, in use, waiting (as of the row's window) and, cumulative,
 time waited (ns) and waits. The cumulative words are the row's, not the worker's: a worker adds what its
 pools counted since its last window, so a worker that replaces a dead one on its index goes on
@@ -37,7 +37,7 @@ SLOTS = 16  # pools per worker row
 NAME_BYTES = 128  # per slot: length byte + UTF-8 name, truncated
 _WORDS = 6  # kind, capacity, in use, waiting, wait ns, waits
 _SLOT = NAME_BYTES + _WORDS * 8
-_HEADER = 56  # seq, stamp, then the CPU window: pid, cpu ns, wall ns, requests, wait ns
+_HEADER = 48  # seq, stamp, then the CPU window: pid, cpu ns, wall ns, requests
 _CPU_AT = 16
 _ROW = _HEADER + SLOTS * _SLOT
 KINDS = ("", "sqlalchemy", "psycopg_pool", "django", "resource")
@@ -137,9 +137,9 @@ class PoolTable:
             data = self._copy(row, _HEADER)
             if data is None:
                 continue
-            stamp, pid, cpu_ns, wall_ns, requests, wait_ns = struct.unpack_from("<6q", data, 8)
+            stamp, pid, cpu_ns, wall_ns, requests = struct.unpack_from("<5q", data, 8)
             if now_ns - stamp <= max_age_ns and pid and wall_ns > 0:
-                out.append(CpuWindow(pid, cpu_ns, wall_ns, requests, wait_ns))
+                out.append(CpuWindow(pid, cpu_ns, wall_ns, requests))
         return out
 
     def totals(self, now_ns: int, live: Collection[int] | None = None,
@@ -266,9 +266,9 @@ class RowWriter:
                 old = struct.unpack_from(f"<{_WORDS}q", v, at)
                 struct.pack_into(f"<{_WORDS}q", v, at, old[0], 0, 0, 0, old[4], old[5])
         struct.pack_into("<q", v, 8, now_ns)
-        struct.pack_into("<5q", v, _CPU_AT, *(
-            (cpu.pid, cpu.cpu_ns, cpu.wall_ns, cpu.requests, cpu.wait_ns) if cpu is not None
-            else (0, 0, 0, 0, 0)))
+        struct.pack_into("<4q", v, _CPU_AT, *(
+            (cpu.pid, cpu.cpu_ns, cpu.wall_ns, cpu.requests) if cpu is not None
+            else (0, 0, 0, 0)))
         struct.pack_into("<q", v, 0, seq + 1)  # even: the window is whole
         return left_out
 
