@@ -163,6 +163,19 @@ def test_cpu_bound_the_limit_settles_from_the_cpu_not_the_look_below() -> None:
     assert ctl.cpu_seats({KIND: KindSample(1, 5 * MS)}, CpuSample(2, 1.9, 5 * MS)) == 4
 
 
+def test_a_look_below_made_before_the_cpu_was_known_is_undone_by_it() -> None:
+    """The first binding tick halves the limit (the CPU not known yet: no interval); the next
+    one is CPU-bound: back to the start, which the CPU's seats (contended baselines) do not
+    bound, and held there."""
+    ctl = AdaptiveLimit(AdaptiveSettings(minimum=1, maximum=16), start=8)
+    t = cpu_app_tick(0, 8)
+    assert ctl.update(Tick(t.now, t.kinds, t.concurrency, t.waiting)) == 4
+    assert ctl.last.reason == "down: looking below the start"
+    limits = [ctl.update(cpu_app_tick(i * S, 8)) for i in range(1, 6)]
+    assert limits == [8] * 5, limits
+    assert ctl.last.reason.endswith("holding 8 seats (more add nothing)"), ctl.last.reason
+
+
 def test_cpu_bound_more_seats_add_nothing_so_the_limit_never_rises() -> None:
     """At 2 seats with calm latency the latency law grows (slow start, probes); with both GILs
     at capacity it holds."""

@@ -278,7 +278,12 @@ class AdaptiveLimit:
         assert cpu is not None
         s = self.settings
         target = self.cpu_seats(kinds, cpu)
-        if self.limit > target:
+        if 0 < self._look and self.limit < min(self._look, target):
+            # the look below halved the limit before the CPU was known: the CPU says where
+            # the knee is, so undo the look (up to the start, or the CPU's seats below it)
+            new = self._clamp(min(self._look, target))
+            reason = f"cpu: {why}, back to {new} seats (the look below is the CPU's to settle)"
+        elif self.limit > target:
             new = self._clamp(max(target, math.floor(self.limit * (1 - s.step_down))))
             reason = f"cpu: {why}, {new} seats"
         else:

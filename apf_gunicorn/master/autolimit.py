@@ -154,8 +154,10 @@ class ServerAutoLimit:
             levels = master.generation.configuration.priority_levels
             exempt = {name for name, pl in levels.items() if pl.is_exempt}
             tick = self.observe(master.ledger, exempt, now)
+        # read every tick, the first too: the watch then has an interval (the host, the
+        # run queue) by the first tick the controller is fed
+        cpu = read_cpu(master)
         if tick is not None:
-            cpu = read_cpu(master)
             if cpu is not None:
                 self.last_cpu = cpu
                 tick = dataclasses.replace(tick, cpu=cpu.sample)
