@@ -37,6 +37,7 @@ from apf_gunicorn.server.dumps import encode_detail
 from apf_gunicorn.server.generation import level_max_seats, route_table
 from apf_gunicorn.server.settings import load_settings
 from apf_gunicorn.signals import importhook
+from apf_gunicorn.signals.cpu import CpuMeter
 from apf_gunicorn.signals.publisher import Publisher
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class FrontEnd:
     def init_process(self) -> None:
         # Before gunicorn loads the app in this worker: the pool discovery is then in place
         # in the libraries the app imports (signals/importhook.py).
-        if state.MASTER is not None and getattr(state.MASTER, "pool_table", None) is not None:
+        if state.MASTER is not None and _pool_signals(state.MASTER):
             importhook.install()
         else:  # off (maybe by gunicorn's -e, which the master's setup() could not see yet)
             importhook.uninstall()
@@ -147,16 +148,27 @@ def attach(worker: FrontEnd, m: state.MasterState) -> state.WorkerState:
     return state.WorkerState(index=index, pid=os.getpid(), ledger=ledger, parking=parking,
                              dispatcher=dispatcher, inbox=inbox, sender=sender,
                              middleware=middleware, worker=worker,
-                             publisher=_publisher(m, index))
+                             publisher=_publisher(m, index, middleware))
 
 
-def _publisher(m: state.MasterState, index: int) -> Publisher | None:
-    """This worker's pools published into its row of the master's table, once a window
-    (None when the master made no table or it has no row for this index)."""
+def _pool_signals(m: state.MasterState) -> bool:
+    """Whether the workers look for the app's pools (``APF_POOL_SIGNALS``, and a table)."""
+    return (getattr(m, "pool_table", None) is not None
+            and getattr(m.settings, "pool_signals", True))
+
+
+def _publisher(m: state.MasterState, index: int, middleware: Any) -> Publisher | None:
+    """This worker's pools (``APF_POOL_SIGNALS=on``) and CPU published into its row of the
+    master's table, once a window (None when the master made no table or it has no row for
+    this index). The CPU's requests are those the middleware served."""
     table = getattr(m, "pool_table", None)
     if table is None or not 0 <= index < table.rows:
         return None
-    publisher = Publisher(table.writer(index), tell_found=index == 0)
+    stats = getattr(middleware, "stats", None)
+    served = (lambda: stats.get("served", 0)) if isinstance(stats, dict) else (lambda: 0)
+    read = None if _pool_signals(m) else list  # off: no pools, the CPU still
+    publisher = Publisher(table.writer(index), read=read, tell_found=index == 0,
+                          cpu=CpuMeter(served))
     publisher.start()
     return publisher
 

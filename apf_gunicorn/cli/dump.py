@@ -1,4 +1,4 @@
-"""`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests|flows|pools [--details] [--kubernetes]`.
+"""`apf-gunicorn dump [--admin HOST:PORT] levels|queues|requests|flows|pools|cpu [--details] [--kubernetes]`.
 
 Fetches one of the debug dumps from a running server's admin endpoint and prints it. ``levels``
 and ``queues`` end with each level's fairness and virtual time (``?includeFairness=1``),
@@ -6,7 +6,8 @@ and ``levels`` with its nominal, current and used seats (``&includeSeats=1``) an
 naming the running configuration's generation and digest, unless
 ``--kubernetes`` asks for Kubernetes' exact layout; ``flows`` lists the active flows of
 ``maxmin`` levels; ``pools`` the app's connection pools, summed over the workers
-(docs/signals.md). The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in
+(docs/signals.md); ``cpu`` each worker's share of its GIL and the host's CPU
+(docs/adaptive.md). The address defaults to ``APF_ADMIN_BIND`` when set, else the built-in
 default.
 
     $ apf-gunicorn dump requests --details --admin 127.0.0.1:9180
@@ -23,7 +24,7 @@ import urllib.request
 from apf_gunicorn.master.admin import DEFAULT_BIND, DUMP_PREFIX, parse_bind
 
 WHAT = {"levels": "dump_priority_levels", "queues": "dump_queues", "requests": "dump_requests",
-        "flows": "dump_flows", "pools": "dump_pools"}
+        "flows": "dump_flows", "pools": "dump_pools", "cpu": "dump_cpu"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

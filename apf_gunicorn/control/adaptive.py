@@ -85,6 +85,7 @@ from .adaptive_types import (
     DEFAULT_MAXIMUM,
     DEFAULT_MINIMUM,
     AdaptiveSettings,
+    CpuSample,
     Decision,
     KindSample,
     Tick,
@@ -92,8 +93,13 @@ from .adaptive_types import (
 )
 
 # the controller's inputs and settings, importable from here too
-__all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings", "Decision",
-           "KindSample", "Tick", "parse_auto"]
+__all__ = ["DEFAULT_MAXIMUM", "DEFAULT_MINIMUM", "AdaptiveLimit", "AdaptiveSettings",
+           "CpuSample", "Decision", "KindSample", "Tick", "parse_auto"]
+
+# the latency law's cuts on inflated latency (a busy host may explain it: _host_explains);
+# the look below and probes are not
+_LATENCY_CUTS = ("down: latency jumped", "down: inflated", "down: finishing a partial cut",
+                 "down: seats above only queued", "down: past the knee", "down: slow start")
 
 # light traffic: at most this many requests at a time on average (five light users of the
 # benchmark, one 50 ms query per 250 ms each, run 1.2)
@@ -167,14 +173,18 @@ class AdaptiveLimit:
             return self.limit
         self._learn_baselines(kinds)
         binding = tick.waiting or tick.concurrency >= self.settings.binding_fraction * self.limit
+        cpu = self._cpu_rule(kinds, tick.cpu, tick.concurrency)
+        if cpu is not None:
+            return cpu
         if self._settling:
             # the first tick after a move mixes requests served before it: learn only baselines
             self._settling = False
             moved, self._moved = self._moved, None
             if moved is not None and binding:
+                held = self.limit
                 settled = self._settle(kinds, tick.concurrency, *moved)
                 if settled is not None:
-                    return settled
+                    return self._busy_host(settled, held, kinds, tick.cpu)
             self.last = Decision(self.limit, "settling after a move", None, tick.concurrency)
             return self.limit
         key = max(1, round(tick.concurrency))
@@ -195,6 +205,7 @@ class AdaptiveLimit:
             return self.limit
         self._watch_floor(kinds, r)
         new, reason, below, above = self._decide(key, r, tick.concurrency)
+        new, reason = self._host_explains(new, reason, r, kinds, tick.cpu)
         if self._anchored and new < self.limit and r > 1:
             # with no-load baselines, never below the margin: where latency would be calm if
             # it fell in proportion to the seats (as past a pool's knee)
@@ -207,6 +218,137 @@ class AdaptiveLimit:
         self._moved = (self.limit, r, reason == "down: latency jumped")
         self.limit = self._clamp(new)
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
+        return self.limit
+
+    # -- the CPU (issue 33) ------------------------------------------------------------------
+    def _cpu_bound(self, cpu: CpuSample | None,
+                   kinds: Mapping[Hashable, KindSample]) -> str | None:
+        """Why more seats add nothing (for the log), or None: the workers at their GILs'
+        capacity; or running or waiting for a core nearly all the time (a host whose other
+        processes take the cores); or the host at its cores' with our workers using most."""
+        s = self.settings
+        if cpu is None or cpu.workers <= 0:
+            return None
+        if cpu.gil_share >= s.gil_full:
+            return f"workers at {cpu.gil_share:.2f} of their GIL"
+        if cpu.wanted is not None and cpu.wanted >= s.gil_full * cpu.workers and \
+                self._cpu_part(kinds, cpu) >= s.cpu_part:
+            # always Python to run, the host's cores the only limit: more seats add nothing
+            # (threads that only wake for I/O also wait for a core on a busy host: the
+            # requests must be CPU for a part of their time)
+            return (f"workers want their GIL {cpu.wanted / cpu.workers:.2f} of the time "
+                    f"({cpu.gil_share:.2f} running, the rest waiting for a core)")
+        if (cpu.host_share is not None and cpu.cores > 0 and cpu.host_share >= s.host_full
+                and cpu.busy >= s.cpu_ours * cpu.host_share * cpu.cores):
+            return (f"host at {cpu.host_share:.2f} of its {cpu.cores} cores, "
+                    f"{cpu.busy:.1f} of them ours")
+        return None
+
+    def _no_load_ns(self, kinds: Mapping[Hashable, KindSample]) -> float | None:
+        """This tick's requests' mean service time at their baselines (no contention)."""
+        n = sum(v.count for k, v in kinds.items() if self.baselines.get(k))
+        if not n:
+            return None
+        return sum(v.count * self.baselines[k] for k, v in kinds.items()
+                   if self.baselines.get(k)) / n
+
+    def _cpu_part(self, kinds: Mapping[Hashable, KindSample], cpu: CpuSample) -> float:
+        """The requests' CPU over their no-load service time, at most 1 (0: not known)."""
+        base, per = self._no_load_ns(kinds), cpu.cpu_per_request_ns
+        return min(1.0, per / base) if base and per else 0.0
+
+    def cpu_seats(self, kinds: Mapping[Hashable, KindSample], cpu: CpuSample) -> int:
+        """The seats that keep every worker's GIL busy: a worker runs one request's Python at a
+        time, so it needs (no-load service time / CPU per request) requests, at least one,
+        and ``cpu_margin`` more for the hand-offs between them (a seat freed in one worker
+        may go to a request in another)."""
+        s = self.settings
+        base, per = self._no_load_ns(kinds), cpu.cpu_per_request_ns
+        per_worker = max(1.0, base / per) if base and per else 1.0
+        return max(1, math.ceil(cpu.workers * per_worker * (1 + s.cpu_margin) - 1e-9))
+
+    def _cpu_rule(self, kinds: Mapping[Hashable, KindSample], cpu: CpuSample | None,
+                  concurrency: float) -> int | None:
+        """CPU-bound: more seats add nothing, and latency there is the GIL's queue, not the
+        backend's: never up; down towards :meth:`cpu_seats` (at most ``step_down`` a tick),
+        else hold, instead of the latency law's noisy look below. None: not CPU-bound."""
+        why = self._cpu_bound(cpu, kinds)
+        if why is None:
+            return None
+        assert cpu is not None
+        s = self.settings
+        target = self.cpu_seats(kinds, cpu)
+        if 0 < self._look and self.limit < min(self._look, target):
+            # the look below halved the limit before the CPU was known: the CPU says where
+            # the knee is, so undo the look (up to the start, or the CPU's seats below it)
+            new = self._clamp(min(self._look, target))
+            reason = f"cpu: {why}, back to {new} seats (the look below is the CPU's to settle)"
+        elif self.limit > target:
+            new = self._clamp(max(target, math.floor(self.limit * (1 - s.step_down))))
+            reason = f"cpu: {why}, {new} seats"
+        else:
+            new = self.limit
+            reason = f"cpu: {why}, holding {new} seats (more add nothing)"
+        # the CPU says where the knee is: no look below, no slow start, no settle tick
+        self._look = -1
+        self._growing = self._rising = self._settling = False
+        self._moved = None
+        self.limit = new
+        self.last = Decision(new, reason, None, concurrency)
+        return new
+
+    def host_inflation(self, kinds: Mapping[Hashable, KindSample],
+                       cpu: CpuSample | None) -> float | None:
+        """The latency inflation a host busy with other processes explains, or None when it
+        is not busy with them: the requests' CPU part (CPU per request over the no-load
+        service time) stretched by the cores the others take (``cores / cores left``)."""
+        s = self.settings
+        others = cpu.others_share if cpu is not None else None
+        if (others is None or cpu is None or cpu.host_share is None
+                or cpu.host_share < s.host_full or others < s.host_others):
+            return None
+        part = self._cpu_part(kinds, cpu)
+        left = max(0.5, cpu.cores * (1 - others))
+        return 1 + part * (cpu.cores / left - 1)
+
+    def _host_explains(self, new: float, reason: str, r: float,
+                       kinds: Mapping[Hashable, KindSample], cpu: CpuSample | None
+                       ) -> tuple[float, str]:
+        """A cut on inflated latency while other processes keep the host busy: held when the
+        busy host explains the inflation (more than the calm band, and this tick's within the
+        calm band of it: fewer seats would not help), else made and said to be the
+        backend's."""
+        if new >= self.limit or not reason.startswith(_LATENCY_CUTS):
+            return new, reason
+        explained = self.host_inflation(kinds, cpu)
+        if explained is None:
+            return new, reason
+        assert cpu is not None and cpu.others_share is not None
+        host = f"{cpu.others_share:.2f} of {cpu.cores} cores not ours"
+        calm = 1 + self.settings.tolerance / 2
+        bound = explained * calm
+        # a host that explains less than the calm band changes nothing: the law as on a quiet
+        # host (holding there kept a pool app a seat or two past its knee)
+        if explained > calm and r <= bound:
+            return self.limit, (f"hold: host busy with other processes ({host}), latency "
+                                f"x{r:.2f} within what it explains (x{explained:.2f}, "
+                                f"x{bound:.2f} with the tolerance)")
+        return new, (f"{reason} (a slow backend: latency x{r:.2f} beyond the busy host's "
+                     f"x{explained:.2f}, {host})")
+
+    def _busy_host(self, new: int, before: int, kinds: Mapping[Hashable, KindSample],
+                   cpu: CpuSample | None) -> int:
+        """:meth:`_host_explains` for the settle tick's cut (from ``before``), already
+        applied: undone when the busy host explains the inflation."""
+        if new >= before:
+            return new
+        last = self.last
+        self.limit = before
+        kept, reason = self._host_explains(new, last.reason, last.inflation or 1.0, kinds, cpu)
+        self.limit = int(kept)
+        if self.limit == before:
+            self._settling = False
+        self.last = Decision(self.limit, reason, last.inflation, last.concurrency)
         return self.limit
 
     def _settle(self, kinds: Mapping[Hashable, KindSample], concurrency: float,

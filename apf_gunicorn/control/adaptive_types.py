@@ -4,7 +4,8 @@ the controller's constants, its decision. Kept apart so that settings, the simul
 and the metrics read them without the control law.
 
     lo, hi = parse_auto("auto:2-64")                     # (2, 64)
-    tick = Tick(now, {"users": KindSample(120, 6_100_000_000)}, concurrency=9.6, waiting=True)
+    tick = Tick(now, {"users": KindSample(120, 6_100_000_000)}, concurrency=9.6, waiting=True,
+                cpu=CpuSample(workers=2, busy=1.9, cpu_per_request_ns=5e6))
 """
 
 from __future__ import annotations
@@ -52,18 +53,52 @@ class KindSample:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuSample:
+    """The server's CPU over a tick (``signals/cpu.py`` measures it once a window).
+
+    ``workers``: the workers counted; ``busy``: their CPU summed, in cores (a worker's GIL
+    lets it use about one); ``cpu_per_request_ns``: their CPU over the requests they served
+    (None: none); ``host_share``: the busy share of all the host's cores (None: not known);
+    ``cores``: the host's cores (0: not known); ``wanted``: the workers' time running or
+    waiting for a core (the host's run queue), in workers (each at most 1; None: not known):
+    near ``workers``, they always had Python to run, and only the cores held them back.
+    """
+
+    workers: int
+    busy: float
+    cpu_per_request_ns: float | None = None
+    host_share: float | None = None
+    cores: int = 0
+    wanted: float | None = None
+
+    @property
+    def gil_share(self) -> float:
+        """The workers' mean share of their GILs (1.0: all at capacity)."""
+        return self.busy / self.workers if self.workers > 0 else 0.0
+
+    @property
+    def others_share(self) -> float | None:
+        """The share of all cores busy with other processes than our workers."""
+        if self.host_share is None or self.cores <= 0:
+            return None
+        return max(0.0, self.host_share - self.busy / self.cores)
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """What one tick observed.
 
     ``kinds`` maps a kind of request (any hashable: a level name, or ``(level, route)``) to its
     :class:`KindSample`; ``concurrency`` is the average seats executing over the tick;
-    ``waiting`` says whether any request waited in a queue (the limit was binding).
+    ``waiting`` says whether any request waited in a queue (the limit was binding); ``cpu``
+    the server's CPU (None: not measured: the latency law alone decides).
     """
 
     now: int
     kinds: Mapping[Hashable, KindSample]
     concurrency: float
     waiting: bool
+    cpu: CpuSample | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +131,20 @@ class AdaptiveSettings:
     jump_down: float = 0.5  # the largest move down when latency at one concurrency jumps
     look_below: bool = True  # the first binding tick halves the limit to see below the start
     fall_sigmas: float = 3.0  # a fall short of calm counts beyond this many noise spreads
+    # the CPU (issue 33): the workers at this share of their GILs, or the host at this share
+    # of its cores with our workers using at least cpu_ours of its busy time, are CPU-bound
+    gil_full: float = 0.9
+    host_full: float = 0.9
+    cpu_ours: float = 0.5
+    # ... or running or waiting for a core (a busy host) this share of the time, their
+    # requests' CPU at least cpu_part of their no-load service time
+    cpu_part: float = 0.1
+    # CPU-bound, the seats that keep every worker's GIL busy: workers x (no-load service
+    # time / CPU per request, at least 1) x (1 + cpu_margin): a request ready in each worker
+    # while one runs, so that its GIL does not wait for a seat's hand-off
+    cpu_margin: float = 1.0
+    # a host busy with other processes: from this share of its cores not ours
+    host_others: float = 0.1
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:

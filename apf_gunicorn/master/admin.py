@@ -19,7 +19,8 @@ metrics prefix). Paths:
   first two, ``?includeSeats=1`` its nominal, current and used seats to the first, and a
   last line with the applied configuration's generation and digest;
   ``.../dump_flows`` lists the active flows of ``maxmin`` levels, ``.../dump_pools`` the
-  app's connection pools server-wide (``dumps.py``);
+  app's connection pools server-wide, ``.../dump_cpu`` the workers' and the host's CPU
+  (``dumps.py``);
 * ``/healthz``: 200 while the master serves; ``/readyz``: 200 once the ledger is configured and
   at least one worker has registered, else 503;
 * anything else: 404.
@@ -64,7 +65,8 @@ log = logging.getLogger("apf_gunicorn.admin")
 
 DEFAULT_BIND = "127.0.0.1:9180"
 DUMP_PREFIX = "/debug/api_priority_and_fairness/"
-DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows", "dump_pools")
+DUMPS = ("dump_priority_levels", "dump_queues", "dump_requests", "dump_flows", "dump_pools",
+         "dump_cpu")
 TEXT = "text/plain; charset=utf-8"
 # Connections open at once; one more takes the place of the one idle the longest.
 MAX_CONNECTIONS = 256
@@ -452,6 +454,9 @@ class AdminServer:
             if name == "dump_pools":
                 pools = view.pools() if view.pools is not None else {}
                 return 200, TEXT, dumps.dump_pools(pools).encode()
+            if name == "dump_cpu":
+                cpu = view.cpu() if view.cpu is not None else None
+                return 200, TEXT, dumps.dump_cpu(cpu).encode()
             snap = view.ledger.snapshot(view.clock())
             fairness = _flag(query, "includeFairness")
             if name == "dump_priority_levels":

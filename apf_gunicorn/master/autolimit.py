@@ -15,7 +15,10 @@ statistics (``ledger.request_stats()``, one short read under the ledger lock):
   the tick over the tick's length (a request counts as one seat: the execution histogram does
   not weigh by seats);
 * whether anything waited: a non-zero wait observed at dispatch, a queue-full, time-out or
-  concurrency-limit rejection in the tick, or requests waiting now (``ledger.load()``).
+  concurrency-limit rejection in the tick, or requests waiting now (``ledger.load()``);
+* the CPU (``signals/cpu.py``, the master's ``cpu_watch``): the live workers' last windows
+  (each one's share of its GIL, their CPU per served request) and the host's busy share of its
+  cores from ``/proc/stat``. Nothing of it is measured per request.
 
 A new limit is applied by :func:`apf_gunicorn.flowcontrol.relimit.follow_server_limit` (every
 level's nominal seats recomputed from its shares, borrowing re-run on the demand it last
@@ -67,6 +70,7 @@ class ServerAutoLimit:
         self.bounds = bounds
         self.clock = clock
         self.last_tick: Tick | None = None
+        self.last_cpu: Any = None  # signals.cpu.CpuState of the last tick
         self._seen: dict[tuple[str, str], tuple[int, float, int, tuple[int, ...]]] | None = None
         self._seen_ns = 0
         # server.routekinds.RouteTimes: the kinds are routes (None: (level, FlowSchema) pairs)
@@ -150,7 +154,13 @@ class ServerAutoLimit:
             levels = master.generation.configuration.priority_levels
             exempt = {name for name, pl in levels.items() if pl.is_exempt}
             tick = self.observe(master.ledger, exempt, now)
+        # read every tick, the first too: the watch then has an interval (the host, the
+        # run queue) by the first tick the controller is fed
+        cpu = read_cpu(master)
         if tick is not None:
+            if cpu is not None:
+                self.last_cpu = cpu
+                tick = dataclasses.replace(tick, cpu=cpu.sample)
             self.last_tick = tick
             self.controller.update(tick)
         new = self.controller.limit
@@ -189,6 +199,17 @@ def apply_server_limit(master: Any, new: int, now: int,
         master.settings = dataclasses.replace(master.settings, concurrency_limit=new)
     if granted and getattr(master, "sender", None) is not None:
         master.sender.send_grants(granted)
+
+
+def read_cpu(master: Any) -> Any:
+    """The server's CPU now (``signals.cpu.CpuState``) from the master's ``cpu_watch``, the
+    registered workers' rows only (a booting one's may hold its dead predecessor's window);
+    None without a watch."""
+    watch = getattr(master, "cpu_watch", None)
+    if watch is None:
+        return None
+    live = {i for i, pid in (getattr(master, "workers", None) or {}).items() if pid}
+    return watch.read(live)
 
 
 def large_move(old: int, new: int) -> bool:

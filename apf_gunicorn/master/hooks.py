@@ -50,6 +50,7 @@ from apf_gunicorn.server.configwatch import watchable
 from apf_gunicorn.server.generation import config_error_lines, configure_ledger, load_generation
 from apf_gunicorn.server.resolver import ResolverError, build_resolver, path_parsing_note
 from apf_gunicorn.server.settings import SettingsError, load_settings
+from apf_gunicorn.signals.cpu import CpuWatch
 from apf_gunicorn.signals.table import PoolTable
 
 log = logging.getLogger("apf_gunicorn")
@@ -157,12 +158,14 @@ def on_starting(server) -> None:
     except Exception as e:  # e.g. more levels than the ledger holds: no traceback, no leak
         segment.unlink()
         _fail(server, [f"the configuration does not fit the ledger: {e}"])
+    # the workers' signals (signals/): their CPU, and their pools unless APF_POOL_SIGNALS=off
+    # (then nothing is looked for)
+    signals = PoolTable.create(capacity.workers)
     state.MASTER = state.MasterState(
         settings=settings, token=token, segment=segment, ledger=ledger, capacity=capacity,
         resolver=resolver, generation=gen, sender=GrantSender(token, ledger.grant_name), master_pid=pid,
         threads=_threads(server), holds_threads=_holds_threads(server),
-        # the workers' pools (signals/); None (APF_POOL_SIGNALS=off): nothing is looked for
-        pool_table=PoolTable.create(capacity.workers) if settings.pool_signals else None,
+        pool_table=signals, cpu_watch=CpuWatch(signals),
         # auto: service time per route, counted by the workers (forked after this)
         route_times=(RouteTimes.create(capacity.workers)
                      if getattr(settings, "concurrency_auto", None) is not None else None))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 
@@ -112,9 +113,11 @@ class MasterServices(threading.Thread):
                                      route_times=getattr(master_state, "route_times", None)))
         if self.auto is not None:
             master_state.auto_limit = self.auto
+        self._told_host = ""  # the CPU's or a busy host's hold the log last told
         # nothing set about the limit: the master follows the app's pools once it has any
         self.pools = (ServerPoolLimit(settings.concurrency_limit)
                       if not getattr(settings, "concurrency_limit_set", True)
+                      and getattr(settings, "pool_signals", True)
                       and getattr(master_state, "pool_table", None) is not None else None)
 
     @property
@@ -231,8 +234,9 @@ class MasterServices(threading.Thread):
             self.glog.exception("apf: borrowing round failed")
 
     def adapt_once(self) -> None:
-        """One tick of the adaptive limit; a move by more than a quarter is logged (every
-        tick's observation and decision at debug level). With nothing set, the pool rule's
+        """One tick of the adaptive limit; a move by more than a quarter, every move of the CPU
+        rule or for a slow backend on a busy host, and the first tick of a hold for the CPU or
+        a busy host are logged (every tick's observation and decision at debug level). With nothing set, the pool rule's
         tick instead: every change logged with its cause."""
         if self.pools is not None:
             self.follow_pools_once()
@@ -244,10 +248,22 @@ class MasterServices(threading.Thread):
             return
         last = self.auto.controller.last
         self.glog.debug("apf: concurrency limit auto: %s -> %s", self.auto.last_tick, last)
-        if change is not None and large_move(*change):
+        # a hold for the CPU or a busy host: said once per spell (the reason's first words)
+        spell = re.sub(r"[\d.]+", "", last.reason.split(",", 1)[0]) if last.reason.startswith(
+            ("cpu:", "hold: host busy")) else ""
+        told, self._told_host = self._told_host, spell
+        if change is not None and last.reason.startswith("cpu:"):
+            # the CPU rule's every change, with its cause
+            self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s)", change[0],
+                           change[1], last.reason)
+        elif change is not None and (large_move(*change) or "slow backend" in last.reason):
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
                            "of the baseline at %.1f seats)", change[0], change[1], last.reason,
                            last.inflation or 1.0, last.concurrency)
+        elif spell and spell != told:
+            # the CPU's hold, or a busy host told apart from a slow backend: once per spell
+            self.glog.info("apf: concurrency limit auto: stays %d seats (%s)", last.limit,
+                           last.reason)
 
     def follow_pools_once(self) -> None:
         """One tick of the limit from the app's pools (master/poollimit.py): each change is

@@ -160,6 +160,8 @@ class MasterView:
     auto: Any = None  # server.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
     # the app's pools server-wide, {name: signals.table.PoolTotals}, read when called
     pools: Callable[[], Mapping[str, Any]] | None = None
+    # the workers' and the host's CPU (signals.cpu.CpuState), read when called
+    cpu: Callable[[], Any] | None = None
 
     @property
     def ready(self) -> bool:
@@ -185,7 +187,17 @@ def view_of_master_state(m: Any) -> MasterView:
         digest=getattr(gen, "digest", "") or "",
         auto=getattr(m, "auto_limit", None),
         pools=_pools_of(m),
+        cpu=_cpu_of(m),
     )
+
+
+def _cpu_of(m: Any) -> Callable[[], Any] | None:
+    """Reads the CPU (the registered workers' rows, the host): master/autolimit.read_cpu."""
+    if getattr(m, "cpu_watch", None) is None:
+        return None
+    from apf_gunicorn.master.autolimit import read_cpu
+
+    return lambda: read_cpu(m)
 
 
 def _pools_of(m: Any) -> Callable[[], Mapping[str, Any]] | None:
@@ -349,6 +361,8 @@ class LedgerCollector:
         yield from _server_limit_families(p, view)
         if view.pools is not None:
             yield from pool_families(p, view.pools())
+        if view.cpu is not None:
+            yield from cpu_families(p, view.cpu())
         reloads = CounterMetricFamily(f"{p}_config_reload_errors", "Configuration reloads "
                                       "rejected because the new configuration was invalid")
         reloads.add_metric([], float(view.reload_errors))
@@ -463,6 +477,39 @@ def pool_families(p: str, pools: Mapping[str, Any]) -> list:
         wait.add_metric(lv, t.wait_ns / 1e9)
         waits.add_metric(lv, float(t.waits))
     return [capacity, in_use, waiting, wait, waits]
+
+
+def cpu_families(p: str, cpu: Any) -> list:
+    """The CPU (``signals.cpu.CpuState``): each live worker's share of its GIL over its last
+    window, the workers' CPU per served request, the host's busy share of its cores and the
+    share busy with other processes (the host's only where ``/proc/stat`` was read)."""
+    from prometheus_client.core import GaugeMetricFamily as G
+
+    share = G(f"{p}_worker_cpu_share", "A worker's process CPU time over wall time in its "
+              "last window (about 1 s): the share of its GIL it used (1: at capacity)",
+              labels=["worker"])
+    wanted = G(f"{p}_worker_cpu_wanted_share", "The share of a worker's last window it ran "
+               "or waited for a core (the host's run queue), at most 1: near 1 it always had "
+               "Python to run", labels=["worker"])
+    for w in sorted(cpu.windows, key=lambda w: w.pid):
+        share.add_metric([str(w.pid)], w.share)
+        wanted.add_metric([str(w.pid)], w.wanted)
+    out = [share, wanted]
+    per = cpu.sample.cpu_per_request_ns
+    if per is not None:
+        g = G(f"{p}_cpu_per_request_seconds", "The workers' CPU time over the requests they "
+              "served, in their last windows")
+        g.add_metric([], per / 1e9)
+        out.append(g)
+    if cpu.sample.host_share is not None:
+        host = G(f"{p}_host_cpu_share", "The host's busy share of all its cores (/proc/stat) "
+                 "since the previous reading (about a second)")
+        host.add_metric([], cpu.sample.host_share)
+        others = G(f"{p}_host_cpu_others_share", "The share of all the host's cores busy "
+                   "with other processes than this server's workers")
+        others.add_metric([], cpu.sample.others_share or 0.0)
+        out += [host, others]
+    return out
 
 
 def _fairness_families(p: str, snap: Any) -> list:

@@ -397,6 +397,35 @@ def dump_pools(pools: Mapping[str, Any]) -> str:
     return tabwrite(rows)
 
 
+CPU_HEADERS = ("Worker", "CpuShare", "WantedShare", "CpuPerRequestMs", "Requests")
+
+
+def dump_cpu(state: Any) -> str:
+    """The CPU (``signals.cpu.CpuState``): a row per live worker (its pid, its share of its
+    GIL, the share of the window it ran or waited for a core, its CPU per served request over
+    its last window, and the requests it served in it), then the workers summed and the host
+    (its busy share of all its cores, and the share busy with other processes than our
+    workers; ``-`` where ``/proc/stat`` is not read)."""
+    rows = [list(CPU_HEADERS)]
+    if state is None:
+        return tabwrite(rows)
+
+    def ms(ns: float | None) -> str:
+        return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+    for w in sorted(state.windows, key=lambda w: w.pid):
+        rows.append([str(w.pid), f"{w.share:.3f}", f"{w.wanted:.3f}", ms(w.cpu_per_request_ns),
+                     str(w.requests)])
+    sample = state.sample
+    rows.append(["workers", f"{sample.busy:.3f}", f"{sample.wanted or 0.0:.3f}",
+                 ms(sample.cpu_per_request_ns), str(sum(w.requests for w in state.windows))])
+    host, others = sample.host_share, sample.others_share
+    rows.append([f"host ({sample.cores or '-'} cores)", "-" if host is None else f"{host:.3f}",
+                 "-", "-", "-"])
+    rows.append(["host: not ours", "-" if others is None else f"{others:.3f}", "-", "-", "-"])
+    return tabwrite(rows)
+
+
 def _state(req: Any) -> str:
     st = req.state
     if isinstance(st, int):

@@ -64,6 +64,7 @@ class MasterState:
     auto_limit: Any = None  # master.autolimit.ServerAutoLimit with APF_CONCURRENCY_LIMIT=auto
     route_times: Any = None  # admission.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto
     pool_table: Any = None  # signals.table.PoolTable: the workers' pools, a row per index
+    cpu_watch: Any = None  # signals.cpu.CpuWatch: the workers' and the host's CPU
     # threads per worker the default limit was computed with, and whether a request holds one
     # (gthread) or not (an event-loop worker: see admission/boot.py FrontEnd.apf_holds_threads)
     threads: int = 0

@@ -13,8 +13,10 @@ publishing run in the workers, aggregation in the master:
 - ``importhook.py``: installs the discovery in a worker before it loads the app (and in the
   master, before a ``preload_app`` master loads it), and in the libraries whenever the app
   imports them.
-- ``table.py``: the lock-free shared table each worker publishes its readings into once a
-  window, and the master reads server-wide (summed per pool name).
+- ``cpu.py``: the CPU: each worker's share of its GIL and CPU per served request, once a
+  window; the host's cores from ``/proc/stat`` in the master.
+- ``table.py``: the lock-free shared table each worker publishes its readings (and its CPU)
+  into once a window, and the master reads server-wide (summed per pool name).
 - ``publisher.py``: the worker's thread that publishes once a window.
 
 What is found, how and at what cost: docs/signals.md.

@@ -1,8 +1,9 @@
-"""The worker's publisher: once a window, every pool's reading into the worker's row of the
-shared :class:`~.table.PoolTable`.
+"""The worker's publisher: once a window, every pool's reading and the worker's CPU
+(``cpu.py``) into the worker's row of the shared :class:`~.table.PoolTable`.
 
 A daemon thread that wakes once a window (``WINDOW_S``): the only per-pool work a worker does
-besides what the discovery measures at a wait, and none of it on a request's path.
+besides what the discovery measures at a wait, and none of it on a request's path; the CPU
+costs two clock reads a window.
 
     publisher = Publisher(table.writer(index))
     publisher.start()          # admission/boot.py, once the app is loaded
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from apf_gunicorn.signals import pools
+from apf_gunicorn.signals.cpu import CpuMeter
 from apf_gunicorn.signals.pools import UNBOUNDED, PoolReading, log
 from apf_gunicorn.signals.table import RowWriter
 
@@ -26,9 +28,12 @@ class Publisher:
 
     def __init__(self, writer: RowWriter, read: Callable[[], list[PoolReading]] | None = None,
                  window_s: float = WINDOW_S,
-                 clock: Callable[[], int] = time.monotonic_ns, tell_found: bool = False) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, tell_found: bool = False,
+                 cpu: CpuMeter | None = None) -> None:
         """``tell_found``: log each pool name the first time it is published (one worker
-        does, so that the log says once what was found)."""
+        does, so that the log says once what was found). ``cpu``: the worker's CPU meter,
+        read once a window (None: no CPU published)."""
+        self._cpu = cpu
         self._writer = writer
         self._tell_found = tell_found
         self._found: set[str] = set()
@@ -42,7 +47,8 @@ class Publisher:
     def publish_once(self) -> list[PoolReading]:
         """Read every pool and publish the window now; returns the readings."""
         readings = self._read()
-        left_out = self._writer.publish(readings, self._clock())
+        cpu = self._cpu.window() if self._cpu is not None else None
+        left_out = self._writer.publish(readings, self._clock(), cpu)
         if self._tell_found:
             for r in readings:
                 if r.name not in self._found:

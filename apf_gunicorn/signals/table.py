@@ -6,8 +6,10 @@ row, each slot a name and six int64 words. No lock: each row carries a sequence 
 its writer is in the middle of a window, bumped again at the end) that a reader checks before
 and after copying the row, and a stamp (the window's ``monotonic_ns``).
 
-Per slot: kind, capacity, in use, waiting (as of the row's window) and, cumulative, time waited
-(ns) and waits. The cumulative words are the row's, not the worker's: a worker adds what its
+Per row, besides: the worker's CPU over the window (``cpu.py``: its pid, process CPU time,
+the window's wall time and the requests it served), so that one mechanism carries every
+signal. Per slot: kind, capacity, in use, waiting (as of the row's window) and, cumulative,
+time waited (ns) and waits. The cumulative words are the row's, not the worker's: a worker adds what its
 pools counted since its last window, so a worker that replaces a dead one on its index goes on
 from its predecessor's totals (matched by pool name), and the server-wide sums never go
 backwards. A slot is given up only by a name that has no waits to keep (when the row is
@@ -18,6 +20,7 @@ full). Gauges (capacity, in use, waiting) count only from rows published within
     writer = table.writer(row)                      # worker
     writer.publish(readings, now_ns)                # once a window
     table.totals(now_ns)                            # master: {name: PoolTotals}
+    table.cpu_rows(now_ns)                          # master: [CpuWindow] of the fresh rows
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ import struct
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from apf_gunicorn.signals.cpu import CpuWindow
 from apf_gunicorn.signals.pools import UNBOUNDED, PoolReading
 
 SLOTS = 16  # pools per worker row
 NAME_BYTES = 128  # per slot: length byte + UTF-8 name, truncated
 _WORDS = 6  # kind, capacity, in use, waiting, wait ns, waits
 _SLOT = NAME_BYTES + _WORDS * 8
-_HEADER = 16  # seq, stamp
+_HEADER = 48  # seq, stamp, then the CPU window: pid, cpu ns, wall ns, requests
+_CPU_AT = 16
 _ROW = _HEADER + SLOTS * _SLOT
 KINDS = ("", "sqlalchemy", "psycopg_pool", "django", "resource", "asyncpg")
 _WINDOW_NS = 1_000_000_000
@@ -88,10 +93,10 @@ class PoolTable:
             raise ValueError(f"row {row} is outside the pool table's {self.rows} rows")
         return RowWriter(self._view[row * _ROW:(row + 1) * _ROW])
 
-    def read_row(self, row: int) -> tuple[int, list[tuple[str, tuple[int, ...]]]] | None:
-        """``(stamp_ns, [(name, (kind, capacity, in_use, waiting, wait_ns, waits)), ...])``
-        of a row, consistent (or None: never published, or no consistent copy)."""
-        view = self._view[row * _ROW:(row + 1) * _ROW]
+    def _copy(self, row: int, size: int = _ROW) -> bytes | None:
+        """A consistent copy of the first ``size`` bytes of a row (None: never published, or
+        no consistent copy within a few tries)."""
+        view = self._view[row * _ROW:row * _ROW + size]
         for _ in range(_RETRIES):
             seq = struct.unpack_from("<q", view, 0)[0]
             if seq == 0:
@@ -101,17 +106,41 @@ class PoolTable:
             data = bytes(view)
             if struct.unpack_from("<q", view, 0)[0] != seq:
                 continue
-            stamp = struct.unpack_from("<q", data, 8)[0]
-            slots = []
-            for i in range(SLOTS):
-                at = _HEADER + i * _SLOT
-                n = data[at]
-                if not n:
-                    continue
-                name = data[at + 1:at + 1 + n].decode("utf-8", "replace")
-                slots.append((name, struct.unpack_from(f"<{_WORDS}q", data, at + NAME_BYTES)))
-            return stamp, slots
+            return data
         return None
+
+    def read_row(self, row: int) -> tuple[int, list[tuple[str, tuple[int, ...]]]] | None:
+        """``(stamp_ns, [(name, (kind, capacity, in_use, waiting, wait_ns, waits)), ...])``
+        of a row, consistent (or None: never published, or no consistent copy)."""
+        data = self._copy(row)
+        if data is None:
+            return None
+        stamp = struct.unpack_from("<q", data, 8)[0]
+        slots = []
+        for i in range(SLOTS):
+            at = _HEADER + i * _SLOT
+            n = data[at]
+            if not n:
+                continue
+            name = data[at + 1:at + 1 + n].decode("utf-8", "replace")
+            slots.append((name, struct.unpack_from(f"<{_WORDS}q", data, at + NAME_BYTES)))
+        return stamp, slots
+
+    def cpu_rows(self, now_ns: int, live: Collection[int] | None = None,
+                 max_age_ns: int = MAX_AGE_NS) -> list[CpuWindow]:
+        """The last CPU window of every fresh row (published within ``max_age_ns`` of
+        ``now_ns`` and, when ``live`` is given, of a worker index in it)."""
+        out = []
+        for row in range(self.rows):
+            if live is not None and row not in live:
+                continue
+            data = self._copy(row, _HEADER)
+            if data is None:
+                continue
+            stamp, pid, cpu_ns, wall_ns, requests = struct.unpack_from("<5q", data, 8)
+            if now_ns - stamp <= max_age_ns and pid and wall_ns > 0:
+                out.append(CpuWindow(pid, cpu_ns, wall_ns, requests))
+        return out
 
     def totals(self, now_ns: int, live: Collection[int] | None = None,
                max_age_ns: int = MAX_AGE_NS) -> dict[str, PoolTotals]:
@@ -160,14 +189,17 @@ class RowWriter:
                 out.setdefault(bytes(v[at + 1:at + 1 + n]).decode("utf-8", "replace"), i)
         return out
 
-    def publish(self, readings: Iterable[PoolReading], now_ns: int) -> list[str]:
+    def publish(self, readings: Iterable[PoolReading], now_ns: int,
+                cpu: CpuWindow | None = None) -> list[str]:
         """Write one window: each name's gauges (summed over this worker's pools of that
         name), the waits counted since the last window added to the row's totals; a name
-        published before and not now keeps its totals with its gauges at 0.
+        published before and not now keeps its totals with its gauges at 0; the worker's CPU
+        over the window.
 
         Args:
             readings: this window's readings.
             now_ns: the window's stamp (``time.monotonic_ns()``).
+            cpu: the worker's CPU window (None: none, the row says pid 0).
         Returns:
             The names that found no free slot (left out).
         """
@@ -234,6 +266,9 @@ class RowWriter:
                 old = struct.unpack_from(f"<{_WORDS}q", v, at)
                 struct.pack_into(f"<{_WORDS}q", v, at, old[0], 0, 0, 0, old[4], old[5])
         struct.pack_into("<q", v, 8, now_ns)
+        struct.pack_into("<4q", v, _CPU_AT, *(
+            (cpu.pid, cpu.cpu_ns, cpu.wall_ns, cpu.requests) if cpu is not None
+            else (0, 0, 0, 0)))
         struct.pack_into("<q", v, 0, seq + 1)  # even: the window is whole
         return left_out
 

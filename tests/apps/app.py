@@ -70,6 +70,16 @@ def hello():
     return "hello\n"
 
 
+@app.route("/spin")
+def spin():
+    """``ms`` of this thread's CPU time in Python (holding the GIL)."""
+    end = time.thread_time() + float(request.args.get("ms", "5")) / 1000
+    n = 0
+    while time.thread_time() < end:
+        n += 1
+    return f"spun {n}\n"
+
+
 @app.route("/healthz")
 def healthz():
     return "ok\n"
