@@ -5,7 +5,9 @@ pooled PostgreSQL connection, 4 connections per worker; nothing in it knows abou
 max_overflow=0)``), ``psycopg_pool`` (``ConnectionPool(min_size=4, max_size=4)``) or ``django``
 (Django 5.2's postgresql backend with ``OPTIONS: {"pool": {"min_size": 4, "max_size": 4}}``,
 used from the Flask view through ``django.db.connection``). ``POOL_BENCH_DSN`` is the libpq
-connection string. ``/ok`` answers without the database (readiness).
+connection string. ``/ok`` answers without the database (readiness). With
+``POOL_BENCH_NEIGHBOUR`` (a control file) each worker also runs a neighbour tenant that holds
+some of the pool's connections when told (``tests/apps/neighbour.py``).
 """
 
 import os
@@ -76,3 +78,9 @@ def ok():
 def db():
     query(float(request.args.get("ms", "50")) / 1000)
     return "ok"
+
+
+if os.environ.get("POOL_BENCH_NEIGHBOUR"):  # bench_pool.py --neighbour: another tenant's job
+    from tests.apps import neighbour
+
+    neighbour.start(neighbour.holder(KIND, globals()), os.environ["POOL_BENCH_NEIGHBOUR"])
