@@ -21,7 +21,8 @@ def pool(capacity=8, in_use=0, waiting=0, wait_s=0.0, name="db", kind="sqlalchem
 
 
 class Driver:
-    """Feeds the rule one tick a second; ``wait_s`` accumulates the pool's waiting."""
+    """Feeds the rule one tick a second; ``wait_s`` accumulates the pool's waiting; the
+    requests in flight are the level's seats (a flood) unless ``executing`` says."""
 
     def __init__(self, ceiling=20, share=0.8):
         self.rule = PoolLimit(ceiling)
@@ -29,18 +30,20 @@ class Driver:
         self.now = 0
         self.waited = 0.0
 
-    def tick(self, *, waiting=0.0, in_use=8, binding=True, capacity=8):
+    def tick(self, *, waiting=0.0, in_use=8, binding=True, capacity=8, executing=None):
         self.now += S
         self.waited += waiting  # mean number waiting over a 1 s tick
+        if executing is None:
+            executing = self.rule.seats or 0
         return self.rule.update(self.now, [pool(capacity, in_use, round(waiting), self.waited)],
-                                self.share, binding)
+                                self.share, binding, executing)
 
 
 def test_no_bounded_pool_leaves_the_limit_alone():
     rule = PoolLimit(20)
-    assert rule.update(S, [], 0.8, True) is None
+    assert rule.update(S, [], 0.8, True, 0) is None
     assert rule.update(2 * S, [pool(capacity=-1), pool(capacity=0, name="gone")], 0.8,
-                       True) is None
+                       True, 0) is None
     assert rule.limit is None
 
 
@@ -52,11 +55,11 @@ def test_first_sight_sets_the_level_seats_to_the_pool_capacity_over_the_share():
     assert first.reason.startswith("limit from pools: 2 SQLAlchemy pools, 8 connections "
                                    "server-wide")
     # never above the ceiling (the default limit)
-    low = PoolLimit(6).update(S, [pool()], 0.5, False)
+    low = PoolLimit(6).update(S, [pool()], 0.5, False, 0)
     assert low.limit == 6
 
 
-def test_waiting_steps_down_by_what_waited_and_never_below_the_capacity():
+def test_waiting_steps_down_by_what_waited_to_the_connections_the_requests_can_have():
     d = Driver(share=1.0)
     d.tick(in_use=0)
     for _ in range(4):  # unsaturated, nobody waiting, the limit binding: seats come back
@@ -65,8 +68,60 @@ def test_waiting_steps_down_by_what_waited_and_never_below_the_capacity():
     down = d.tick(waiting=3.0, in_use=8)
     assert down.changed and down.limit == 9
     assert down.reason == "pool db: 3.0 waiting, 8 of 8 in use: 9 seats"
-    floor = d.tick(waiting=5.0, in_use=8)
-    assert floor.limit == 8  # the pool serves 8: fewer seats would leave connections idle
+    d.tick(in_use=8)
+    # at the pool's size, requests spread unevenly over the workers' pools wait a little:
+    # no more pool users than requests in flight, so no connection is held by another
+    for waiting, in_use in ((1.0, 7), (2.4, 6), (5.0, 3)):
+        assert d.tick(waiting=waiting, in_use=in_use).limit == 8
+        assert d.tick(in_use=8).limit == 8
+    # another tenant holds 4 of the 8 connections: 8 requests in flight, 4 served, 4 waiting;
+    # seen in one tick it could be samples of different instants, in two it is not
+    first = d.tick(waiting=4.0, in_use=8)
+    assert first.limit == 8 and first.reason == "pool db: 4.0 waiting, 8 of 8 in use: 8 seats"
+    below = d.tick(waiting=4.0, in_use=8)
+    assert below.limit == 4
+    assert below.reason == ("pool db: 4.0 waiting, 8 of 8 in use, 4 held outside requests: "
+                            "4 seats")
+    # never below what the others leave, nor below one seat
+    d.tick(in_use=8)
+    assert d.tick(waiting=20.0, in_use=8, executing=4).limit == 4
+    assert d.tick(waiting=20.0, in_use=8, executing=4).limit == 1
+    # the requests in flight a tick ago count too: the samples were taken since then
+    d2 = Driver(share=1.0)
+    d2.tick(in_use=0)
+    d2.tick(in_use=8, executing=8)
+    assert d2.tick(waiting=1.0, in_use=7, executing=2).limit == 8
+
+
+def test_the_tick_after_a_step_down_counts_only_the_waiting_beyond_what_it_gave_back():
+    """The pools' readings lag the tick by up to a window: the tick after a move down may
+    still count the waiting that move ended."""
+    d = Driver(share=1.0)
+    d.tick(in_use=0)
+    for _ in range(4):
+        d.tick(in_use=6)
+    assert d.tick(waiting=2.0).limit == 10 and d.rule.seats == 10
+    held = d.tick(waiting=2.3)  # much the same waiting, seen again: 2 seats already given back
+    assert not held.changed and held.limit == 10
+    assert "2.3 waiting (2 seats given back a tick ago)" in held.reason
+    assert d.tick(waiting=1.2).limit == 9  # a tick after a tick without a move: all of it
+    more = d.tick(waiting=2.0)  # more than the move gave back: the rest
+    assert more.limit == 8 and more.reason.startswith("pool db: 2.0 waiting (1 seats given")
+
+
+def test_idle_connections_bring_back_the_seats_once_served_at_once_then_one_a_tick():
+    d = Driver(share=1.0)
+    d.tick(in_use=0)
+    assert d.tick(in_use=7).seats == 9  # the knee above the pool: one seat a tick
+    d.tick(waiting=5.0, in_use=8)  # a tenant took half the connections
+    assert d.tick(waiting=5.0, in_use=8).seats == 4
+    d.tick(in_use=8)
+    back = d.tick(in_use=4)  # ... and gave them back: 4 idle, the 9 seats served before
+    assert back.seats == 8 and back.reason == ("pool db: none waiting, 4 of 8 in use, limit "
+                                               "binding: 8 seats")
+    assert d.tick(in_use=2).seats == 9  # (idle, but no more than the seats once served)
+    assert d.tick(in_use=2).seats == 10  # above them one at a time
+    assert d.tick(in_use=8).seats == 10  # saturated, none waiting: the knee
 
 
 def test_a_step_up_needs_the_limit_binding_two_ticks_running():
@@ -102,6 +157,58 @@ def test_the_knee_above_the_pool_is_found_and_kept():
     assert limits[-10:] and all(9 <= x <= 11 for x in limits[-10:]), limits
 
 
+class PoolModel:
+    """A pool of ``capacity`` connections server-wide in front of a flood (the level's seats
+    all busy), each request holding a connection ``hold`` of its time, another tenant holding
+    ``taken(t)`` of them. With s seats, ``A`` connections left to the requests: s x hold are
+    held while they last, and the requests beyond ``A / hold`` wait. The workers publish their
+    window once a second, ``phase`` s after the master's tick: at a tick the rule reads the
+    window published up to a second before (in use as of then, the time waited up to then)."""
+
+    STEP = 0.05
+
+    def __init__(self, taken, capacity=8, hold=0.9, phase=0.5):
+        self.taken, self.capacity, self.hold, self.phase = taken, capacity, hold, phase
+        self.t, self.waited = 0.0, 0.0
+        self.published = pool(capacity, 0, 0, 0.0)
+
+    def run(self, rule, ticks, share=1.0):
+        """Ticks the rule once a second; returns ``[(t, seats)]`` after each tick."""
+        seats, out = rule.update(0, [self.published], share, True, 0).seats, []
+        for k in range(1, ticks + 1):
+            while self.t < k - 1e-9:
+                left = self.capacity - self.taken(self.t)
+                self.waited += max(0.0, seats - left / self.hold) * self.STEP
+                self.t = round(self.t + self.STEP, 6)
+                if abs(self.t % 1 - self.phase) < self.STEP / 2:  # a window: publish
+                    in_use = round(min(left, seats * self.hold)) + self.taken(self.t)
+                    waiting = round(max(0.0, seats - left / self.hold))
+                    self.published = pool(self.capacity, in_use, waiting, self.waited)
+            seats = rule.update(k * S, [self.published], share, True, seats).seats
+            out.append((k, seats))
+        return out
+
+
+@pytest.mark.parametrize("phase", [0.05, 0.5, 0.95])
+@pytest.mark.parametrize("take_at", [14.02, 14.5, 14.98])
+def test_a_tenant_taking_half_the_connections_is_followed_within_5_s_and_left_behind(
+        phase, take_at):
+    """Issue 33's capacity that moves: another tenant holds 4 of the pool's 8 connections for
+    12 s. Before, the level sits at the knee above the pool (9 seats: 8 / 0.9 = 8.9); within
+    5 s of the take it is down by the 4 connections taken, and it never goes below the knee
+    of what is left (4: 4 / 0.9 = 4.4); within 5 s of the return it is back at 9."""
+    give_at = take_at + 12
+    model = PoolModel(lambda t: 4 if take_at <= t < give_at else 0, phase=phase)
+    seats = dict(model.run(PoolLimit(20), 40))
+    assert seats[14] == 9, seats
+    down = next(k for k, s in seats.items() if k > take_at and s <= 5)
+    assert down - take_at <= 5, seats
+    assert all(4 <= s <= 5 for k, s in seats.items() if down <= k < give_at), seats
+    back = next(k for k, s in seats.items() if k > give_at and s >= 9)
+    assert back - give_at <= 5, seats
+    assert all(9 <= s <= 10 for k, s in seats.items() if k >= back), seats
+
+
 def test_seats_follow_the_capacity_as_workers_come_and_go():
     d = Driver(share=1.0)
     assert d.tick(in_use=0, capacity=4).limit == 4  # one worker published first
@@ -119,7 +226,7 @@ def test_the_ceiling_stops_the_climb_and_bad_input_is_refused():
         last = d.tick(in_use=0)
     assert last.limit == 10 and d.rule.seats == 10
     with pytest.raises(ValueError, match="share"):
-        d.rule.update(d.now + S, [pool()], 0.0, True)
+        d.rule.update(d.now + S, [pool()], 0.0, True, 0)
     with pytest.raises(ValueError, match="ceiling"):
         PoolLimit(0)
     with pytest.raises(ValueError, match="up_below"):
