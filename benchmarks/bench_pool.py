@@ -174,6 +174,7 @@ PHASES = [("before", FLOOD_START + SETTLE, TAKE), ("neighbour", TAKE, GIVE),
           ("after", GIVE, NEIGHBOUR_DURATION)]
 NEIGHBOUR_ROWS = [("nothing set", None), ("tuned 10", "10")]
 WITHIN = 5.0  # seconds for the limit to follow, and to come back
+FOLLOWED = WORKERS * (SIZE - HOLD) + 1  # users seats: at most one above the connections left
 
 
 def run_neighbour(dsn: str, kind: str, limit: str | None, tmp: Path) -> dict:
@@ -197,8 +198,8 @@ def summarize_neighbour(result: dict) -> dict:
     level's seats (min-max); over the run the answers that were not 200 and the 5xx; and the
     timing: when the neighbour had its connections (``took``) and gave them back (``gave``),
     seconds of the run, the last worker's, and how long the limit took to follow (the users
-    level's seats down by what was taken from their median before) and to come back (to that
-    median), from the samples."""
+    level's seats at most :data:`FOLLOWED`) and to come back (to their median before the
+    take, or the pool's size if that is less), from the samples."""
     whole = summarize(result, 0, NEIGHBOUR_DURATION)
     out = {k: whole[k] for k in ("statuses", "5xx", "light_not_200", "changes")}
     samples = [(t, lim, seats) for t, lim, seats in result["limit"] if seats is not None]
@@ -215,13 +216,13 @@ def summarize_neighbour(result: dict) -> dict:
     before = sorted(x for t, _, x in samples if PHASES[0][1] <= t < PHASES[0][2])
     out["seats_before"] = before[len(before) // 2] if before else None
     out["follow_s"] = out["back_s"] = None
-    if out["took"] is not None and out["seats_before"] is not None:
-        down = out["seats_before"] - WORKERS * HOLD
+    out["down_to"], out["back_to"] = FOLLOWED, min(out["seats_before"] or 0, WORKERS * SIZE)
+    if out["took"] is not None:
         out["follow_s"] = next((round(t - out["took"], 2) for t, _, x in samples
-                                if t >= out["took"] and x <= down), None)
+                                if t >= out["took"] and x <= FOLLOWED), None)
         if out["gave"] is not None and out["follow_s"] is not None:  # (back from down)
             out["back_s"] = next((round(t - out["gave"], 2) for t, _, x in samples
-                                  if t >= out["gave"] and x >= out["seats_before"]), None)
+                                  if t >= out["gave"] and x >= out["back_to"]), None)
     out["timeline"] = [(t, lim, x) for t, lim, x in result["limit"]]
     return out
 
@@ -235,9 +236,10 @@ def neighbour_verdicts(row: dict, tuned: dict | None) -> list[tuple[bool, str]]:
          f"{row['gave']} s)"),
         (row["follow_s"] is not None and row["follow_s"] <= WITHIN,
          f"the limit follows within {WITHIN:.0f} s: {row['follow_s']} s (users seats "
-         f"{row['seats_before']} -> {row['neighbour']['seats']})"),
+         f"{row['seats_before']} -> <= {row['down_to']}; in the phase {row['neighbour']['seats']})"),
         (row["back_s"] is not None and row["back_s"] <= WITHIN,
-         f"the limit comes back within {WITHIN:.0f} s: {row['back_s']} s"),
+         f"the limit comes back within {WITHIN:.0f} s: {row['back_s']} s (users seats >= "
+         f"{row['back_to']})"),
         (min(n) >= ENOUGH, f"p99s on >= {ENOUGH} light requests per phase (n={n})"),
         (row["5xx"] == 0 and (tuned is None or tuned["5xx"] == 0), "no 5xx"),
         (row["light_not_200"] == 0, "the light users get only 200s"),

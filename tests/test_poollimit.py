@@ -12,6 +12,7 @@ from apf_gunicorn.control.poollimit import PoolLimit, PoolLimitSettings, describ
 from apf_gunicorn.ledger.records import LevelLoad
 from apf_gunicorn.master.poollimit import FIRST_SIGHT_WAIT_NS, ServerPoolLimit
 from apf_gunicorn.signals.table import PoolTotals
+from tests.apps.flood import Flood
 
 S = 1_000_000_000
 
@@ -305,3 +306,48 @@ def test_an_explicit_limit_turns_the_pool_rule_off():
     assert MasterServices(m).pools is not None
     m.settings = dataclasses.replace(m.settings, concurrency_limit_set=True)
     assert MasterServices(m).pools is None
+
+
+# -- on a real server ---------------------------------------------------------------------------
+
+@pytest.mark.server
+def test_on_a_real_server_the_limit_follows_a_tenant_holding_half_the_pool_and_comes_back(
+        server_factory, tmp_path):
+    """Nothing set, 2 workers x 20 threads, a flood on ``/work`` (each request holds a unit of
+    the app's ``apf_gunicorn.resource``, 4 per worker, 50 ms; tests/apps/neighbour_app.py). The
+    work level (1000 of tests/apps/apf.yaml's 2005 shares) starts at the pool's 8 seats (limit
+    15); a neighbour in each worker then holds 2 of its 4 units: the seats go down to at most
+    5 (limit <= 10), the log naming the units held outside requests; when it gives them back,
+    they come back to 8 or more. The pieces between are real (the workers' table, the ledger's
+    seats in flight, the master's tick and log); how fast is the rule's test above."""
+    from tests.apps import neighbour
+    from tests.conftest import free_port
+    from tests.test_server_observability import scrape
+
+    admin = free_port()
+    ctl = str(tmp_path / "neighbour")
+    neighbour.tell(ctl, 0)
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
+           "NEIGHBOUR_FILE": ctl}
+
+    def limit() -> float | None:
+        return scrape(admin).get(("apf_server_concurrency_limit_seats", ()))
+
+    with server_factory(workers=2, threads=20, env=env,
+                        app="tests.apps.neighbour_app:app") as srv:
+        assert srv.wait_for(lambda: limit() == 15, timeout=60), (limit(), srv.log())
+        with Flood(srv.port, "/work?ms=50", user="heavy", connections=24) as flood:
+            neighbour.tell(ctl, 2)
+            down = srv.wait_for(lambda: (v := limit()) is not None and v <= 10 and v,
+                                timeout=60)
+            assert down, (limit(), srv.log())
+            assert "held outside requests" in srv.log(), srv.log()
+            assert [held for _, _, held in neighbour.moves(ctl)] == [2, 2], neighbour.moves(ctl)
+            neighbour.tell(ctl, 0)
+            back = srv.wait_for(lambda: (v := limit()) is not None and v >= 15 and v,
+                                timeout=60)
+            assert back, (limit(), srv.log())
+        assert flood.statuses.get(200, 0) > 0 and not flood.errors, flood.statuses
+        assert not any(s >= 500 for s in flood.statuses), flood.statuses
+        log = srv.log()
+        assert "none waiting" in log.split("held outside requests")[-1], log
