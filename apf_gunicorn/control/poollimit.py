@@ -53,6 +53,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+#: a pool's connections held outside requests count from this many (a tick's count is off by
+#: a connection or so: the workers' samples are of different instants)
+HELD_NOISE = 2
+
 
 class PoolSignal(Protocol):
     """One pool summed over the workers (``signals.table.PoolTotals`` has these)."""
@@ -122,7 +126,28 @@ class PoolLimit:
         self._gave = 0  # seats the last tick's move down gave back
         self._executing = 0  # the last tick's
         self._outside: dict[str, int] = {}  # connections held outside requests, last tick
+        self._held: dict[str, int] = {}  # ... as two ticks running agree
         self._served = 0  # the most seats the level held before a pool made it step down
+
+    def _held_outside(self, pools: list[PoolSignal], in_flight: int) -> dict[str, int]:
+        """Per pool, the connections held by something other than a request (another
+        tenant's job, a thread of the app's own): each request holds a seat, so those in use
+        and waited for beyond the requests in flight. The workers' samples are of different
+        instants, and requests move between workers in between, so a tick's count is off by
+        a connection or two either way: the estimate rises only when two ticks running show
+        at least two, and more than it, and falls when two ticks running show fewer. (Once it
+        is not zero, a tick whose requests wait counts what that tick shows, if more.)"""
+        now = {p.name: max(0, p.in_use + p.waiting - in_flight) for p in pools}
+        before, self._outside = self._outside, now
+        for p in pools:
+            lo, hi = sorted((now[p.name], before.get(p.name, 0)))
+            held = self._held.get(p.name, 0)
+            if lo >= max(held + 1, HELD_NOISE):
+                held = lo
+            elif hi < held:
+                held = hi
+            self._held[p.name] = min(held, p.capacity - 1)
+        return {p.name: self._held[p.name] for p in pools}
 
     def _limit_for(self, seats: int, share: float) -> int:
         # the smallest server limit that gives the level ``seats``: a level's nominal seats
@@ -190,20 +215,16 @@ class PoolLimit:
             if worst is None or mean > worst_waiting:
                 worst, worst_waiting = p, mean
         assert worst is not None and self.limit is not None
-        # each request holds a seat: connections held or waited for beyond the requests in
-        # flight are held by something else (another tenant's job, a thread of the app's
-        # own) and serve no seat; the less of two ticks running, as the workers' samples are
-        # of different instants and requests move between workers in between
-        outside = {p.name: max(0, p.in_use + p.waiting - in_flight) for p in bounded}
-        outside_before, self._outside = self._outside, outside
+        held = self._held_outside(bounded, in_flight)
         seats, reason = self.seats, ""
         idle = min(p.capacity - p.in_use for p in bounded)
         if worst_waiting >= self.settings.down_at:
             beyond = worst_waiting - gave
             # with nothing else holding connections the level keeps the pool's size: requests
             # spread unevenly over the workers' pools wait a little there
-            others = min(worst.capacity - 1, outside[worst.name],
-                         outside_before.get(worst.name, 0))
+            others = held[worst.name]
+            if others:  # someone holds some: while requests wait, a tick's count of them
+                others = min(worst.capacity - 1, max(others, self._outside[worst.name]))
             floor = min(seats, worst.capacity - others)
             if beyond >= self.settings.down_at and seats > floor:
                 # the requests that waited held seats the pool could not serve: give them back
@@ -226,6 +247,11 @@ class PoolLimit:
             busiest = max(bounded, key=lambda p: p.in_use / p.capacity)
             reason = (f"pool {busiest.name}: none waiting, {busiest.in_use} of "
                       f"{busiest.capacity} in use, limit binding")
+        # connections the others gave back: at least as many seats as the requests can have
+        room, tightest = min((p.capacity - held[p.name], p.name) for p in bounded)
+        if seats < room:
+            seats = min(room, math.ceil(self.ceiling * share - 1e-9))
+            reason = f"pool {tightest}: fewer held outside requests ({held[tightest]})"
         self.seats = seats
         limit = self._limit_for(seats, share)
         changed = limit != self.limit
