@@ -1,7 +1,7 @@
 """The default limit in front of a real PostgreSQL pool (issue 33's first Done-means line).
 
     .venv/bin/python benchmarks/bench_pool.py [--kinds sqlalchemy psycopg_pool django]
-                                              [--duration 18] [--json FILE]
+                                              [--duration 18] [--json FILE] [--neighbour]
 
 Starts a throwaway PostgreSQL (``tests/apps/pgserver.py``; Debian's ``postgresql`` package,
 which ``scripts/test.sh`` installs), then per pool kind real gunicorn servers on 127.0.0.1,
@@ -22,6 +22,20 @@ p99 and how many requests they stand on, the flood's 200s per second, answers th
 nothing-set row's light p99 <= 1.2 x tuned's + 5 ms, its flood 200s >= 0.9 x tuned's, no 5xx,
 and each p99 on at least 100 light requests. The machine's load average is printed before
 each row: on a shared host, read the numbers with it.
+
+``--neighbour`` (capacity that moves, issue 33): the same servers, rows "nothing set" and
+"tuned 10", 38 s each; in each worker a neighbour tenant (``tests/apps/neighbour.py``: another
+tenant's job in the app, checking its connections out of the app's own pool and holding them)
+takes 2 of the 4 connections from 14 s to 26 s. Why that and not the alternatives: it takes
+half the pool's capacity from the requests while the pool's size stays, which is what another
+tenant sharing a pool does; a small ``max_connections`` would make a checkout fail to connect
+(a 500 under SQLAlchemy) and only bite when a pool opens a connection, and a loaded database
+only makes queries slower (the latency rule's case). Per phase (before 6-14 s, neighbour
+14-26 s, after 26-38 s): the light users' p50/p99 (n), the flood's 200s per second, the users
+level's seats (min-max); the limit and the seats sampled every 0.25 s; the verdicts: the seats
+follow (at most one above the connections left) within 5 s of when the neighbour held its
+connections and come back (to the seats before, or the pool's size) within 5 s of when it gave
+them back, no 5xx, the light users only 200s.
 """
 
 from __future__ import annotations
