@@ -83,9 +83,11 @@ def test_waiting_steps_down_by_what_waited_to_the_connections_the_requests_can_h
     assert below.limit == 4
     assert below.reason == ("pool db: 4.0 waiting, 8 of 8 in use, 4 held outside requests: "
                             "4 seats")
-    # never below what the others leave, nor below one seat
+    # others known to hold some: a tick whose requests still wait counts what it shows; never
+    # below one seat
     d.tick(in_use=8)
-    assert d.tick(waiting=20.0, in_use=8, executing=4).limit == 4
+    assert d.tick(waiting=2.0, in_use=8, executing=4).limit == 2  # 8 + 2 - 4 = 6 held
+    d.tick(in_use=8)
     assert d.tick(waiting=20.0, in_use=8, executing=4).limit == 1
     # the requests in flight a tick ago count too: the samples were taken since then
     d2 = Driver(share=1.0)

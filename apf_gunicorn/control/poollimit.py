@@ -225,6 +225,7 @@ class PoolLimit:
             others = held[worst.name]
             if others:  # someone holds some: while requests wait, a tick's count of them
                 others = min(worst.capacity - 1, max(others, self._outside[worst.name]))
+                held[worst.name] = self._held[worst.name] = others
             floor = min(seats, worst.capacity - others)
             if beyond >= self.settings.down_at and seats > floor:
                 # the requests that waited held seats the pool could not serve: give them back
