@@ -281,9 +281,10 @@ def fake_master(limit=20):
     gen.level_index = {name: i for i, name in enumerate(gen.configuration.priority_levels)}
     applied = []
     ledger = SimpleNamespace(load=lambda: [
-        LevelLoad(idx, False, 0, 0, 0, ledger.waiting.get(name, 0), 0, 0)
+        LevelLoad(idx, False, 0, ledger.seats.get(name, 0), 0, ledger.waiting.get(name, 0), 0,
+                  0)
         for name, idx in gen.level_index.items() if name != "exempt"],
-        waiting={}, set_limits=lambda limits, now: applied.append(limits) or [])
+        waiting={}, seats={}, set_limits=lambda limits, now: applied.append(limits) or [])
     return SimpleNamespace(settings=settings, generation=gen, ledger=ledger,
                            pool_table=FakeTable(), workers={0: 11, 1: 12},
                            borrowing_states=None, sender=None), applied
@@ -307,6 +308,22 @@ def test_the_master_applies_the_pool_limit_through_the_shared_path():
     assert runner.tick(m).limit == 15  # binding one tick: the pool's reading may be older
     d = runner.tick(m)
     assert d.limit == 17 and m.settings.concurrency_limit == 17  # 9 seats: ceil(8.5)
+
+
+def test_the_master_counts_the_seats_in_flight_against_the_pool():
+    """The rule tells connections held outside requests by the seats the ledger says are
+    held: 8 in use and 4 waiting beside 8 seats in flight in work are 4 held outside; beside
+    12 (4 more in another level) none."""
+    for other, limit in ((0, 7), (4, 15)):
+        m, _ = fake_master()
+        runner = ServerPoolLimit(20, clock=iter(range(S, 100 * S, S)).__next__)
+        m.pool_table.pools = {"db": pool()}
+        assert runner.tick(m).limit == 15
+        m.ledger.seats = {"work": 8, "other": other}
+        for k in range(1, 4):
+            m.pool_table.pools = {"db": pool(in_use=8, waiting=4, wait_s=4.0 * k)}
+            d = runner.tick(m)
+        assert d.limit == limit and m.settings.concurrency_limit == limit, d
 
 
 def test_the_first_limit_waits_for_every_worker_only_so_long():

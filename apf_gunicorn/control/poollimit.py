@@ -16,16 +16,18 @@ pools' own signals, once a tick (the master's, ``master/poollimit.py``):
   pool could not serve, so the level gives back as many seats, down to the connections the
   requests can have: the pool's capacity less those held by something other than a request
   (another tenant's job, a thread of the app's own): the connections in use and waited for
-  beyond the requests in flight (``executing``, the seats held server-wide), the less of two
-  ticks running (the workers' samples are of different instants). With nothing else
-  holding any, that is the pool's size: requests spread unevenly over the workers' pools wait a
-  little there, which is no reason to leave connections idle;
+  beyond the requests in flight (``executing``, the seats held server-wide), counted from
+  :data:`HELD_NOISE` of them two ticks running (the workers' samples are of different
+  instants). With nothing else holding any, that is the pool's size: requests spread unevenly
+  over the workers' pools wait a little there, which is no reason to leave connections idle;
 * **step up** when no pool was waited for, some connections stood idle and the limit was
   binding (requests queued in APF or were turned away) in this tick and the one before (a
   pool's reading lags by up to a window): back to the most seats the level held before a
   pool made it step down, at once, as far as the idle connections go (a tenant gave its
   connections back); above those, one seat a tick (part of each request does not hold a
   connection, so the knee can be above the pool's size);
+* **the others give back**: when two ticks running show fewer connections held outside
+  requests, the seats rise to the connections left;
 * **what a move down already gave back** is not given again: a move shows in the pools'
   readings from their next window, up to a tick later, so the tick after a move down counts
   only the waiting beyond the seats that move gave back (a move up, bounded by the idle
