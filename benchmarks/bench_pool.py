@@ -1,7 +1,7 @@
 """The default limit in front of a real PostgreSQL pool (issue 33's first Done-means line).
 
     .venv/bin/python benchmarks/bench_pool.py [--kinds sqlalchemy psycopg_pool django]
-                                              [--duration 18] [--json FILE]
+                                              [--duration 18] [--json FILE] [--neighbour]
     .venv/bin/python benchmarks/bench_pool.py --worker uvicorn [--kinds asyncpg psycopg_async]
 
 Starts a throwaway PostgreSQL (``tests/apps/pgserver.py``; Debian's ``postgresql`` package,
@@ -28,11 +28,27 @@ each row: on a shared host, read the numbers with it.
 the app's async pools (a Starlette app: ``asyncpg``'s pool, psycopg_pool's
 ``AsyncConnectionPool``; 4 connections per worker). A request waiting there holds no thread,
 so the default without the pools is workers x 32 = 64 seats, which is the "before" row.
+
+``--neighbour`` (capacity that moves, issue 33): the same servers, rows "nothing set" and
+"tuned 10", 38 s each; in each worker a neighbour tenant (``tests/apps/neighbour.py``: another
+tenant's job in the app, checking its connections out of the app's own pool and holding them)
+takes 2 of the 4 connections from 14 s to 26 s. Why that and not the alternatives: it takes
+half the pool's capacity from the requests while the pool's size stays, which is what another
+tenant sharing a pool does; a small ``max_connections`` would make a checkout fail to connect
+(a 500 under SQLAlchemy) and only bite when a pool opens a connection, and a loaded database
+only makes queries slower (the latency rule's case). Per phase (before 6-14 s, neighbour
+14-26 s, after 26-38 s): the light users' p50/p99 (n), the flood's 200s per second, the users
+level's seats (min-max); the limit and the seats sampled every 0.25 s; the verdicts: the seats
+follow (at most one above the connections left) within 5 s of when the neighbour held its
+connections and come back (to the seats before, or the pool's size) within 5 s of when it gave
+them back, no 5xx, the light users only 200s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import multiprocessing
 import os
@@ -41,14 +57,16 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from bench_adaptive import _metric, _pct  # noqa: E402
+from bench_adaptive import _pct  # noqa: E402
 from plot_effect import GUNICORN, _client_loop, _flood, running  # noqa: E402
 
+from tests.apps import neighbour  # noqa: E402
 from tests.apps.pgserver import PostgresServer  # noqa: E402
 from tests.apps.procs import children, free_port  # noqa: E402
 
@@ -65,13 +83,16 @@ UVICORN = "apf_gunicorn.asgi.UvicornWorker"
 
 
 def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
-            worker: str = "gthread") -> dict:
-    """One server and the traffic against it: the events and the limit each second.
-    ``worker``: ``gthread`` (2 x 20 threads) or ``uvicorn`` (the async kinds)."""
+            worker: str = "gthread", env_extra: dict | None = None,
+            timeline: Sequence[tuple[float, Callable]] = (), sample_every: float = 1.0) -> dict:
+    """One server and the traffic against it: the events and the limit every
+    ``sample_every`` seconds as ``(t, server limit, the users level's nominal seats)``;
+    ``timeline``'s callables run at their second of the run. ``worker``: ``gthread`` (2 x 20
+    threads) or ``uvicorn`` (the async kinds)."""
     admin, port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), POOL_BENCH_KIND=kind, POOL_BENCH_DSN=dsn,
                APF_TRUSTED_PROXIES="127.0.0.1", APF_ADMIN_BIND=f"127.0.0.1:{admin}",
-               APF_INSTANCE="pool" + uuid.uuid4().hex[:6])
+               APF_INSTANCE="pool" + uuid.uuid4().hex[:6], **(env_extra or {}))
     env.pop("APF_CONCURRENCY_LIMIT", None)
     if limit is not None:
         env["APF_CONCURRENCY_LIMIT"] = limit
@@ -94,15 +115,20 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
         def sample() -> None:
             k = 0
             while not stop.is_set():
-                samples.append((round(time.monotonic() - t0, 1),
-                                _metric(admin, "apf_server_concurrency_limit_seats")))
+                samples.append((round(time.monotonic() - t0, 2), *_limit_and_seats(admin)))
                 k += 1
-                if k == int(FLOOD_START + SETTLE + 1):  # the flood's connections, in the window
-                    split.extend(connection_split(proc.pid, port))
-                stop.wait(max(0.0, t0 + k - time.monotonic()))
+                if len(samples) * sample_every >= FLOOD_START + SETTLE + 1 and not split:
+                    split.extend(connection_split(proc.pid, port))  # the flood's, in the window
+                stop.wait(max(0.0, t0 + k * sample_every - time.monotonic()))
+
+        def play() -> None:
+            for at, action in timeline:
+                if stop.wait(max(0.0, t0 + at - time.monotonic())):
+                    return
+                action()
 
         light: list = []
-        threads = [threading.Thread(target=sample)] + [
+        threads = [threading.Thread(target=sample), threading.Thread(target=play)] + [
             threading.Thread(target=_client_loop, args=(port, f"light-{i + 1}", t0, 0.0,
                                                         duration, THINK, light, PATH))
             for i in range(LIGHT_USERS)]
@@ -110,13 +136,15 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
             t.start()
         heavy = recv.recv()
         flood.join()
-        for t in threads[1:]:
+        for t in threads[2:]:
             t.join()
         stop.set()
         threads[0].join()
+        threads[1].join()
     lines = [ln for ln in log.read_text(errors="replace").splitlines()
              if "concurrency limit" in ln and "->" in ln]
-    return {"light": light, "flood": heavy, "limit": samples, "log": lines, "split": split}
+    return {"light": light, "flood": heavy, "limit": samples, "log": lines, "split": split,
+            "t0": t0}
 
 
 def connection_split(master: int, port: int) -> list[int]:
@@ -151,6 +179,22 @@ def connection_split(master: int, port: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
+def _limit_and_seats(admin: int) -> tuple[float | None, float | None]:
+    """The server limit and the ``users`` level's nominal seats, from one ``/metrics``."""
+    limit = seats = None
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=2)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        for line in text.splitlines():
+            if line.startswith("apf_server_concurrency_limit_seats "):
+                limit = float(line.rsplit(" ", 1)[1])
+            elif line.startswith('apf_nominal_limit_seats{priority_level="users"}'):
+                seats = float(line.rsplit(" ", 1)[1])
+    return limit, seats
+
+
 def summarize(result: dict, start: float, end: float) -> dict:
     light = [lat for t, lat, _ in result["light"] if start <= t < end]
     served = sum(1 for t, _, s in result["flood"] if start <= t < end and s == 200)
@@ -165,7 +209,7 @@ def summarize(result: dict, start: float, end: float) -> dict:
             "5xx": sum(n for k, n in statuses.items() if k.split()[1].startswith("5")),
             "light_not_200": sum(n for k, n in statuses.items()
                                  if k.startswith("light") and not k.endswith(" 200")),
-            "limit": [v for _, v in result["limit"]], "changes": result["log"],
+            "limit": [v for _, v, _ in result["limit"]], "changes": result["log"],
             "connections_per_worker": result.get("split", [])}
 
 
@@ -185,6 +229,122 @@ def verdicts(rows: dict) -> list[tuple[bool, str]]:
     ]
 
 
+# --neighbour: another tenant takes half of the pool's connections for a while
+SIZE = 4  # pool_bench_app.py's connections per worker
+HOLD = SIZE // 2  # the neighbour's, in each worker
+TAKE, GIVE, NEIGHBOUR_DURATION = 14.0, 26.0, 38.0
+PHASES = [("before", FLOOD_START + SETTLE, TAKE), ("neighbour", TAKE, GIVE),
+          ("after", GIVE, NEIGHBOUR_DURATION)]
+NEIGHBOUR_ROWS = [("nothing set", None), ("tuned 10", "10")]
+WITHIN = 5.0  # seconds for the limit to follow, and to come back
+FOLLOWED = WORKERS * (SIZE - HOLD) + 1  # users seats: at most one above the connections left
+
+
+def run_neighbour(dsn: str, kind: str, limit: str | None, tmp: Path) -> dict:
+    """One server whose workers each run the neighbour tenant (``tests/apps/neighbour.py``): it
+    holds :data:`HOLD` of each worker's connections from :data:`TAKE` to :data:`GIVE`. The
+    limit is sampled every 0.25 s; ``moves`` are the neighbour's own times (seconds of the
+    run, pid, connections held) from when each worker's holders had them or gave them back."""
+    ctl = str(tmp / f"neighbour-{kind}-{limit}")
+    neighbour.tell(ctl, 0)
+    result = run_row(dsn, kind, limit, NEIGHBOUR_DURATION, tmp,
+                     env_extra={"POOL_BENCH_NEIGHBOUR": ctl},
+                     timeline=[(TAKE, lambda: neighbour.tell(ctl, HOLD)),
+                               (GIVE, lambda: neighbour.tell(ctl, 0))], sample_every=0.25)
+    moves = neighbour.moves(ctl, result["t0"])
+    result["moves"] = moves
+    return result
+
+
+def summarize_neighbour(result: dict) -> dict:
+    """Per phase the light users' p50/p99 (and n), the flood's 200s per second and the users
+    level's seats (min-max); over the run the answers that were not 200 and the 5xx; and the
+    timing: when the neighbour had its connections (``took``) and gave them back (``gave``),
+    seconds of the run, the last worker's, and how long the limit took to follow (the users
+    level's seats at most :data:`FOLLOWED`) and to come back (to their median before the
+    take, or the pool's size if that is less), from the samples."""
+    whole = summarize(result, 0, NEIGHBOUR_DURATION)
+    out = {k: whole[k] for k in ("statuses", "5xx", "light_not_200", "changes")}
+    samples = [(t, lim, seats) for t, lim, seats in result["limit"] if seats is not None]
+    for name, start, end in PHASES:
+        row = summarize(result, start, end)
+        seats = [x for t, _, x in samples if start <= t < end]
+        out[name] = {k: row[k] for k in ("light_p50_ms", "light_p99_ms", "light_n",
+                                          "flood_200_per_s")}
+        out[name]["seats"] = [min(seats), max(seats)] if seats else None
+    took = [t for t, _, held in result["moves"] if held == HOLD]
+    gave = [t for t, _, held in result["moves"] if held == 0 and took and t > min(took)]
+    out["took"] = round(max(took), 2) if len(took) == WORKERS else None
+    out["gave"] = round(max(gave), 2) if len(gave) == WORKERS else None
+    before = sorted(x for t, _, x in samples if PHASES[0][1] <= t < PHASES[0][2])
+    out["seats_before"] = before[len(before) // 2] if before else None
+    out["follow_s"] = out["back_s"] = None
+    out["down_to"], out["back_to"] = FOLLOWED, min(out["seats_before"] or 0, WORKERS * SIZE)
+    if out["took"] is not None:
+        out["follow_s"] = next((round(t - out["took"], 2) for t, _, x in samples
+                                if t >= out["took"] and x <= FOLLOWED), None)
+        if out["gave"] is not None and out["follow_s"] is not None:  # (back from down)
+            out["back_s"] = next((round(t - out["gave"], 2) for t, _, x in samples
+                                  if t >= out["gave"] and x >= out["back_to"]), None)
+    out["timeline"] = [(t, lim, x) for t, lim, x in result["limit"]]
+    return out
+
+
+def neighbour_verdicts(row: dict, tuned: dict | None) -> list[tuple[bool, str]]:
+    """Issue 33's "capacity that moves" line for the nothing-set row."""
+    n = [row[p]["light_n"] for p, _, _ in PHASES]
+    out = [
+        (row["took"] is not None and row["gave"] is not None,
+         f"the neighbour took and gave back in every worker (at {row['took']}, "
+         f"{row['gave']} s)"),
+        (row["follow_s"] is not None and row["follow_s"] <= WITHIN,
+         f"the limit follows within {WITHIN:.0f} s: {row['follow_s']} s (users seats "
+         f"{row['seats_before']} -> <= {row['down_to']}; in the phase {row['neighbour']['seats']})"),
+        (row["back_s"] is not None and row["back_s"] <= WITHIN,
+         f"the limit comes back within {WITHIN:.0f} s: {row['back_s']} s (users seats >= "
+         f"{row['back_to']})"),
+        (min(n) >= ENOUGH, f"p99s on >= {ENOUGH} light requests per phase (n={n})"),
+        (row["5xx"] == 0 and (tuned is None or tuned["5xx"] == 0), "no 5xx"),
+        (row["light_not_200"] == 0, "the light users get only 200s"),
+    ]
+    return out
+
+
+def main_neighbour(kinds: list[str], rows: list[str], out: dict) -> bool:
+    """``--neighbour``: per kind the rows of :data:`NEIGHBOUR_ROWS` with the neighbour."""
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="apf-bench-pool-") as tmp, \
+            PostgresServer.start() as pg:
+        pg.wait_ready()
+        for kind in kinds:
+            out[kind] = {}
+            for label, limit in NEIGHBOUR_ROWS:
+                if label not in rows:
+                    continue
+                load = os.getloadavg()[0]
+                row = summarize_neighbour(run_neighbour(pg.dsn, kind, limit, Path(tmp)))
+                row["load_before"] = round(load, 2)
+                out[kind][label] = row
+                print(f"{kind:13} {label:12} load {load:4.1f}  neighbour took "
+                      f"{row['took']} s, gave {row['gave']} s; limit followed in "
+                      f"{row['follow_s']} s, back in {row['back_s']} s; 5xx {row['5xx']}, "
+                      f"light not 200: {row['light_not_200']}", flush=True)
+                for name, start, end in PHASES:
+                    ph = row[name]
+                    print(f"{'':16}{name:10} {start:4.0f}-{end:2.0f} s  light p50 "
+                          f"{ph['light_p50_ms']:6.1f} p99 {ph['light_p99_ms']:6.1f} ms "
+                          f"(n={ph['light_n']})  flood {ph['flood_200_per_s']:6.1f}/s  users "
+                          f"seats {ph['seats']}")
+                for line in row["changes"][:12]:
+                    print(f"{'':16}{line.split('apf: ', 1)[-1]}")
+            if "nothing set" in out[kind]:
+                for met, text in neighbour_verdicts(out[kind]["nothing set"],
+                                                    out[kind].get("tuned 10")):
+                    ok &= met
+                    print(f"  {'met   ' if met else 'MISSED'} {kind}: {text}")
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", choices=("gthread", "uvicorn"), default="gthread",
@@ -198,7 +358,17 @@ def main() -> int:
                     help="seconds of traffic per row (the window is from %.0f s)"
                     % (FLOOD_START + SETTLE))
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="capacity that moves: another tenant holds half of each worker's "
+                    f"connections from {TAKE:.0f} s to {GIVE:.0f} s of a "
+                    f"{NEIGHBOUR_DURATION:.0f} s run (rows: nothing set, tuned 10)")
     args = ap.parse_args()
+    if args.neighbour:
+        out: dict = {}
+        ok = main_neighbour(args.kinds, args.rows, out)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0 if ok else 1
     if args.duration <= FLOOD_START + SETTLE + 2:
         ap.error(f"--duration must be more than {FLOOD_START + SETTLE + 2} s")
     fits, rows = (ASYNC_KINDS, ASYNC_ROWS) if args.worker == "uvicorn" else (KINDS, ROWS)

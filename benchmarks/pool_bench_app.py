@@ -14,6 +14,9 @@ The async kinds, under ``-k apf_gunicorn.asgi.UvicornWorker``: ``asyncpg``
 pool belongs to the loop it is made on) and ``psycopg_async`` (psycopg_pool's
 ``AsyncConnectionPool(min_size=4, max_size=4)``, made at import and opened at the lifespan's
 startup).
+
+With ``POOL_BENCH_NEIGHBOUR`` (a control file) each worker also runs a neighbour tenant that
+holds some of the pool's connections when told (``tests/apps/neighbour.py``; sync kinds).
 """
 
 import os
@@ -138,3 +141,8 @@ if KIND in ("asyncpg", "psycopg_async"):
 
     app = Starlette(routes=[Route("/ok", ok_async), Route("/query", db_async)],
                     lifespan=lifespan)
+
+if os.environ.get("POOL_BENCH_NEIGHBOUR"):  # bench_pool.py --neighbour: another tenant's job
+    from tests.apps import neighbour
+
+    neighbour.start(neighbour.holder(KIND, globals()), os.environ["POOL_BENCH_NEIGHBOUR"])

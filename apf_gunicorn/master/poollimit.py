@@ -13,7 +13,9 @@ What the rule gets from the ledger (``ledger.load()``, no lock):
   the tick (requests queued in APF now, or turned away since the last tick), the largest
   nominal share of the server limit; when none binds, the last one (at first, the largest
   share of any non-exempt level);
-* whether the limit was binding at all.
+* whether the limit was binding at all;
+* the seats requests hold server-wide (every level, the exempt ones too): the rule tells
+  connections held by something other than a request from them.
 
     pools = ServerPoolLimit(ceiling=20)
     decision = pools.tick(master_state, lock)   # None, or the PoolDecision of the tick
@@ -59,7 +61,7 @@ class ServerPoolLimit:
         return (max(p.workers for p in pools) >= workers
                 or now - self._first_seen >= FIRST_SIGHT_WAIT_NS)
 
-    def _share_and_binding(self, master: Any) -> tuple[float, bool]:
+    def _share_and_binding(self, master: Any) -> tuple[float, bool, int]:
         gen = master.generation
         levels = gen.configuration.priority_levels
         total = sum(pl.nominal_concurrency_shares for pl in levels.values())
@@ -68,7 +70,9 @@ class ServerPoolLimit:
                   for name, pl in levels.items() if not pl.is_exempt and total > 0}
         binding: list[float] = []
         rejected = {}
+        executing = 0
         for lv in master.ledger.load():
+            executing += lv.seats_in_use
             name = names.get(lv.index)
             if lv.exempt or name not in shares:
                 continue
@@ -80,7 +84,7 @@ class ServerPoolLimit:
             self.share = max(binding)
         elif self.share is None or self.share not in shares.values():
             self.share = max((s for s in shares.values() if s > 0), default=1.0)
-        return self.share, bool(binding)
+        return self.share, bool(binding), executing
 
     def tick(self, master: Any, lock: AbstractContextManager | None = None
              ) -> PoolDecision | None:
@@ -104,8 +108,8 @@ class ServerPoolLimit:
                 pools, len(master.workers or {}), now):
             return None
         with lock:  # on_reload replaces the generation under it
-            share, binding = self._share_and_binding(master)
-        decision = self.rule.update(now, pools, share, binding)
+            share, binding, executing = self._share_and_binding(master)
+        decision = self.rule.update(now, pools, share, binding, executing)
         if decision is not None and decision.limit != master.settings.concurrency_limit:
             apply_server_limit(master, decision.limit, now, lock)
         return decision
