@@ -363,7 +363,15 @@ def main() -> int:
                     f"connections from {TAKE:.0f} s to {GIVE:.0f} s of a "
                     f"{NEIGHBOUR_DURATION:.0f} s run (rows: nothing set, tuned 10)")
     args = ap.parse_args()
+    fits, rows = (ASYNC_KINDS, ASYNC_ROWS) if args.worker == "uvicorn" else (KINDS, ROWS)
+    args.kinds = args.kinds or list(fits)
+    wrong = [k for k in args.kinds if k not in fits]
+    if wrong:
+        ap.error(f"--worker {args.worker} serves the kinds {', '.join(fits)}, not "
+                 f"{', '.join(wrong)}")
     if args.neighbour:
+        if args.worker != "gthread":
+            ap.error("--neighbour runs the sync pools under gthread only")
         out: dict = {}
         ok = main_neighbour(args.kinds, args.rows, out)
         if args.json:
@@ -371,12 +379,6 @@ def main() -> int:
         return 0 if ok else 1
     if args.duration <= FLOOD_START + SETTLE + 2:
         ap.error(f"--duration must be more than {FLOOD_START + SETTLE + 2} s")
-    fits, rows = (ASYNC_KINDS, ASYNC_ROWS) if args.worker == "uvicorn" else (KINDS, ROWS)
-    args.kinds = args.kinds or list(fits)
-    wrong = [k for k in args.kinds if k not in fits]
-    if wrong:
-        ap.error(f"--worker {args.worker} serves the kinds {', '.join(fits)}, not "
-                 f"{', '.join(wrong)}")
     out: dict = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="apf-bench-pool-") as tmp, \
