@@ -89,7 +89,12 @@ def test_ready_line_of_an_auto_limit() -> None:
     env = {"APF_CONCURRENCY_LIMIT": "auto:4-30"}
     settings = load_settings(env, workers=2, threads=64)
     line = startup.ready_line(settings, load_generation(settings), None, "off", 2, 64, env=env)
-    assert "limit auto (now 30) seats, within 4-30, experimental (APF_CONCURRENCY_LIMIT)" in line
+    assert ("limit auto (now 30) seats, within 4-30, experimental (APF_CONCURRENCY_LIMIT; "
+            "signals: the app's pools once found, CPU, latency)") in line
+    env["APF_POOL_SIGNALS"] = "off"
+    settings = load_settings(env, workers=2, threads=64)
+    line = startup.ready_line(settings, load_generation(settings), None, "off", 2, 64, env=env)
+    assert "(APF_CONCURRENCY_LIMIT; signals: CPU, latency)" in line
 
 
 def test_ready_line_names_the_fairness_and_annotated_levels(tmp_path) -> None:

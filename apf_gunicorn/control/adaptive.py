@@ -220,6 +220,32 @@ class AdaptiveLimit:
         self.last = Decision(self.limit, reason, r, tick.concurrency, below, above)
         return self.limit
 
+    # -- another signal in charge (auto with the app's pools) --------------------------------
+    def cpu_bound(self, tick: Tick) -> str | None:
+        """Why more seats add nothing now (the workers or the host at their CPU capacity, as
+        the CPU rule judges it), or None; learns the tick's baselines (the CPU rule weighs
+        the requests' CPU against them). For a limit another signal sets: a rise it wants is
+        refused while this says why."""
+        kinds = {k: s for k, s in tick.kinds.items() if s.count > 0}
+        if kinds:
+            self._learn_baselines(kinds)
+        return self._cpu_bound(tick.cpu, kinds)
+
+    def follow(self, limit: int, reason: str, concurrency: float = 0.0) -> None:
+        """Another signal (the app's pools) set the limit: stand at ``limit`` (clamped), so
+        that when it stops saying anything the latency law goes on from there, with no jump.
+        What the curve held was seen at other limits, possibly before the other signal came:
+        forgotten. No look below and no slow start: the other signal said where the knee was.
+        """
+        self.limit = self._clamp(limit)
+        self.last = Decision(self.limit, reason, None, concurrency)
+        self._curve.clear()
+        self._look = -1
+        self._growing = self._rising = self._settling = False
+        self._moved = None
+        self._cut_from = 0
+        self._floor_ticks = 0
+
     # -- the CPU (issue 33) ------------------------------------------------------------------
     def _cpu_bound(self, cpu: CpuSample | None,
                    kinds: Mapping[Hashable, KindSample]) -> str | None:

@@ -88,12 +88,14 @@ class PoolLimitSettings:
 @dataclass(frozen=True)
 class PoolDecision:
     """A tick's outcome: the server ``limit``, the flooding level's ``seats`` it stands for,
-    whether the limit ``changed`` and the ``reason`` (for the log)."""
+    whether the limit ``changed`` and the ``reason`` (for the log); on the first (the start
+    from the pools), ``found`` says what was found (:func:`describe_pools`)."""
 
     limit: int
     seats: int
     changed: bool
     reason: str
+    found: str = ""
 
 
 def describe_pools(pools: Iterable[PoolSignal]) -> str:
@@ -159,6 +161,19 @@ class PoolLimit:
             limit += 1
         return min(self.ceiling, limit)
 
+    def keep(self, limit: int, share: float) -> None:
+        """The caller applied ``limit`` instead of the last decision's (``auto``: the CPU
+        refused a rise, or its bounds clamped it): the rule goes on from there, so its next
+        move is from the seats the level has.
+
+        Raises:
+            ValueError: ``limit`` below 1 or ``share`` out of range.
+        """
+        if limit < 1 or not 0 < share <= 1:
+            raise ValueError(f"keep needs limit >= 1 and share in (0, 1], got {limit}, {share}")
+        self.limit = limit
+        self.seats = max(1, math.ceil(limit * share - 1e-9))
+
     def update(self, now: int, pools: Iterable[PoolSignal], share: float,
                binding: bool, executing: int) -> PoolDecision | None:
         """One tick.
@@ -196,10 +211,10 @@ class PoolLimit:
         if self.seats is None:
             self.seats = self._served = largest.capacity
             self.limit = self._limit_for(self.seats, share)
+            found = describe_pools(bounded)
             return PoolDecision(self.limit, self.seats, True,
-                                f"limit from pools: {describe_pools(bounded)}; "
-                                f"{self.seats} seats for the busiest level "
-                                f"(share {share:.2f})")
+                                f"limit from pools: {found}; {self.seats} seats for the "
+                                f"busiest level (share {share:.2f})", found)
         if capacity != largest.capacity:  # workers came or went: the knee moves with them
             self.seats = max(1, self.seats + largest.capacity - capacity)
             self._served = max(1, self._served + largest.capacity - capacity)

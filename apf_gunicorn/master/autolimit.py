@@ -26,8 +26,26 @@ measured; queues and executing requests untouched; the exempt level never limite
 master's service lock; the generation's level limits and the settings' ``concurrency_limit``
 are replaced, so the next borrowing round, a HUP and the metrics use the new limit::
 
-    auto = ServerAutoLimit((2, 64), start=20)
+The signals, in order (``pools``: the master's :class:`ServerPoolLimit`, unless
+``APF_POOL_SIGNALS=off``):
+
+1. **The app's pools.** Once every live worker has published a bounded pool (or 5 s after the
+   first did), the pool rule of the default (``master/poollimit.py``, the same object and rule)
+   decides the limit, its ceiling ``MAX``, clamped up to ``MIN``; the latency controller is not
+   run (no look below, no probe) and only stands at the limit applied
+   (:meth:`AdaptiveLimit.follow`).
+2. **The CPU.** A rise the pool rule wants is refused while the workers or the host are at
+   their CPU capacity (:meth:`AdaptiveLimit.cpu_bound`): the rule goes on from the seats kept.
+   Without pools, the controller's own CPU rule (``control/adaptive.py``).
+3. **Latency**, the fallback: where no pool is published, the controller as before. Pools that
+   appear late replace its limit by the rule's start (their capacity over the share), as the
+   default's first limit replaces the default; pools that disappear (no live worker publishes
+   one) leave the controller to go on from the rule's last limit, with no jump, and the rule
+   is reset: pools found again start it afresh.
+
+    auto = ServerAutoLimit((2, 64), start=20, pools=ServerPoolLimit(64))
     change = auto.tick(master_state, lock)     # None, or (old limit, new limit)
+    auto.source, auto.reason                    # "pool" / "cpu" / "latency", and why
 """
 
 from __future__ import annotations
@@ -36,11 +54,15 @@ import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apf_gunicorn.control.adaptive import AdaptiveLimit, AdaptiveSettings, KindSample, Tick
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates
 from apf_gunicorn.flowcontrol.relimit import follow_server_limit
+
+if TYPE_CHECKING:  # master/poollimit.py applies its limits through this module
+    from apf_gunicorn.control.poollimit import PoolDecision
+    from apf_gunicorn.master.poollimit import ServerPoolLimit
 
 # rejections that mean the limit was binding in the tick
 _BINDING_REJECTIONS = ("queue-full", "time-out", "concurrency-limit")
@@ -55,15 +77,20 @@ class ServerAutoLimit:
         start: the limit before the first tick.
         clock: monotonic ns (injected by tests).
         settings: the controller's constants (its defaults, bounded by ``bounds``).
+        pools: the pool rule's runner, read first each tick (None: latency and CPU only).
     Attributes:
         controller: the :class:`AdaptiveLimit` (its ``baselines`` and ``last`` decision are
             what the metrics show).
         last_tick: the last :class:`Tick` fed, or None before the second call.
+        source: what decided the last tick: ``"pool"``, ``"cpu"`` or ``"latency"``.
+        reason: why (for the log); ``pool_decision``: the pool rule's, when it decided.
+        handed_over: the last tick left the limit to the controller (the pools are gone).
     """
 
     def __init__(self, bounds: tuple[int, int], start: int,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 settings: AdaptiveSettings | None = None, route_times: Any = None) -> None:
+                 settings: AdaptiveSettings | None = None, route_times: Any = None,
+                 pools: ServerPoolLimit | None = None) -> None:
         base = settings or AdaptiveSettings()
         self.controller = AdaptiveLimit(
             dataclasses.replace(base, minimum=bounds[0], maximum=bounds[1]), start)
@@ -76,6 +103,11 @@ class ServerAutoLimit:
         # server.routekinds.RouteTimes: the kinds are routes (None: (level, FlowSchema) pairs)
         self.route_times = route_times
         self._routes_seen: dict[int, tuple[int, int]] = {}
+        self.pools = pools
+        self.source = "latency"
+        self.reason = ""
+        self.pool_decision: PoolDecision | None = None
+        self.handed_over = False
 
     @property
     def limit(self) -> int:
@@ -162,13 +194,51 @@ class ServerAutoLimit:
                 self.last_cpu = cpu
                 tick = dataclasses.replace(tick, cpu=cpu.sample)
             self.last_tick = tick
-            self.controller.update(tick)
-        new = self.controller.limit
         old = master.settings.concurrency_limit
+        was_pools, self.pool_decision = self.pool_decision is not None, None
+        decision = self.pools.decide(master, now, lock) if self.pools is not None else None
+        self.handed_over = was_pools and decision is None
+        if decision is not None:
+            new = self._from_pools(decision, tick, old, cpu is not None)
+        else:
+            if self.handed_over:  # the pools are gone: the next ones start the rule afresh
+                self.pools.reset()  # type: ignore[union-attr]
+            if tick is not None:
+                self.controller.update(tick)
+            new = self.controller.limit
+            self.reason = self.controller.last.reason
+            self.source = "cpu" if self.reason.startswith("cpu:") else "latency"
         if new == old:
             return None
         apply_server_limit(master, new, now, lock)
         return old, new
+
+    def _from_pools(self, decision: PoolDecision, tick: Tick | None, old: int,
+                    cpu_known: bool) -> int:
+        """The limit when the pool rule decided: its limit (its ceiling is ``MAX``) raised to
+        ``MIN``, or ``old`` when that is a rise and the CPU is at its capacity; the rule and
+        the controller are told where the limit stands."""
+        assert self.pools is not None
+        self.pool_decision = decision
+        self.source, self.reason = "pool", decision.reason
+        new = max(self.bounds[0], decision.limit)
+        # (every tick: the controller keeps learning its baselines, at the pool's knee, for
+        # when the pools are gone)
+        why = self.controller.cpu_bound(tick) if tick is not None else None
+        if why is not None and new > old:
+            self.source = "cpu"
+            self.reason = (f"cpu: {why}, holding {old} seats (more add nothing; the pools "
+                           f"would give {new})")
+            new = old
+        if decision.found:  # the first limit from the pools: what auto found
+            self.reason = (f"limit auto: {decision.found}{'; CPU' if cpu_known else ''}; "
+                           + (self.reason if self.source == "cpu" else
+                              f"{decision.seats} seats for the busiest level (share "
+                              f"{self.pools.share or 1.0:.2f})"))
+        if new != decision.limit and self.pools.share is not None:
+            self.pools.rule.keep(new, self.pools.share)
+        self.controller.follow(new, self.reason, tick.concurrency if tick else 0.0)
+        return new
 
 
 def apply_server_limit(master: Any, new: int, now: int,

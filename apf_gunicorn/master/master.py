@@ -107,18 +107,21 @@ class MasterServices(threading.Thread):
         self.agent_retry = False
         settings = getattr(master_state, "settings", None)
         bounds = getattr(settings, "concurrency_auto", None)
-        # APF_CONCURRENCY_LIMIT=auto: the controller (None for a fixed limit)
+        pool_signals = (getattr(settings, "pool_signals", True)
+                        and getattr(master_state, "pool_table", None) is not None)
+        # APF_CONCURRENCY_LIMIT=auto: the controller (None for a fixed limit), the app's pools
+        # read first (the same rule as with nothing set, its ceiling auto's MAX)
         self.auto = (None if bounds is None else
                      ServerAutoLimit(bounds, settings.concurrency_limit,
-                                     route_times=getattr(master_state, "route_times", None)))
+                                     route_times=getattr(master_state, "route_times", None),
+                                     pools=ServerPoolLimit(bounds[1]) if pool_signals else None))
         if self.auto is not None:
             master_state.auto_limit = self.auto
         self._told_host = ""  # the CPU's or a busy host's hold the log last told
         # nothing set about the limit: the master follows the app's pools once it has any
         self.pools = (ServerPoolLimit(settings.concurrency_limit)
                       if not getattr(settings, "concurrency_limit_set", True)
-                      and getattr(settings, "pool_signals", True)
-                      and getattr(master_state, "pool_table", None) is not None else None)
+                      and pool_signals else None)
 
     @property
     def period_s(self) -> float:
@@ -236,8 +239,9 @@ class MasterServices(threading.Thread):
     def adapt_once(self) -> None:
         """One tick of the adaptive limit; a move by more than a quarter, every move of the CPU
         rule or for a slow backend on a busy host, and the first tick of a hold for the CPU or
-        a busy host are logged (every tick's observation and decision at debug level). With nothing set, the pool rule's
-        tick instead: every change logged with its cause."""
+        a busy host are logged (every tick's observation and decision at debug level); under
+        the app's pools, every change, the first limit from them and their going away. With
+        nothing set, the pool rule's tick instead: every change logged with its cause."""
         if self.pools is not None:
             self.follow_pools_once()
             return
@@ -246,16 +250,22 @@ class MasterServices(threading.Thread):
         except Exception:
             self.glog.exception("apf: adaptive concurrency limit tick failed")
             return
-        last = self.auto.controller.last
-        self.glog.debug("apf: concurrency limit auto: %s -> %s", self.auto.last_tick, last)
+        auto, last = self.auto, self.auto.controller.last
+        self.glog.debug("apf: concurrency limit auto: %s -> %s", auto.last_tick, last)
+        if auto.handed_over:
+            self.glog.info("apf: concurrency limit auto: no pool published now: the latency "
+                           "rule goes on from %d seats", change[0] if change else last.limit)
         # a hold for the CPU or a busy host: said once per spell (the reason's first words)
         spell = re.sub(r"[\d.]+", "", last.reason.split(",", 1)[0]) if last.reason.startswith(
             ("cpu:", "hold: host busy")) else ""
         told, self._told_host = self._told_host, spell
-        if change is not None and last.reason.startswith("cpu:"):
-            # the CPU rule's every change, with its cause
+        if change is not None and (auto.source != "latency"):
+            # the pool rule's and the CPU rule's every change, with its cause
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s)", change[0],
-                           change[1], last.reason)
+                           change[1], auto.reason)
+        elif auto.pool_decision is not None and auto.pool_decision.found:
+            self.glog.info("apf: concurrency limit auto: stays %d seats (%s)", last.limit,
+                           auto.reason)
         elif change is not None and (large_move(*change) or "slow backend" in last.reason):
             self.glog.info("apf: concurrency limit auto: %d -> %d seats (%s; latency x%.2f "
                            "of the baseline at %.1f seats)", change[0], change[1], last.reason,

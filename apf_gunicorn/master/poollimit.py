@@ -5,7 +5,9 @@ The workers find the app's connection pools after the app loads and publish them
 server-wide and runs the pool rule (:class:`apf_gunicorn.control.poollimit.PoolLimit`). Its
 limit is applied as ``auto``'s is (:func:`apf_gunicorn.master.autolimit.apply_server_limit`).
 Until a worker publishes a bounded pool nothing changes: an app without one keeps the default.
-An explicit limit (a number, or ``auto``) turns this off.
+A number in ``APF_CONCURRENCY_LIMIT`` turns this off; under ``auto`` the adaptive limit
+(``master/autolimit.py``) runs the same rule through :meth:`ServerPoolLimit.decide` and applies
+its limit itself (the CPU and the bounds have their say first).
 
 What the rule gets from the ledger (``ledger.load()``, no lock):
 
@@ -86,6 +88,12 @@ class ServerPoolLimit:
             self.share = max((s for s in shares.values() if s > 0), default=1.0)
         return self.share, bool(binding), executing
 
+    def reset(self) -> None:
+        """Forget the pools (``auto``: they are gone): the next ones found start the rule
+        afresh, from their capacity, once every worker has published them."""
+        self.rule = PoolLimit(self.rule.ceiling, self.rule.settings)
+        self._first_seen = None
+
     def tick(self, master: Any, lock: AbstractContextManager | None = None
              ) -> PoolDecision | None:
         """One tick against ``master`` (``server.state.MasterState``: its ``pool_table``,
@@ -95,11 +103,22 @@ class ServerPoolLimit:
             The rule's decision (``changed``: the limit was applied), or None while no worker
             has published a bounded pool.
         """
+        now = self.clock()
+        decision = self.decide(master, now, lock)
+        if decision is not None and decision.limit != master.settings.concurrency_limit:
+            apply_server_limit(master, decision.limit, now, lock)
+        return decision
+
+    def decide(self, master: Any, now: int, lock: AbstractContextManager | None = None
+               ) -> PoolDecision | None:
+        """The rule's tick at ``now`` (monotonic ns) against ``master`` (as :meth:`tick`),
+        applying nothing: the decision, or None while no live worker has published a bounded
+        pool (or not every worker yet, :data:`FIRST_SIGHT_WAIT_NS`). ``share`` is then the
+        flooding level's."""
         lock = lock if lock is not None else nullcontext()
         table = getattr(master, "pool_table", None)
         if table is None:
             return None
-        now = self.clock()
         # registered workers only: a booting one's row may hold its dead predecessor's window
         live = {i for i, pid in (master.workers or {}).items() if pid}
         pools = [p for p in table.totals(now, live=live).values() if p.capacity > 0]
@@ -109,7 +128,4 @@ class ServerPoolLimit:
             return None
         with lock:  # on_reload replaces the generation under it
             share, binding, executing = self._share_and_binding(master)
-        decision = self.rule.update(now, pools, share, binding, executing)
-        if decision is not None and decision.limit != master.settings.concurrency_limit:
-            apply_server_limit(master, decision.limit, now, lock)
-        return decision
+        return self.rule.update(now, pools, share, binding, executing)

@@ -261,6 +261,9 @@ def ready_line(settings: Any, generation: Any, admin_address: tuple[str, int] | 
         limit_src = "default"
     if limit_src != "APF_CONCURRENCY_LIMIT":
         limit_src += "; follows the app's pools once found"
+    elif settings.concurrency_auto is not None:
+        limit_src += ("; signals: the app's pools once found, CPU, latency"
+                      if settings.pool_signals else "; signals: CPU, latency")
     levels = generation.configuration.priority_levels
     default = generation.fairness
     fairness_src = "APF_FAIRNESS" if env.get("APF_FAIRNESS", "").strip() else "default"
