@@ -15,7 +15,8 @@ user, retrying 20 ms after a 429) from 2 s. Rows:
 * **before**: ``APF_CONCURRENCY_LIMIT=20``, the default of this shape without the pools (what
   the default was before it read them);
 * **nothing set**: no ``APF_CONCURRENCY_LIMIT``: the default, which follows the pools;
-* **tuned 10**: ``APF_CONCURRENCY_LIMIT=10``, tuned by hand.
+* **tuned 10**: ``APF_CONCURRENCY_LIMIT=10``, tuned by hand;
+* **auto**: ``APF_CONCURRENCY_LIMIT=auto``: the pools first, then the CPU, latency the fallback.
 
 Per row, over the window from 4 s after the flood starts to the end: the light users' p50 and
 p99 and how many requests they stand on, the flood's 200s per second, answers that were not
@@ -74,7 +75,7 @@ WORKERS, THREADS, FLOOD, LIGHT_USERS, THINK = 2, 20, 32, 5, 0.2
 FLOOD_START, SETTLE = 2.0, 4.0
 PATH = "/query?ms=50"
 ENOUGH = 100
-ROWS = [("before", "20"), ("nothing set", None), ("tuned 10", "10")]
+ROWS = [("before", "20"), ("nothing set", None), ("tuned 10", "10"), ("auto", "auto")]
 KINDS = ("sqlalchemy", "psycopg_pool", "django")
 #: --worker uvicorn: the async pools, and the ASGI default without them (2 workers x 32)
 ASYNC_KINDS = ("asyncpg", "psycopg_async")
