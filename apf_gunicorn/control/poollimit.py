@@ -1,4 +1,5 @@
-"""The server limit read from the app's connection pools (the default when no limit is set).
+"""The server limit read from the app's connection pools (with no limit set, and ``auto``'s first
+signal).
 
 A request that holds an APF seat and then waits for a pooled connection waits inside the app,
 first come first served, where the fair queues cannot help: the seats of the level that floods
