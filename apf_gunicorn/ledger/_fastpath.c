@@ -1252,6 +1252,578 @@ static PyTypeObject FastPathType = {
     .tp_methods = fp_methods,
 };
 
+/* -- the request gate: from a request to admitted in one call ------------------------------ */
+
+/* A Gate serves one admission front end (``admission/core.py``, ``Admission._bind_gate``): the
+ * common request, whose shape is in the front end's shape cache and which runs at once, goes
+ * from its WSGI environ or ASGI scope to admitted in one call, and finishes in one.
+ *
+ * ``admit_environ(environ)`` / ``admit_scope(scope)`` read the request's shape key exactly as
+ * ``RequestInfoResolver.shape_key(environ.get)`` does (for a scope: of the environ
+ * ``asgi/scope.py`` builds), look it up in the cache dict, and admit the cached shape through
+ * ``fp_admit``. They return ``(outcome, slot, gen, granted, now, route, flow_hash, kind)``, or
+ * None having changed nothing (the caller then runs its Python path from the start): a cache
+ * miss, a watch or long-running shape, a full thread reserve, anything unusual in the request,
+ * and (``busy_declines``: on an event loop) a ledger lock still busy after the spin. Past the
+ * cache hit and the thread reserve, the call completes as the Python path would: the thread
+ * reserve entry taken (with ``held.held = True``) and the admission handed to the ledger's
+ * ``_admit_resume`` where the C fast path declines, any outcome (a queue, a rejection).
+ *
+ * ``finish_timed(slot, gen, kind, t0)`` is ``Admission.finish_timed``: the C ``fp_finish``
+ * when the route is not timed (kind < 0) and the fast path completes, else the Python method
+ * (nothing done yet) or ``handed(decline, slot, gen, end)`` (the lock held). */
+
+enum { K_RAW = 0, K_NOT = 1, K_CALL = 2 };                   /* what the key keeps of a value */
+enum { S_METHOD = 0, S_PATH = 1, S_QUERY = 2, S_CLIENT = 3, S_HEADER = 4, S_NONE = 5 };
+
+#define MAX_KEYS 32
+
+typedef struct {
+    PyObject_HEAD
+    FastPath *fp;
+    PyObject *cache;         /* the shape cache: shape key -> Shape */
+    PyObject *keys;          /* the environ keys (str), in shape-key order */
+    PyObject *transforms;    /* per key: None or the callable applied to its value */
+    int kind[MAX_KEYS];      /* K_* per key */
+    int src[MAX_KEYS];       /* S_* per key, for a scope */
+    Py_ssize_t nkeys;
+    PyObject *headers;       /* scope header name (bytes) -> key index, or NULL */
+    PyObject *owner;
+    PyObject *clock;
+    PyObject *reserve;       /* the thread reserve's list (gthread), or NULL */
+    Py_ssize_t nonexempt;
+    PyObject *held;          /* the object whose ``held`` is set with a reserve entry */
+    PyObject *py_finish;     /* Admission.finish_timed (bound), the Python path */
+    PyObject *handed;        /* Admission._finish_handed (bound) */
+    int busy_declines;
+    PyObject *s_inflight, *s_held, *s_method, *s_path, *s_query, *s_client, *s_headers;
+    PyObject *s_root, *s_get, *s_slash, *s_empty;
+} Gate;
+
+static int
+gate_init(Gate *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *fp, *cache, *keys, *transforms, *sources, *headers, *owner, *clock, *reserve;
+    PyObject *held, *py_finish, *handed;
+    Py_ssize_t nonexempt;
+    int busy;
+    static char *kwlist[] = {"fastpath", "cache", "keys", "transforms", "sources", "headers",
+                             "owner", "clock", "reserve", "nonexempt", "held", "finish_timed",
+                             "handed", "busy_declines", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!OOO!OOnOOOp", kwlist, &fp,
+                                     &PyDict_Type, &cache, &PyTuple_Type, &keys, &PyTuple_Type,
+                                     &transforms, &sources, &headers, &PyLong_Type, &owner,
+                                     &clock, &reserve, &nonexempt, &held, &py_finish, &handed,
+                                     &busy))
+        return -1;
+    if (!PyObject_TypeCheck(fp, &FastPathType)) {
+        PyErr_SetString(PyExc_TypeError, "fastpath must be a FastPath");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (n > MAX_KEYS || PyTuple_GET_SIZE(transforms) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys and transforms: tuples of equal length <= 32");
+        return -1;
+    }
+    if (sources != Py_None && (!PyTuple_Check(sources) || PyTuple_GET_SIZE(sources) != n)) {
+        PyErr_SetString(PyExc_ValueError, "sources: None or a tuple as long as keys");
+        return -1;
+    }
+    if (headers != Py_None && !PyDict_Check(headers)) {
+        PyErr_SetString(PyExc_TypeError, "headers: None or a dict");
+        return -1;
+    }
+    if (reserve != Py_None && !PyList_Check(reserve)) {
+        PyErr_SetString(PyExc_TypeError, "reserve: None or a list");
+        return -1;
+    }
+    PyObject *op = PyImport_ImportModule("operator");
+    PyObject *not_ = op ? PyObject_GetAttrString(op, "not_") : NULL;
+    Py_XDECREF(op);
+    if (not_ == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(keys, i), *t = PyTuple_GET_ITEM(transforms, i);
+        if (!PyUnicode_CheckExact(k)) {
+            Py_DECREF(not_);
+            PyErr_SetString(PyExc_TypeError, "keys: str");
+            return -1;
+        }
+        self->kind[i] = t == Py_None ? K_RAW : t == not_ ? K_NOT : K_CALL;
+        self->src[i] = S_NONE;
+        if (sources != Py_None) {
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(sources, i));
+            if (v < S_METHOD || v > S_NONE) {
+                Py_DECREF(not_);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "sources: S_* codes");
+                return -1;
+            }
+            self->src[i] = (int)v;
+        }
+    }
+    Py_DECREF(not_);
+    self->nkeys = n;
+    self->fp = (FastPath *)Py_NewRef(fp);
+    self->cache = Py_NewRef(cache);
+    self->keys = Py_NewRef(keys);
+    self->transforms = Py_NewRef(transforms);
+    self->headers = headers == Py_None ? NULL : Py_NewRef(headers);
+    self->owner = Py_NewRef(owner);
+    self->clock = Py_NewRef(clock);
+    self->reserve = reserve == Py_None ? NULL : Py_NewRef(reserve);
+    self->nonexempt = nonexempt;
+    self->held = Py_NewRef(held);
+    self->py_finish = Py_NewRef(py_finish);
+    self->handed = Py_NewRef(handed);
+    self->busy_declines = busy;
+    self->s_inflight = PyUnicode_InternFromString("inflight");
+    self->s_held = PyUnicode_InternFromString("held");
+    self->s_method = PyUnicode_InternFromString("method");
+    self->s_path = PyUnicode_InternFromString("path");
+    self->s_query = PyUnicode_InternFromString("query_string");
+    self->s_client = PyUnicode_InternFromString("client");
+    self->s_headers = PyUnicode_InternFromString("headers");
+    self->s_root = PyUnicode_InternFromString("root_path");
+    self->s_get = PyUnicode_InternFromString("GET");
+    self->s_slash = PyUnicode_InternFromString("/");
+    self->s_empty = PyUnicode_InternFromString("");
+    if (!self->s_inflight || !self->s_held || !self->s_method || !self->s_path || !self->s_query
+        || !self->s_client || !self->s_headers || !self->s_root || !self->s_get
+        || !self->s_slash || !self->s_empty)
+        return -1;
+    return 0;
+}
+
+/* the shape key's entry for value ``v`` (a new reference; v is stolen), NULL: an error */
+static PyObject *
+gate_keep(Gate *self, Py_ssize_t i, PyObject *v)
+{
+    int k = self->kind[i];
+    if (k == K_RAW)
+        return v;
+    if (k == K_NOT) {
+        int t = PyObject_Not(v);
+        Py_DECREF(v);
+        if (t < 0)
+            return NULL;
+        return Py_NewRef(t ? Py_True : Py_False);
+    }
+    PyObject *out = PyObject_CallOneArg(PyTuple_GET_ITEM(self->transforms, i), v);
+    Py_DECREF(v);
+    return out;
+}
+
+/* the shape key of a WSGI environ (a dict): shape_key(environ.get); NULL with no error set:
+ * not a dict (decline) */
+static PyObject *
+gate_environ_key(Gate *self, PyObject *environ)
+{
+    if (!PyDict_CheckExact(environ))
+        return NULL;
+    PyObject *key = PyTuple_New(self->nkeys);
+    if (key == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->nkeys; i++) {
+        PyObject *v = PyDict_GetItemWithError(environ, PyTuple_GET_ITEM(self->keys, i));
+        if (v == NULL && PyErr_Occurred())
+            goto fail;
+        v = gate_keep(self, i, Py_NewRef(v ? v : Py_None));
+        if (v == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(key, i, v);
+    }
+    return key;
+fail:
+    Py_DECREF(key);
+    return NULL;
+}
+
+/* scope[name] or NULL (absent; no error), for a dict scope */
+static inline PyObject *
+scope_get(PyObject *scope, PyObject *name)
+{
+    return PyDict_GetItemWithError(scope, name);
+}
+
+/* The shape key of an ASGI scope: shape_key of ScopeEnviron(scope)'s environ, for the scopes
+ * it builds plainly (see asgi/scope.py): an ASCII path with no root path to strip, a client
+ * address, bytes query and header values in a list of pairs. NULL with no error set: decline
+ * (the Python path builds the environ). */
+static PyObject *
+gate_scope_key(Gate *self, PyObject *scope)
+{
+    PyObject *vals[MAX_KEYS];
+    if (!PyDict_CheckExact(scope))
+        return NULL;
+    PyObject *root = scope_get(scope, self->s_root);
+    if (root != NULL && root != self->s_empty) {
+        int t = PyObject_IsTrue(root);
+        if (t != 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    Py_ssize_t nh = 0;
+    for (Py_ssize_t i = 0; i < self->nkeys; i++) {
+        PyObject *v = NULL;
+        switch (self->src[i]) {
+        case S_METHOD:
+            v = scope_get(scope, self->s_method);
+            v = Py_NewRef(v ? v : self->s_get);
+            break;
+        case S_PATH:
+            v = scope_get(scope, self->s_path);
+            if (v == NULL)
+                v = self->s_slash;
+            if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v))
+                goto decline;
+            Py_INCREF(v);
+            break;
+        case S_QUERY:
+            v = scope_get(scope, self->s_query);
+            if (v == NULL || (PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) == 0))
+                v = Py_NewRef(self->s_empty);
+            else if (PyBytes_CheckExact(v))
+                v = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), NULL);
+            else
+                goto decline;
+            break;
+        case S_CLIENT: {
+            PyObject *c = scope_get(scope, self->s_client);
+            if (c != NULL && PyTuple_CheckExact(c) && PyTuple_GET_SIZE(c) > 0)
+                v = Py_NewRef(PyTuple_GET_ITEM(c, 0));
+            else if (c != NULL && PyList_CheckExact(c) && PyList_GET_SIZE(c) > 0)
+                v = Py_NewRef(PyList_GET_ITEM(c, 0));
+            else  /* no client: a Unix-socket peer or none, as is_unix_peer says */
+                goto decline;
+            break;
+        }
+        case S_HEADER:
+            nh++;
+            v = Py_NewRef(Py_None); /* filled below */
+            break;
+        default:
+            v = Py_NewRef(Py_None);
+        }
+        if (v == NULL)
+            goto fail;
+        vals[i] = v;
+        continue;
+    decline:
+        PyErr_Clear();
+        for (Py_ssize_t j = 0; j < i; j++)
+            Py_DECREF(vals[j]);
+        return NULL;
+    fail:
+        for (Py_ssize_t j = 0; j < i; j++)
+            Py_DECREF(vals[j]);
+        return NULL;
+    }
+    Py_ssize_t n = self->nkeys;
+    if (nh > 0) {
+        PyObject *hs = scope_get(scope, self->s_headers);
+        if (hs != NULL && !PyList_CheckExact(hs))
+            goto drop;
+        Py_ssize_t m = hs == NULL ? 0 : PyList_GET_SIZE(hs);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            PyObject *pair = PyList_GET_ITEM(hs, j);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)
+                goto drop;
+            PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+            if (!PyBytes_CheckExact(name))
+                goto drop;
+            PyObject *at = PyDict_GetItemWithError(self->headers, name);
+            if (at == NULL) {
+                if (PyErr_Occurred())
+                    goto drop;
+                continue;
+            }
+            if (!PyBytes_CheckExact(value))
+                goto drop;
+            Py_ssize_t i = PyLong_AsSsize_t(at);
+            if (i < 0 || i >= n || self->src[i] != S_HEADER)
+                goto drop;
+            PyObject *text = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(value),
+                                                    PyBytes_GET_SIZE(value), NULL);
+            if (text == NULL)
+                goto drop;
+            if (vals[i] != Py_None) { /* a repeated header: joined with "," */
+                PyObject *joined = PyUnicode_FromFormat("%U,%U", vals[i], text);
+                Py_DECREF(text);
+                if (joined == NULL)
+                    goto drop;
+                text = joined;
+            }
+            Py_SETREF(vals[i], text);
+        }
+    }
+    PyObject *key = PyTuple_New(n);
+    if (key == NULL)
+        goto drop;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = gate_keep(self, i, vals[i]);
+        vals[i] = NULL;
+        if (v == NULL) {
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                Py_DECREF(vals[j]);
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, i, v);
+    }
+    return key;
+drop:
+    PyErr_Clear();
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(vals[i]);
+    return NULL;
+}
+
+/* admit the request whose shape key is ``key`` (stolen; NULL: decline or error) */
+static PyObject *
+gate_admit(Gate *self, PyObject *key)
+{
+    if (key == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *shape = PyDict_GetItemWithError(self->cache, key);
+    Py_DECREF(key);
+    if (shape == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    /* Shape: level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
+     * kind; a watch or long-running shape takes the Python path */
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 12
+        || PyTuple_GET_ITEM(shape, 7) != Py_False)
+        Py_RETURN_NONE;
+    Py_INCREF(shape); /* the cache may be cleared by another thread while Python runs */
+    PyObject *route = PyTuple_GET_ITEM(shape, 8);
+    int took = 0;
+    if (self->reserve != NULL) {
+        PyObject *inflight = PyObject_GetAttr(route, self->s_inflight);
+        if (inflight == NULL) {
+            Py_DECREF(shape);
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (inflight != Py_None) {
+            /* the reserve is full: the Python path (it may take a parked request's thread) */
+            if (inflight != self->reserve || PyList_GET_SIZE(inflight) >= self->nonexempt) {
+                Py_DECREF(inflight);
+                Py_DECREF(shape);
+                Py_RETURN_NONE;
+            }
+            if (PyList_Append(inflight, Py_None) < 0) {
+                Py_DECREF(inflight);
+                Py_DECREF(shape);
+                return NULL;
+            }
+            took = 1;
+        }
+        Py_DECREF(inflight);
+        if (took && PyObject_SetAttr(self->held, self->s_held, Py_True) < 0) {
+            Py_DECREF(shape);
+            return NULL; /* as Python's path: the entry is taken, the error goes up */
+        }
+    }
+    PyObject *now = PyObject_CallNoArgs(self->clock);
+    if (now == NULL) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    PyObject *args[10] = {PyTuple_GET_ITEM(shape, 0), PyTuple_GET_ITEM(shape, 1),
+                          PyTuple_GET_ITEM(shape, 2), PyTuple_GET_ITEM(shape, 3),
+                          PyTuple_GET_ITEM(shape, 4), self->owner, now,
+                          PyTuple_GET_ITEM(shape, 5), PyTuple_GET_ITEM(shape, 6), Py_False};
+    FastPath *fp = self->fp;
+    PyObject *res = fp_admit(fp, args, 10);
+    if (res != NULL && !Py_IS_TYPE(res, fp->result_type)) {
+        if (res == Py_None && self->busy_declines && !took) {
+            /* the lock is busy and this caller must not wait: nothing done */
+            Py_DECREF(now);
+            Py_DECREF(shape);
+            return res;
+        }
+        PyObject *out = resume(fp, fp->admit_resume, res, args, 10, NULL);
+        Py_DECREF(res);
+        res = out;
+    }
+    if (res == NULL || !PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 5) {
+        if (res != NULL) {
+            Py_DECREF(res);
+            PyErr_SetString(PyExc_TypeError, "admit: not an AdmitResult");
+        }
+        Py_DECREF(now);
+        Py_DECREF(shape);
+        return NULL;
+    }
+    PyObject *out = PyTuple_New(8);
+    if (out == NULL) {
+        Py_DECREF(res);
+        Py_DECREF(now);
+        Py_DECREF(shape);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, Py_NewRef(PyTuple_GET_ITEM(res, 0)));
+    PyTuple_SET_ITEM(out, 1, Py_NewRef(PyTuple_GET_ITEM(res, 1)));
+    PyTuple_SET_ITEM(out, 2, Py_NewRef(PyTuple_GET_ITEM(res, 2)));
+    PyTuple_SET_ITEM(out, 3, Py_NewRef(PyTuple_GET_ITEM(res, 4)));
+    PyTuple_SET_ITEM(out, 4, now);
+    PyTuple_SET_ITEM(out, 5, Py_NewRef(route));
+    PyTuple_SET_ITEM(out, 6, Py_NewRef(PyTuple_GET_ITEM(shape, 1)));
+    PyTuple_SET_ITEM(out, 7, Py_NewRef(PyTuple_GET_ITEM(shape, 11)));
+    Py_DECREF(res);
+    Py_DECREF(shape);
+    return out;
+}
+
+static PyObject *
+gate_admit_environ(Gate *self, PyObject *environ)
+{
+    return gate_admit(self, gate_environ_key(self, environ));
+}
+
+static PyObject *
+gate_admit_scope(Gate *self, PyObject *scope)
+{
+    if (self->headers == NULL) {
+        PyErr_SetString(PyExc_TypeError, "this gate has no scope sources");
+        return NULL;
+    }
+    return gate_admit(self, gate_scope_key(self, scope));
+}
+
+/* the shape key alone, for the tests: what admit_environ / admit_scope look up (None: they
+ * decline before the lookup) */
+static PyObject *
+gate_key(Gate *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "key(request, is_scope)");
+        return NULL;
+    }
+    int scope = PyObject_IsTrue(args[1]);
+    if (scope < 0 || (scope && self->headers == NULL)) {
+        if (scope >= 0)
+            PyErr_SetString(PyExc_TypeError, "this gate has no scope sources");
+        return NULL;
+    }
+    PyObject *key = scope ? gate_scope_key(self, args[0]) : gate_environ_key(self, args[0]);
+    if (key == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return key;
+}
+
+static PyObject *
+gate_finish_timed(Gate *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t kind;
+    if (nargs != 4 || !as_i64(args[2], &kind) || kind >= 0)
+        return PyObject_Vectorcall(self->py_finish, args, nargs, NULL);
+    PyObject *end = PyObject_CallNoArgs(self->clock);
+    if (end == NULL)
+        return NULL;
+    PyObject *fa[3] = {args[0], args[1], end};
+    PyObject *res = fp_finish(self->fp, fa, 3);
+    PyObject *out;
+    if (res != NULL && PyTuple_CheckExact(res)) /* done: no grants, no lingering */
+        out = Py_NewRef(Py_None);
+    else if (res == Py_None) /* nothing done: the Python path from the start */
+        out = PyObject_Vectorcall(self->py_finish, args, nargs, NULL);
+    else if (res != NULL) { /* the lock is held: Python continues from its acquire */
+        PyObject *ha[4] = {res, args[0], args[1], end};
+        out = PyObject_Vectorcall(self->handed, ha, 4, NULL);
+    }
+    else
+        out = NULL;
+    Py_XDECREF(res);
+    Py_DECREF(end);
+    return out;
+}
+
+static int
+gate_traverse(Gate *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fp);
+    Py_VISIT(self->cache);
+    Py_VISIT(self->transforms);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->reserve);
+    Py_VISIT(self->held);
+    Py_VISIT(self->py_finish);
+    Py_VISIT(self->handed);
+    return 0;
+}
+
+static int
+gate_clear(Gate *self)
+{
+    Py_CLEAR(self->fp);
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->transforms);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->reserve);
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->py_finish);
+    Py_CLEAR(self->handed);
+    return 0;
+}
+
+static void
+gate_dealloc(Gate *self)
+{
+    PyObject_GC_UnTrack(self);
+    gate_clear(self);
+    Py_XDECREF(self->keys);
+    Py_XDECREF(self->headers);
+    Py_XDECREF(self->owner);
+    Py_XDECREF(self->s_inflight);
+    Py_XDECREF(self->s_held);
+    Py_XDECREF(self->s_method);
+    Py_XDECREF(self->s_path);
+    Py_XDECREF(self->s_query);
+    Py_XDECREF(self->s_client);
+    Py_XDECREF(self->s_headers);
+    Py_XDECREF(self->s_root);
+    Py_XDECREF(self->s_get);
+    Py_XDECREF(self->s_slash);
+    Py_XDECREF(self->s_empty);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef gate_methods[] = {
+    {"admit_environ", (PyCFunction)gate_admit_environ, METH_O,
+     "admit_environ(environ) -> (outcome, slot, gen, granted, now, route, flow_hash, kind) "
+     "or None (nothing done)"},
+    {"admit_scope", (PyCFunction)gate_admit_scope, METH_O,
+     "admit_scope(scope): as admit_environ, from an ASGI http scope"},
+    {"key", (PyCFunction)(void (*)(void))gate_key, METH_FASTCALL,
+     "key(request, is_scope) -> the shape key the admit calls look up, or None"},
+    {"finish_timed", (PyCFunction)(void (*)(void))gate_finish_timed, METH_FASTCALL,
+     "finish_timed(slot, gen, kind, t0): Admission.finish_timed"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "apf_gunicorn.ledger._fastpath.Gate",
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)gate_traverse,
+    .tp_clear = (inquiry)gate_clear,
+    .tp_free = PyObject_GC_Del,
+    .tp_doc = "An admission front end's one-call path: request -> admitted, and finish.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)gate_init,
+    .tp_dealloc = (destructor)gate_dealloc,
+    .tp_methods = gate_methods,
+};
+
 /* wait_unlocked(address) -> int: block, without the GIL, until the process-shared mutex at
  * ``address`` is free; ``ProcessLock``'s contended path. Returns 0 when it was free (and is
  * NOT held: take it with trylock, the GIL held), EOWNERDEAD when its holder died (it IS held
@@ -1291,7 +1863,7 @@ static struct PyModuleDef fastpath_module = {
 PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
-    if (PyType_Ready(&FastPathType) < 0)
+    if (PyType_Ready(&FastPathType) < 0 || PyType_Ready(&GateType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -1299,6 +1871,12 @@ PyInit__fastpath(void)
     Py_INCREF(&FastPathType);
     if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
         Py_DECREF(&FastPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GateType);
+    if (PyModule_AddObject(m, "Gate", (PyObject *)&GateType) < 0) {
+        Py_DECREF(&GateType);
         Py_DECREF(m);
         return NULL;
     }
