@@ -171,6 +171,8 @@ class _Side:
         else:
             setattr(self.mw, "_admit_environ" if front == "wsgi" else "_admit_scope", None)
             del self.mw.finish_timed  # the Python method again
+            if front == "wsgi":
+                self.mw._body = None  # and the Python response body
 
     def classification(self, environ: dict) -> tuple:
         """What the request's shape decides (cached by now: nothing changes)."""
@@ -336,3 +338,40 @@ def test_asgi_gate_and_python_path_agree_request_by_request(env) -> None:
         assert gated.mw.stats["rejected"] > 0
 
     asyncio.run(main())
+
+
+def test_the_c_body_gives_the_seats_back_once_and_a_dropped_one_through_finish_later() -> None:
+    """The gate's response body (``Body``, ``gthread/wsgi.py``'s ``_Body`` in C): ``close``
+    finishes once even when the app's ``close`` raises; a body nobody closed hands its finish
+    to ``finish_later`` when collected (a finalizer never takes the ledger lock)."""
+    now = [T0]
+    side = _Side(KUBE, "wsgi", lambda: now[0], gate=True, threads=4)
+    environ = _environ({"method": "GET", "path": "/hello", "query": "", "peer": "10.1.2.3",
+                        "user": "alice", "groups": None, "key": None, "remote_user": None,
+                        "repeat": False})
+
+    class Result(list):
+        def close(self):
+            raise RuntimeError("the app's close")
+
+    def executing() -> int:
+        return sum(lv.requests_executing for lv in side.ledger.snapshot(now[0]).levels)
+
+    side.mw(dict(environ), lambda *a: None).close()  # the shape is cached: the gate admits
+    side.mw.app = lambda environ, start_response: Result([b"x"])
+    before = executing()
+    body = side.mw(dict(environ), lambda *a: None)
+    assert type(body).__name__ == "Body" and executing() == before + 1
+    assert list(body) == [b"x"]
+    with pytest.raises(RuntimeError, match="the app's close"):
+        body.close()
+    assert executing() == before
+    side.mw.app = lambda environ, start_response: [b"y"]
+    other = side.mw(dict(environ), lambda *a: None)
+    with pytest.raises(RuntimeError, match="the app's close"):
+        body.close()  # (as _Body: the app's close again) the seats went back once only
+    assert executing() == before + 1 and side.later == []
+    del body, other  # nobody closes it
+    assert len(side.later) == 1 and executing() == before + 1  # the dispatcher's to finish
+    side.ledger.finish(*side.later[0], now[0])
+    assert executing() == before

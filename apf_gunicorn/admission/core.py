@@ -288,7 +288,7 @@ class Admission:
         gate = _ACCEL.Gate(fp, self._cache, keys, transforms, sources, headers, self._owner,
                            self._clock, self.ctx.inflight, self.ctx.nonexempt_threads, held,
                            Admission.finish_timed.__get__(self), self._finish_handed,
-                           busy_declines)
+                           self._finish_later, busy_declines)
         self.finish_timed = gate.finish_timed
         return gate
 

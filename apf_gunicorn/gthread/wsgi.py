@@ -82,6 +82,8 @@ class APFMiddleware(Admission):
         # the C gate's one call from environ to admitted (None: the Python path every time)
         gate = self._gate(held=hidden)
         self._admit_environ = gate.admit_environ if gate is not None else None
+        # ... and its response body (_Body in C: no Python frame to iterate, close or collect)
+        self._body = gate.body if gate is not None else None
 
     # -- the request path ------------------------------------------------------------------
 
@@ -165,6 +167,9 @@ class APFMiddleware(Admission):
                 hooked = self._finish_on_close(result, slot, gen)
                 if hooked is not None:
                     return hooked
+        wrap = self._body
+        if wrap is not None:
+            return wrap(result, slot, gen, kind, now)
         body = _new_body(_Body)
         body._result = result
         body._mw = self
@@ -333,7 +338,8 @@ class APFMiddleware(Admission):
         return result
 
 class _Body:
-    """Wraps the app's response iterable; gives the seats back on close (exactly once).
+    """Wraps the app's response iterable; gives the seats back on close (exactly once). (With
+    the C request gate, its ``Body`` in ``ledger/_fastpath.c`` does the same.)
 
     Built without ``__init__`` (``_new_body`` plus attribute stores: one Python call less
     per request); ``_mw`` is set to None once the seats are given back."""
