@@ -375,3 +375,45 @@ def test_the_c_body_gives_the_seats_back_once_and_a_dropped_one_through_finish_l
     assert len(side.later) == 1 and executing() == before + 1  # the dispatcher's to finish
     side.ledger.finish(*side.later[0], now[0])
     assert executing() == before
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the Python path ran for a request the gate admits")
+
+
+@pytest.mark.parametrize("front", ["wsgi", "asgi"])
+def test_a_cached_request_that_runs_at_once_takes_no_python_admission_step(front) -> None:
+    """Issue 34: the common request (shape cached, no hook, a free seat) is admitted in one C
+    call and finished in one: neither ``shape_of`` nor the ledger's Python entries run."""
+    now = [T0]
+    side = _Side(KUBE, front, lambda: now[0], gate=True, threads=4)
+    req = {"method": "GET", "path": "/hello", "query": "", "peer": "10.1.2.3", "user": "alice",
+           "groups": "g1", "key": None, "remote_user": None, "repeat": False}
+    led = side.ledger
+
+    def serve() -> int:
+        if front == "wsgi":
+            seen = []
+            body = side.mw(_environ(req), lambda status, headers, exc=None: seen.append(status))
+            list(body)
+            body.close()
+            return int(seen[0].split()[0])
+        sent: list = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        asyncio.run(side.mw(_scope(req), receive, send))
+        return sent[0]["status"]
+
+    assert serve() == 200  # classifies the shape (the Python path) and caches it
+    side.mw.shape_of = side.mw._to_environ = _refuse
+    led._admit_resume = led._finish_resume = _refuse
+    side.mw._finish_at = _refuse
+    for _ in range(3):
+        assert serve() == 200
+    assert side.mw.stats["bypassed"] == 0 and side.mw.stats["served"] == 4
+    assert sum(lv.requests_executing for lv in led.snapshot(now[0]).levels) == 0

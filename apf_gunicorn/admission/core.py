@@ -276,16 +276,19 @@ class Admission:
             held: what gets ``held = True`` when a request takes a thread reserve entry.
             busy_declines: decline when the ledger lock is busy (an event loop never waits).
         """
-        fp = getattr(self.ctx.ledger, "_fp", None)
+        fp = getattr(self.ctx.ledger, "c_fastpath", None)
         if (fp is None or self._cache is None or self._hook is not None
                 or self._admit != fp.admit_call or self._finish_ledger != fp.finish_call):
             return None
         from apf_gunicorn.ledger.fastpath import _ACCEL
 
+        gate_type = getattr(_ACCEL, "Gate", None)  # (an extension built before it: none)
+        if gate_type is None:
+            return None
         resolver = self.ctx.resolver
         keys = tuple(resolver.environ_keys)
         transforms = tuple(resolver.key_transforms.get(k) for k in keys)
-        gate = _ACCEL.Gate(fp, self._cache, keys, transforms, sources, headers, self._owner,
+        gate = gate_type(fp, self._cache, keys, transforms, sources, headers, self._owner,
                            self._clock, self.ctx.inflight, self.ctx.nonexempt_threads, held,
                            Admission.finish_timed.__get__(self), self._finish_handed,
                            self._finish_later, busy_declines)

@@ -1815,14 +1815,17 @@ body_iter(Body *self)
 static PyObject *
 body_close(Body *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = NULL;
-    PyObject *close = PyObject_GetAttr(self->result, s_close);
-    if (close == NULL) { /* getattr(result, "close", None) */
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            out = Py_NewRef(Py_None);
-        } /* else the error stays set: raised after the seats are given back */
-    }
+    PyObject *out = NULL, *close;
+    /* getattr(result, "close", None), without building the AttributeError */
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(self->result, s_close, &close);
+#else
+    int found = _PyObject_LookupAttr(self->result, s_close, &close);
+#endif
+    if (found == 0)
+        out = Py_NewRef(Py_None);
+    else if (found < 0)
+        ; /* the error stays set: raised after the seats are given back */
     else {
         out = PyObject_CallNoArgs(close);
         Py_DECREF(close);
