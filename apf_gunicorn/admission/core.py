@@ -34,6 +34,7 @@ APF (logged, counted as ``bypassed``) when anything here fails before the app ru
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -252,6 +253,47 @@ class Admission:
         self._rt = None if ctx.route_times is None else ctx.route_times.words
         self.stats = {"served": 0, "queued": 0, "rejected": 0, "timeout": 0, "cancelled": 0,
                       "stopping": 0, "bypassed": 0, "turned_away": 0, "thread_share": 0}
+
+    # -- the one-call path in C --------------------------------------------------------------
+
+    def _gate(self, sources: tuple | None = None, headers: dict | None = None,
+              held: Any = None, busy_declines: bool = False) -> Any:
+        """The C request gate for this front end (``Gate`` in ``ledger/_fastpath.c``), or None
+        when the Python path must run every request: no C extension bound to the ledger, a
+        custom resolver (its inputs are unknown), or an ``APF_WORK_ESTIMATOR`` hook (called
+        per request with the whole environ).
+
+        The gate admits a request whose shape is cached and which runs at once in one call
+        (``admit_environ``/``admit_scope``: the shape key, the cache lookup, the thread
+        reserve, ``ledger.admit``), and gives it back in one (``finish_timed``, bound over
+        this method here); anything else it declines having changed nothing, and the front
+        end runs :meth:`shape_of` and ``_admit`` as without it.
+
+        Args:
+            sources: for a scope, where each shape key entry comes from
+                (``asgi/scope.py``'s ``ScopeEnviron.key_sources``); None: a WSGI environ.
+            headers: for a scope, header name (bytes) -> its entry's index.
+            held: what gets ``held = True`` when a request takes a thread reserve entry.
+            busy_declines: decline when the ledger lock is busy (an event loop never waits).
+        """
+        fp = getattr(self.ctx.ledger, "c_fastpath", None)
+        if (fp is None or self._cache is None or self._hook is not None
+                or self._admit != fp.admit_call or self._finish_ledger != fp.finish_call):
+            return None
+        from apf_gunicorn.ledger.fastpath import _ACCEL
+
+        gate_type = getattr(_ACCEL, "Gate", None)  # (an extension built before it: none)
+        if gate_type is None:
+            return None
+        resolver = self.ctx.resolver
+        keys = tuple(resolver.environ_keys)
+        transforms = tuple(resolver.key_transforms.get(k) for k in keys)
+        gate = gate_type(fp, self._cache, keys, transforms, sources, headers, self._owner,
+                           self._clock, self.ctx.inflight, self.ctx.nonexempt_threads, held,
+                           Admission.finish_timed.__get__(self), self._finish_handed,
+                           self._finish_later, busy_declines)
+        self.finish_timed = gate.finish_timed
+        return gate
 
     # -- what a request's shape decides ----------------------------------------------------
 
@@ -480,8 +522,19 @@ class Admission:
             words = self._rt
             words[kind] += 1
             words[kind + 1] += end - t0
+        self._finish_at(self._finish_ledger, slot, gen, end)
+
+    def _finish_handed(self, decline: int, slot: int, gen: int, end: int) -> None:
+        """Where the C gate's ``finish_timed`` hands over with the ledger lock held
+        (``decline``: -1, or the pid of a dead holder): the ledger continues from its
+        acquire."""
+        self._finish_at(functools.partial(self.ctx.ledger._finish_resume, decline), slot, gen,
+                        end)
+
+    def _finish_at(self, finish: Callable, slot: int, gen: int, end: int) -> None:
+        """``finish(slot, gen, end)`` (the ledger's finish), and what its result asks for."""
         try:
-            granted, linger_until = self._finish_ledger(slot, gen, end)
+            granted, linger_until = finish(slot, gen, end)
         except LockBusy:  # an event loop does not wait for the lock: the dispatcher does
             self._finish_later(slot, gen)
             return

@@ -82,9 +82,16 @@ class ASGIMiddleware(Admission):
         from apf_gunicorn.starlette import app_root_path
 
         # the bound method: calling it skips the instance's __call__ lookup, once a request
-        self._to_environ = ScopeEnviron(getattr(resolver, "environ_keys", None)
-                                        if self._cache is not None else None,
-                                        app_root_path(app)).__call__
+        to_environ = ScopeEnviron(getattr(resolver, "environ_keys", None)
+                                  if self._cache is not None else None, app_root_path(app))
+        self._to_environ = to_environ.__call__
+        # the C gate's one call from an http scope to admitted (None: the Python path)
+        gate = None
+        if self._cache is not None:
+            where = to_environ.key_sources(resolver.environ_keys)
+            if where is not None:
+                gate = self._gate(sources=where[0], headers=where[1], busy_declines=True)
+        self._admit_scope = gate.admit_scope if gate is not None else None
         self._parking = ctx.parking
         self._dispatched = ctx.ledger.dispatched
 
@@ -93,24 +100,31 @@ class ASGIMiddleware(Admission):
         if typ != "http" and typ != "websocket":
             return await self.app(scope, receive, send)
         try:
-            environ = self._to_environ(scope)
-            (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
-             kind) = self.shape_of(environ)
-            if self._hook is not None:
-                dynamic = self.hook_estimate(environ, attrs, c, route)
-                if dynamic is not None:
-                    initial, final, al, early = dynamic
-            if typ == "websocket":  # one seat for the handshake, whatever the path's HTTP cost
-                initial, final, al = 1, 0, 0
-            now = self._clock()
-            try:
-                outcome, slot, gen, _reason, granted = self._admit(
-                    level, flow_hash, initial, final, al, self._owner, now, fs_index, detail,
-                    early)
-            except LockBusy:  # another process holds the ledger lock: wait on a thread
-                outcome, slot, gen, _reason, granted = await _off_loop(
-                    self._admit, level, flow_hash, initial, final, al, self._owner, now,
-                    fs_index, detail, early, undo=self._undo_admit)
+            gate = self._admit_scope
+            # the C gate: a cached shape, no hook, not a watch, the lock free (else None)
+            fast = gate(scope) if gate is not None and typ == "http" else None
+            if fast is not None:
+                outcome, slot, gen, granted, now, route, _flow_hash, kind = fast
+                early = False
+            else:
+                environ = self._to_environ(scope)
+                (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
+                 kind) = self.shape_of(environ)
+                if self._hook is not None:
+                    dynamic = self.hook_estimate(environ, attrs, c, route)
+                    if dynamic is not None:
+                        initial, final, al, early = dynamic
+                if typ == "websocket":  # one seat for the handshake, whatever the HTTP cost
+                    initial, final, al = 1, 0, 0
+                now = self._clock()
+                try:
+                    outcome, slot, gen, _reason, granted = self._admit(
+                        level, flow_hash, initial, final, al, self._owner, now, fs_index,
+                        detail, early)
+                except LockBusy:  # another process holds the ledger lock: wait on a thread
+                    outcome, slot, gen, _reason, granted = await _off_loop(
+                        self._admit, level, flow_hash, initial, final, al, self._owner, now,
+                        fs_index, detail, early, undo=self._undo_admit)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1

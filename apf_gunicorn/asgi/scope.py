@@ -32,6 +32,12 @@ from collections.abc import Iterable
 from typing import Any
 
 _UNPREFIXED = {"CONTENT_TYPE", "CONTENT_LENGTH"}
+# the C gate's source codes (S_* in ledger/_fastpath.c): where an environ key comes from
+S_METHOD, S_PATH, S_QUERY, S_CLIENT, S_HEADER, S_NONE = range(6)
+_SCOPE_SOURCES = {"REQUEST_METHOD": S_METHOD, "PATH_INFO": S_PATH, "QUERY_STRING": S_QUERY,
+                  "REMOTE_ADDR": S_CLIENT}
+# the other keys ScopeEnviron builds, which the gate does not read
+_BUILT = {"SCRIPT_NAME", "SERVER_PROTOCOL", "asgi.scope"}
 
 
 def header_key(name: bytes) -> str:
@@ -80,6 +86,30 @@ class ScopeEnviron:
             if key.startswith("HTTP_") or key in _UNPREFIXED:
                 name = key[5:] if key.startswith("HTTP_") else key
                 self._wanted[name.lower().replace("_", "-").encode("latin-1")] = key
+
+    def key_sources(self, keys: Iterable[str]) -> tuple[tuple[int, ...], dict[bytes, int]] | None:
+        """Where the C request gate (``Gate`` in ``ledger/_fastpath.c``) reads each of ``keys``
+        (the resolver's environ keys, in shape-key order) from a scope, as this class builds
+        them: ``(sources, headers)``, one ``S_*`` code per key and header name -> key index;
+        None when the gate cannot read them (every header wanted, or the app's own root path:
+        the Python path then builds the environ every time). The gate declines at run time
+        what it does not read plainly (a root path, a non-ASCII path, no ``client``)."""
+        if self._all or self._root:
+            return None
+        sources: list[int] = []
+        headers: dict[bytes, int] = {}
+        wanted = {key: name for name, key in self._wanted.items()}
+        for i, key in enumerate(keys):
+            if key in _SCOPE_SOURCES:
+                sources.append(_SCOPE_SOURCES[key])
+            elif key in wanted:
+                sources.append(S_HEADER)
+                headers[wanted[key]] = i
+            elif key in _BUILT or key.startswith("HTTP_") or key in _UNPREFIXED:
+                return None  # (a header not wanted cannot be: keys are what is wanted)
+            else:
+                sources.append(S_NONE)  # not in the environ: None, as environ.get says
+        return tuple(sources), headers
 
     def __call__(self, scope: dict[str, Any]) -> dict[str, Any]:
         """The environ of ``scope`` (an ``http`` or ``websocket`` scope)."""

@@ -234,6 +234,9 @@ class RequestInfoResolver:
         #: ``shape_key(environ.get)``: what the result depends on, as a tuple: the values of
         #: :attr:`environ_keys`, secret ones as digests and a verified token as its identity
         self.shape_key = key_function(self.environ_keys, transforms)
+        #: what :attr:`shape_key` applies to some keys' values (key -> function): the C
+        #: request gate (``ledger/_fastpath.c``) computes the same key
+        self.key_transforms = dict(transforms)
         # where shape_key holds the verified token's identity (resolve_shape), if anywhere
         self._token_at = -1
         self._token_paired = False

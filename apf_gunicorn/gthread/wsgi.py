@@ -79,34 +79,45 @@ class APFMiddleware(Admission):
         # who holds the parked threads, by flow (only with a thread reserve: route.inflight)
         self._share = ThreadShare() if ctx.inflight is not None else None
         self._reject_if_full = getattr(ctx.ledger, "reject_if_full", None)
+        # the C gate's one call from environ to admitted (None: the Python path every time)
+        gate = self._gate(held=hidden)
+        self._admit_environ = gate.admit_environ if gate is not None else None
+        # ... and its response body (_Body in C: no Python frame to iterate, close or collect)
+        self._body = gate.body if gate is not None else None
 
     # -- the request path ------------------------------------------------------------------
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
-            shape = self.shape_of(environ)
-            # Shape's fields, unpacked at once (cheaper than eleven attribute reads)
-            (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
-             kind) = shape
-            if self._hook is not None:
-                dynamic = self.hook_estimate(environ, attrs, c, route)
-                if dynamic is not None:
-                    initial, final, al, early = dynamic
-            now = self._clock()
-            inflight = route.inflight
-            if inflight is not None:
-                # The thread reserve: append first, then check, so racing threads can only
-                # both turn away, never both take the last non-exempt thread.
-                inflight.append(None)
-                if (reserve_full(len(inflight) - 1, self._nonexempt_threads)
-                        and not self._take_parked_thread(inflight, level, flow_hash)):
-                    inflight.pop()
-                    return self._turn_away(start_response, route, fs_index,
-                                           initial if initial >= final else final, now)
-                hidden.held = True  # the worker pops the entry when the thread is done
-            # positional: cheaper than keywords on the per-request path
-            outcome, slot, gen, _reason, granted = self._admit(
-                level, flow_hash, initial, final, al, self._owner, now, fs_index, detail, early)
+            gate = self._admit_environ
+            fast = gate(environ) if gate is not None else None
+            if fast is not None:  # the C gate admitted it (cached shape, no hook, not a watch)
+                outcome, slot, gen, granted, now, route, flow_hash, kind = fast
+                early = False
+            else:
+                shape = self.shape_of(environ)
+                # Shape's fields, unpacked at once (cheaper than eleven attribute reads)
+                (level, flow_hash, initial, final, al, fs_index, detail, early, route, attrs, c,
+                 kind) = shape
+                if self._hook is not None:
+                    dynamic = self.hook_estimate(environ, attrs, c, route)
+                    if dynamic is not None:
+                        initial, final, al, early = dynamic
+                now = self._clock()
+                inflight = route.inflight
+                if inflight is not None:
+                    # The thread reserve: append first, then check, so racing threads can only
+                    # both turn away, never both take the last non-exempt thread.
+                    inflight.append(None)
+                    if (reserve_full(len(inflight) - 1, self._nonexempt_threads)
+                            and not self._take_parked_thread(inflight, level, flow_hash)):
+                        inflight.pop()
+                        return self._turn_away(start_response, route, fs_index,
+                                               initial if initial >= final else final, now)
+                    hidden.held = True  # the worker pops the entry when the thread is done
+                # positional: cheaper than keywords on the per-request path
+                outcome, slot, gen, _reason, granted = self._admit(
+                    level, flow_hash, initial, final, al, self._owner, now, fs_index, detail, early)
         except Exception:
             log.exception("apf: admission failed; serving the request without APF")
             self.stats["bypassed"] += 1
@@ -156,6 +167,9 @@ class APFMiddleware(Admission):
                 hooked = self._finish_on_close(result, slot, gen)
                 if hooked is not None:
                     return hooked
+        wrap = self._body
+        if wrap is not None:
+            return wrap(result, slot, gen, kind, now)
         body = _new_body(_Body)
         body._result = result
         body._mw = self
@@ -324,7 +338,8 @@ class APFMiddleware(Admission):
         return result
 
 class _Body:
-    """Wraps the app's response iterable; gives the seats back on close (exactly once).
+    """Wraps the app's response iterable; gives the seats back on close (exactly once). (With
+    the C request gate, its ``Body`` in ``ledger/_fastpath.c`` does the same.)
 
     Built without ``__init__`` (``_new_body`` plus attribute stores: one Python call less
     per request); ``_mw`` is set to None once the seats are given back."""

@@ -240,6 +240,12 @@ class FastPaths:
         """Whether admit and finish run their fast paths in C (``_fastpath.c``)."""
         return self._fp is not None
 
+    @property
+    def c_fastpath(self):
+        """The bound C fast paths (``_fastpath.FastPath``), or None: what the admission
+        core's request gate (``_fastpath.Gate``) admits and finishes through."""
+        return self._fp
+
     def _admit_locked(self, dead, level, flow_hash, initial, final, al, owner, now, fs_index,
                       detail, watch) -> AdmitResult:
         """:meth:`admit` once the lock is taken (``dead``: what the lock reported): through the
