@@ -137,10 +137,13 @@ class ASGIMiddleware(Admission):
             # The common case: the seats go back when the app returns. The wrapper is a plain
             # function returning the server's own awaitable (no coroutine of ours per message:
             # the PF headers are added to the start message, nothing runs after a send).
-            def send_plain(message: dict) -> Any:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
-                return send(message)
+            if extra:
+                def send_plain(message: dict) -> Any:
+                    if message["type"] == "http.response.start":
+                        message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                    return send(message)
+            else:  # nothing to add (APF_PF_HEADERS=off): the server's own send
+                send_plain = send
 
             try:
                 await self.app(scope, receive, send_plain)
