@@ -429,8 +429,12 @@ class Admission:
     def reject_headers(self, route: Route) -> list[tuple[str, str]]:
         """Count a 429 and return its headers (with the level's server-wide Retry-After and,
         with ``APF_LOAD_REPORT=orca``, the load report); the body is :data:`TOO_MANY`."""
+        return [*rejection_headers(route, self.count_rejection(route)), *self.load_headers(True)]
+
+    def count_rejection(self, route: Route) -> int:
+        """Count a 429 of ``route``'s level; its server-wide Retry-After, in seconds."""
         self.stats["rejected"] += 1
-        return [*rejection_headers(route, self.retry_after(route)), *self.load_headers(True)]
+        return self.retry_after(route)
 
     def stopping_headers(self, route: Route) -> list[tuple[str, str]]:
         """The headers of a 503 (body :data:`STOPPING_BODY`) for a queued request of a
