@@ -187,3 +187,20 @@ def test_a_short_callgrind_run_of_an_asgi_worker(bench, tmp_path, front_end):
     # the dump is the worker of ours on that front end
     cmd = next(line for line in Path(dump).read_text().splitlines() if line.startswith("cmd:"))
     assert bench.FRONT_ENDS[front_end][1][-1] in cmd and bench.ASGI_APP in cmd
+
+
+def test_the_asgi_hello_app_holds_a_seat_with_work(bench):
+    """``--asgi --rejecting`` holds the level's one seat with ``HOLD_PATH`` (``/work?ms=N``)."""
+    import asyncio
+
+    from benchmarks.asgi_hello_app import app
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/work", "query_string": b"ms=1"}
+    asyncio.run(app(scope, None, send))
+    assert bench.HOLD_PATH.startswith("/work?ms=")
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b"hello\n"
