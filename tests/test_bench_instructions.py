@@ -204,3 +204,17 @@ def test_the_asgi_hello_app_holds_a_seat_with_work(bench):
     asyncio.run(app(scope, None, send))
     assert bench.HOLD_PATH.startswith("/work?ms=")
     assert sent[0]["status"] == 200 and sent[1]["body"] == b"hello\n"
+
+
+def test_the_pf_report_lines_without_the_time_based_work(bench):
+    counts = {"uvicorn bare": 500_000, "uvicorn apf maxmin": 540_000,
+              "uvicorn apf maxmin nopf": 515_000, "uvicorn apf 429": 270_000}
+    elapsed = dict.fromkeys(counts, 4.0)
+    idle = {"uvicorn bare": 0, "uvicorn apf maxmin": 1_000_000,
+            "uvicorn apf maxmin nopf": 2_000_000, "uvicorn apf 429": 0}
+    text = "\n".join(bench.asgi_report(counts, elapsed, ["maxmin"], 400, idle,
+                                       {"uvicorn": bench.ASGI_CLASSES["uvicorn"]}))
+    # 1 M/s x 4 s / 400 = 10,000 time-based; 2 M/s: 20,000
+    assert "on vs off, maxmin; without the time-based work +35,000)" in text
+    assert "a 429 costs 0.500 of a served request" in text
+    assert "without the time-based work 0.509)" in text  # 270,000 / 530,000

@@ -99,3 +99,14 @@ def test_off_removes_exactly_the_two_lines_on_a_real_server(tmp_path, worker) ->
                                                             PL_UID_HEADER.lower().encode()]
     assert all(line.split(b": ", 1)[1] for line in pf)  # their uids
     assert off == b"\r\n".join(line for line in on.split(b"\r\n") if line not in pf)
+
+
+@pytest.mark.parametrize("server", ["gthread", "uvicorn", "gunicorn-asgi"])
+def test_bench_pf_headers_drives_each_servers_header_code(server) -> None:
+    """benchmarks/bench_pf_headers.py's loop (what it runs under callgrind) runs as written."""
+    from benchmarks.bench_pf_headers import respond
+
+    if server == "uvicorn":
+        pytest.importorskip("h11")
+    respond(server, 2, True)
+    respond(server, 2, False)
