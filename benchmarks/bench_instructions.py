@@ -4,6 +4,8 @@
                                                       [--fairness kubernetes|maxmin|both]
                                                       [--rejecting] [--orca] [--keep-dumps DIR]
     .venv/bin/python benchmarks/bench_instructions.py --asgi [--requests 400] [--fairness ...]
+                                                      [--rejecting] [--pf-headers-off]
+    .venv/bin/python benchmarks/bench_instructions.py --fastapi [--pf-headers-off]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
 pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
@@ -36,10 +38,15 @@ takes about a minute per server. Everything binds 127.0.0.1.
 answered 429 at admission (reason concurrency-limit) on its keep-alive connection, at once
 (``APF_HELD_REJECTIONS=0``: the client re-sends at once, and holding its 429s for their
 Retry-After would charge ~100 s of the worker's time-based work to 400 requests); printed
-next to a served ``/hello`` (target: a 429 costs at most a quarter of it). ``--keep-dumps DIR``
+next to a served ``/hello`` (issue 34's target: a 429 costs at most 1/30 of it). ``--keep-dumps DIR``
 keeps each worker's callgrind dump there (``callgrind_annotate DIR/<name>.callgrind``).
 
-``--asgi`` measures the ASGI front end instead (issue 28: ours at most +10 % per ``/hello``):
+``--pf-headers-off`` adds APF with ``APF_PF_HEADERS=off`` and prints what the two
+``X-Kubernetes-PF-*`` headers cost per response (``bench_pf_headers.py`` counts the servers'
+own header code alone, without timers).
+
+``--asgi`` measures the ASGI front end instead (issue 34: ours at most 1.06 x bare per
+``/hello`` on uvicorn-worker, 1.08 on gunicorn's ``asgi``):
 one worker serving the plain ASGI app ``benchmarks/asgi_hello_app.py``, the same requests over
 the same keep-alive connections after the same warm-up, for uvicorn-worker's
 ``uvicorn_worker.UvicornWorker`` bare and ``apf_gunicorn.asgi.UvicornWorker``, then gunicorn's
@@ -52,8 +59,12 @@ then counted idle for ``--idle`` seconds (default 5): the idle rate times the me
 printed as the row's time-based share, and the ratios are printed without it too (the verdict
 stays on the counts as measured; at valgrind's ~50x slowdown the timers weigh ~50x more per
 request than on a real server at full load). Needs uvicorn-worker
-(``pip install 'apf_gunicorn[asgi]'``); does not combine with ``--baseline``, ``--rejecting``
-or ``--orca``.
+(``pip install 'apf_gunicorn[asgi]'``). With ``--rejecting`` it adds ours answering every
+``/hello`` 429 per front end (the level's one seat held by ``/work?ms=...`` of the hello app),
+with ``--pf-headers-off`` ours without the PF headers. ``--fastapi`` does the same for a small
+FastAPI endpoint (``benchmarks/fastapi_items_app.py``, ``GET /items/42`` returning a pydantic
+model) on uvicorn-worker's class, bare and ours (target at most 1.03 x bare). Neither
+combines with ``--baseline`` or ``--orca``.
 """
 
 from __future__ import annotations
