@@ -163,7 +163,7 @@ class ASGIMiddleware(Admission):
 
         async def send_(message: dict) -> None:
             mtype = message["type"]
-            if mtype == "http.response.start":
+            if mtype == "http.response.start" and extra:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
             if held and (mtype == "http.response.start" or mtype in _WS_SETTLED):
