@@ -4,6 +4,8 @@
                                                       [--fairness kubernetes|maxmin|both]
                                                       [--rejecting] [--orca] [--keep-dumps DIR]
     .venv/bin/python benchmarks/bench_instructions.py --asgi [--requests 400] [--fairness ...]
+                                                      [--rejecting] [--pf-headers-off]
+    .venv/bin/python benchmarks/bench_instructions.py --fastapi [--pf-headers-off]
 
 Wall-clock ratios on a shared 2-core machine swing by ±30% between rounds (bench_server.py
 pairs and repeats its rounds for that reason). Instruction counts do not: the same code, inputs
@@ -36,10 +38,15 @@ takes about a minute per server. Everything binds 127.0.0.1.
 answered 429 at admission (reason concurrency-limit) on its keep-alive connection, at once
 (``APF_HELD_REJECTIONS=0``: the client re-sends at once, and holding its 429s for their
 Retry-After would charge ~100 s of the worker's time-based work to 400 requests); printed
-next to a served ``/hello`` (target: a 429 costs at most a quarter of it). ``--keep-dumps DIR``
+next to a served ``/hello`` (issue 34's target: a 429 costs at most 1/30 of it). ``--keep-dumps DIR``
 keeps each worker's callgrind dump there (``callgrind_annotate DIR/<name>.callgrind``).
 
-``--asgi`` measures the ASGI front end instead (issue 28: ours at most +10 % per ``/hello``):
+``--pf-headers-off`` adds APF with ``APF_PF_HEADERS=off`` and prints what the two
+``X-Kubernetes-PF-*`` headers cost per response (``bench_pf_headers.py`` counts the servers'
+own header code alone, without timers).
+
+``--asgi`` measures the ASGI front end instead (issue 34: ours at most 1.06 x bare per
+``/hello`` on uvicorn-worker, 1.08 on gunicorn's ``asgi``):
 one worker serving the plain ASGI app ``benchmarks/asgi_hello_app.py``, the same requests over
 the same keep-alive connections after the same warm-up, for uvicorn-worker's
 ``uvicorn_worker.UvicornWorker`` bare and ``apf_gunicorn.asgi.UvicornWorker``, then gunicorn's
@@ -52,8 +59,12 @@ then counted idle for ``--idle`` seconds (default 5): the idle rate times the me
 printed as the row's time-based share, and the ratios are printed without it too (the verdict
 stays on the counts as measured; at valgrind's ~50x slowdown the timers weigh ~50x more per
 request than on a real server at full load). Needs uvicorn-worker
-(``pip install 'apf_gunicorn[asgi]'``); does not combine with ``--baseline``, ``--rejecting``
-or ``--orca``.
+(``pip install 'apf_gunicorn[asgi]'``). With ``--rejecting`` it adds ours answering every
+``/hello`` 429 per front end (the level's one seat held by ``/work?ms=...`` of the hello app),
+with ``--pf-headers-off`` ours without the PF headers. ``--fastapi`` does the same for a small
+FastAPI endpoint (``benchmarks/fastapi_items_app.py``, ``GET /items/42`` returning a pydantic
+model) on uvicorn-worker's class, bare and ours (target at most 1.03 x bare). Neither
+combines with ``--baseline`` or ``--orca``.
 """
 
 from __future__ import annotations
@@ -88,6 +99,7 @@ from tests.apps.procs import children, free_port  # noqa: E402
 
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 ASGI_APP = "benchmarks.asgi_hello_app:app"
+FASTAPI_APP = "benchmarks.fastapi_items_app:app"
 # front end -> (bare server's options, APF server's options, the app they serve)
 FRONT_ENDS = {
     "gthread": (["-k", "gthread", "--no-control-socket"], ["-c", "python:apf_gunicorn.conf"],
@@ -97,13 +109,25 @@ FRONT_ENDS = {
                 ASGI_APP),
     "asgi": (["-k", "asgi", "--no-control-socket"],
              ["-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.ASGIWorker"], ASGI_APP),
+    "fastapi": (["-k", "uvicorn_worker.UvicornWorker", "--no-control-socket"],
+                ["-c", "python:apf_gunicorn.conf", "-k", "apf_gunicorn.asgi.UvicornWorker"],
+                FASTAPI_APP),
 }
+# the request measured, by front end (else GET /hello)
+REQUEST_PATH = {"fastapi": "/items/42"}
 # --asgi: the worker classes compared, as printed
 ASGI_CLASSES = {
     "uvicorn": ("uvicorn_worker.UvicornWorker", "apf_gunicorn.asgi.UvicornWorker"),
     "asgi": ("gunicorn's asgi", "apf_gunicorn.asgi.ASGIWorker"),
 }
-ASGI_TARGET = 1.10  # issue 28: ours at most +10 % over the bare worker, per /hello
+# --fastapi: the FastAPI endpoint on uvicorn-worker's class, bare and ours
+FASTAPI_CLASSES = {
+    "fastapi": ("uvicorn_worker.UvicornWorker + FastAPI",
+                "apf_gunicorn.asgi.UvicornWorker + FastAPI"),
+}
+# issue 34's targets, ours / bare per request
+ASGI_TARGETS = {"uvicorn": 1.06, "asgi": 1.08, "fastapi": 1.03}
+REJECT_TARGET = 1 / 30  # issue 34: a 429 costs at most 1/30 of a served request
 ELAPSED: dict[str, float] = {}  # instance -> seconds the measured requests took
 IDLE: dict[str, float] = {}  # instance -> the idle worker's instructions per second (idle_s)
 CONNECTIONS = 4
@@ -119,19 +143,19 @@ REJECT_CONFIG = BENCH_CONFIG.replace(
 ).replace(_QUEUE, _REJECT)
 
 
-def _get(conn: http.client.HTTPConnection, status: int = 200) -> None:
-    conn.request("GET", "/hello")
+def _get(conn: http.client.HTTPConnection, status: int = 200, path: str = "/hello") -> None:
+    conn.request("GET", path)
     resp = conn.getresponse()
     resp.read()
     if resp.status != status:
-        raise RuntimeError(f"GET /hello answered {resp.status}, not {status}")
+        raise RuntimeError(f"GET {path} answered {resp.status}, not {status}")
 
 
-def _load(port: int, n: int, status: int = 200) -> None:
+def _load(port: int, n: int, status: int = 200, path: str = "/hello") -> None:
     def one() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         for _ in range(n // CONNECTIONS):
-            _get(conn, status)
+            _get(conn, status, path)
         conn.close()
 
     threads = [threading.Thread(target=one) for _ in range(CONNECTIONS)]
@@ -195,7 +219,8 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         extra_env: more environment for the server (e.g. APF_LOAD_REPORT).
         front_end: a key of ``FRONT_ENDS``: ``gthread`` (the WSGI app), ``uvicorn``
             (uvicorn-worker's class, or ours built on it) or ``asgi`` (gunicorn's ASGI worker,
-            or ours built on it), both serving ``asgi_hello_app``.
+            or ours built on it), both serving ``asgi_hello_app``, or ``fastapi`` (uvicorn-worker's
+            class or ours serving ``fastapi_items_app``, measured with ``GET /items/42``).
         idle_s: after the measured requests, count the idle worker for this long (its
             timers, our dispatcher's tick): instructions per second in ``IDLE[instance]``.
     Returns:
@@ -209,6 +234,7 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
                APF_CONFIG=config_path, APF_CONCURRENCY_LIMIT="1" if rejecting else "64",
                **(extra_env or {}))
     bare_conf, apf_conf, app = FRONT_ENDS[front_end]
+    path = REQUEST_PATH.get(front_end, "/hello")
     conf = apf_conf if apf else bare_conf
     prefix = os.path.join(out_dir, f"cg.{instance}")
     # --rejecting: the held request would keep a graceful stop waiting for 30 s
@@ -223,7 +249,7 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         deadline = time.monotonic() + 300
         while True:
             try:
-                _get(http.client.HTTPConnection("127.0.0.1", port, timeout=60))
+                _get(http.client.HTTPConnection("127.0.0.1", port, timeout=60), path=path)
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -233,7 +259,7 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         if rejecting:
             _hold(port)
             status = 429
-        _load(port, 200, status)  # warm-up: threads started, caches filled, shapes classified
+        _load(port, 200, status, path)  # warm-up: threads started, caches filled, shapes classified
         workers = [p for p in children(proc.pid) if p != proc.pid]
         if len(workers) != 1:
             raise RuntimeError(f"expected one worker, found {workers}")
@@ -241,7 +267,7 @@ def instructions_per_request(root: Path, apf: bool, config_path: str, requests: 
         subprocess.run(["callgrind_control", "-z", str(worker)], check=True,
                        capture_output=True)
         t0 = time.monotonic()
-        _load(port, requests, status)
+        _load(port, requests, status, path)
         ELAPSED[instance] = time.monotonic() - t0
         subprocess.run(["callgrind_control", "-d", str(worker)], check=True,
                        capture_output=True)
@@ -280,7 +306,8 @@ def _dump_total(path: str) -> int:
 
 
 def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *,
-              rejecting: bool = False, orca: bool = False) -> tuple[list, dict, list]:
+              rejecting: bool = False, orca: bool = False,
+              pf_off: bool = False) -> tuple[list, dict, list]:
     """The servers to measure: bare once, this checkout under each fairness, the baseline under
     each fairness it has (kubernetes, once, for those it lacks), then --rejecting and --orca.
 
@@ -290,6 +317,7 @@ def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *
         baseline: the --baseline checkout, or None.
         rejecting: add the 429 server.
         orca: add the two ORCA servers.
+        pf_off: add APF with ``APF_PF_HEADERS=off`` (``apf nopf``).
     Returns:
         ``(runs, against, notes)``: runs as ``(name, checkout, apf, rejecting, environment)``;
         ``{fairness: name of the baseline run it is compared with}``; lines to print (a baseline
@@ -318,6 +346,9 @@ def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *
         # holding one adds a heap entry and one more poll pass.
         runs.append(("apf 429", ROOT, True, True, {"APF_FAIRNESS": side,
                                                    "APF_HELD_REJECTIONS": "0"}))
+    if pf_off:
+        runs.append(("apf nopf", ROOT, True, False, {"APF_FAIRNESS": side,
+                                                     "APF_PF_HEADERS": "off"}))
     if orca:
         runs.append(("apf+orca", ROOT, True, False, {"APF_LOAD_REPORT": "orca",
                                                     "APF_FAIRNESS": side}))
@@ -327,26 +358,46 @@ def plan_runs(fairness_names: list[str], side: str, baseline: Checkout | None, *
     return runs, against, notes
 
 
-def plan_asgi_runs(fairness_names: list[str]) -> list[tuple[str, str, bool, dict | None]]:
-    """``--asgi``: per ASGI front end, the bare worker, then ours under each fairness.
+def side_fairness(fairness_names: list[str]) -> str:
+    """The fairness the extra servers (429, ORCA, PF headers off) run, and the served request
+    they are compared with: the server's default when it is measured, else the first one."""
+    return (fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in fairness_names
+            else fairness_names[0])
+
+
+def plan_asgi_runs(fairness_names: list[str], front_ends: tuple[str, ...] = tuple(ASGI_CLASSES),
+                   *, pf_off: bool = False, rejecting: bool = False
+                   ) -> list[tuple[str, str, bool, dict | None, bool]]:
+    """``--asgi`` / ``--fastapi``: per front end, the bare worker, then ours under each fairness,
+    then (``pf_off``) ours without the PF headers and (``rejecting``) ours answering 429, both
+    under the first fairness.
 
     Returns:
-        ``(name, front end, apf, environment)`` per server, e.g. ``("uvicorn apf maxmin",
-        "uvicorn", True, {"APF_FAIRNESS": "maxmin"})``.
+        ``(name, front end, apf, environment, rejecting)`` per server, e.g. ``("uvicorn apf
+        maxmin", "uvicorn", True, {"APF_FAIRNESS": "maxmin"}, False)``; the extra rows are
+        named ``<front end> apf <fairness> nopf`` and ``<front end> apf 429``.
     """
-    runs: list[tuple[str, str, bool, dict | None]] = []
-    for front_end in ASGI_CLASSES:
-        runs.append((f"{front_end} bare", front_end, False, None))
-        runs += [(f"{front_end} apf {p}", front_end, True, {"APF_FAIRNESS": p})
+    runs: list[tuple[str, str, bool, dict | None, bool]] = []
+    side = side_fairness(fairness_names)
+    for front_end in front_ends:
+        runs.append((f"{front_end} bare", front_end, False, None, False))
+        runs += [(f"{front_end} apf {p}", front_end, True, {"APF_FAIRNESS": p}, False)
                  for p in fairness_names]
+        if pf_off:
+            runs.append((f"{front_end} apf {side} nopf", front_end, True,
+                         {"APF_FAIRNESS": side, "APF_PF_HEADERS": "off"}, False))
+        if rejecting:
+            runs.append((f"{front_end} apf 429", front_end, True, {"APF_FAIRNESS": side}, True))
     return runs
 
 
 def asgi_report(counts: dict[str, float], elapsed: dict[str, float], fairness_names: list[str],
-                requests: int, idle: dict[str, float] | None = None) -> list[str]:
-    """``--asgi``'s lines: each server's instructions per /hello, then ours / bare per front end
-    and fairness against ``ASGI_TARGET`` with a verdict (on the counts as measured); with
-    ``idle``, also each row's time-based share and the ratios without it.
+                requests: int, idle: dict[str, float] | None = None,
+                classes: dict[str, tuple[str, str]] = ASGI_CLASSES) -> list[str]:
+    """``--asgi``'s lines: each server's instructions per request, then ours / bare per front
+    end and fairness against ``ASGI_TARGETS`` with a verdict (on the counts as measured); with
+    ``idle``, also each row's time-based share and the ratios without it; the PF headers' cost
+    (``nopf`` rows) and a 429's share of a served request (``429`` rows) when measured.
 
     Args:
         counts: instructions per request by run name (``plan_asgi_runs``' names).
@@ -354,34 +405,61 @@ def asgi_report(counts: dict[str, float], elapsed: dict[str, float], fairness_na
         fairness_names: the fairnesses ours ran.
         requests: the measured requests per server.
         idle: the idle worker's instructions per second by run name (``--idle``), or None.
+        classes: the front ends measured (``ASGI_CLASSES`` or ``FASTAPI_CLASSES``).
     """
     # the time-based work charged to each request: the idle rate over the measured seconds
     timed = {name: idle[name] * elapsed[name] / requests for name in counts} if idle else None
     width = max(len(name) for name in counts)
-    lines = [f"user-space instructions per /hello in the worker ({requests} requests over "
-             f"{CONNECTIONS} keep-alive connections, 1 worker, callgrind; plain ASGI app "
-             f"{ASGI_APP}):"]
+    apps = sorted({FRONT_ENDS[f][2] for f in classes})
+    lines = [f"user-space instructions per request in the worker ({requests} requests over "
+             f"{CONNECTIONS} keep-alive connections, 1 worker, callgrind; ASGI app "
+             f"{', '.join(apps)}):"]
     for name, n in counts.items():
         front_end = name.split()[0]
         bare = counts[f"{front_end} bare"]
-        what = (ASGI_CLASSES[front_end][0] if name.endswith(" bare") else
-                f"{ASGI_CLASSES[front_end][1]}; added {n - bare:+,.0f} ({n / bare - 1:+.1%})")
+        what = (classes[front_end][0] if name.endswith(" bare") else
+                f"{classes[front_end][1]}; added {n - bare:+,.0f} ({n / bare - 1:+.1%})")
         when = f"in {elapsed[name]:5.1f} s"
         if timed:
             when += f", idle {idle[name]:9,.0f}/s: {timed[name]:6,.0f} of it time-based"
         lines.append(f"  {name:{width}s} {n:12,.0f}  {when}  ({what})")
-    lines.append(f"ours / bare per /hello (target <= {ASGI_TARGET:.2f}):")
-    for front_end, (bare_class, ours_class) in ASGI_CLASSES.items():
+    lines.append("ours / bare per request:")
+    for front_end, (bare_class, ours_class) in classes.items():
+        target = ASGI_TARGETS[front_end]
         verdicts = []
         for p in fairness_names:
             ours, bare = f"{front_end} apf {p}", f"{front_end} bare"
             ratio = counts[ours] / counts[bare]
-            verdict = f"{p} {ratio:.3f} {'ok' if ratio <= ASGI_TARGET else 'MISSED'}"
+            verdict = f"{p} {ratio:.3f} {'ok' if ratio <= target else 'MISSED'}"
             if timed:
                 net = (counts[ours] - timed[ours]) / (counts[bare] - timed[bare])
                 verdict += f" (without the time-based work {net:.3f})"
             verdicts.append(verdict)
-        lines.append(f"  {ours_class} / {bare_class}: {', '.join(verdicts)}")
+        lines.append(f"  {ours_class} / {bare_class} (target <= {target:.2f}): "
+                     f"{', '.join(verdicts)}")
+    side = side_fairness(fairness_names)
+    for front_end in classes:
+        served = counts[f"{front_end} apf {side}"]
+        off = counts.get(f"{front_end} apf {side} nopf")
+        if off is not None:
+            net = ""
+            if timed:
+                saved = served - timed[f"{front_end} apf {side}"] - (
+                    off - timed[f"{front_end} apf {side} nopf"])
+                net = f"; without the time-based work {saved:+,.0f}"
+            lines.append(f"  {front_end}: the PF headers cost {served - off:+,.0f} instructions "
+                         f"per response (APF_PF_HEADERS=on vs off, {side}{net})")
+        rejected = counts.get(f"{front_end} apf 429")
+        if rejected is not None:
+            ratio = rejected / served
+            net = ""
+            if timed:
+                own = (rejected - timed[f"{front_end} apf 429"]) / (
+                    served - timed[f"{front_end} apf {side}"])
+                net = f"; without the time-based work {own:.3f}"
+            lines.append(f"  {front_end}: a 429 costs {ratio:.3f} of a served request ({side}; "
+                         f"target <= {REJECT_TARGET:.3f}: "
+                         f"{'ok' if ratio <= REJECT_TARGET else 'MISSED'}{net})")
     return lines
 
 
@@ -393,30 +471,37 @@ def _keep_dump(dump: str, name: str, keep_dir: str) -> None:
 
 
 def run_asgi(fairness_names: list[str], requests: int, keep_dumps: str | None,
-             idle_s: float = 0.0) -> int:
-    """``--asgi``: measure ``plan_asgi_runs``' servers and print ``asgi_report``."""
+             idle_s: float = 0.0, *, fastapi: bool = False, pf_off: bool = False,
+             rejecting: bool = False) -> int:
+    """``--asgi`` / ``--fastapi``: measure ``plan_asgi_runs``' servers, print ``asgi_report``."""
     try:
         import uvicorn_worker  # noqa: F401
-    except ImportError:
-        print("--asgi needs uvicorn-worker: pip install 'apf_gunicorn[asgi]'", file=sys.stderr)
+        if fastapi:
+            import fastapi as _fastapi  # noqa: F401
+    except ImportError as e:
+        print(f"{e.name} is missing: pip install 'apf_gunicorn[asgi]' fastapi", file=sys.stderr)
         return 2
+    classes = FASTAPI_CLASSES if fastapi else ASGI_CLASSES
     counts: dict[str, float] = {}
     elapsed: dict[str, float] = {}
     idle: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config_path = os.path.join(tmp, "bench.yaml")
         Path(config_path).write_text(BENCH_CONFIG)
-        for name, front_end, apf, env in plan_asgi_runs(fairness_names):
+        reject_path = os.path.join(tmp, "reject.yaml")
+        Path(reject_path).write_text(REJECT_CONFIG)
+        for name, front_end, apf, env, rejects in plan_asgi_runs(
+                fairness_names, tuple(classes), pf_off=pf_off, rejecting=rejecting):
             counts[name], dump = instructions_per_request(
-                ROOT, apf, config_path, requests, tmp, extra_env=env, front_end=front_end,
-                idle_s=idle_s)
+                ROOT, apf, reject_path if rejects else config_path, requests, tmp,
+                rejecting=rejects, extra_env=env, front_end=front_end, idle_s=idle_s)
             elapsed[name] = list(ELAPSED.values())[-1]
             if idle_s > 0:
                 idle[name] = list(IDLE.values())[-1]
             print(f"{name}: {counts[name]:,.0f}", flush=True)
             if keep_dumps:
                 _keep_dump(dump, name, keep_dumps)
-    for line in asgi_report(counts, elapsed, fairness_names, requests, idle or None):
+    for line in asgi_report(counts, elapsed, fairness_names, requests, idle or None, classes):
         print(line)
     return 0
 
@@ -435,23 +520,33 @@ def main(argv=None) -> int:
     ap.add_argument("--asgi", action="store_true",
                     help="the ASGI workers instead: uvicorn-worker's and gunicorn's asgi, "
                          "bare and ours, serving benchmarks/asgi_hello_app.py")
+    ap.add_argument("--fastapi", action="store_true",
+                    help="the FastAPI endpoint instead (GET /items/42 returning a pydantic "
+                         "model, benchmarks/fastapi_items_app.py) on uvicorn-worker's class, "
+                         "bare and ours")
+    ap.add_argument("--pf-headers-off", action="store_true",
+                    help="also APF with APF_PF_HEADERS=off: what the X-Kubernetes-PF-* "
+                         "headers cost per response")
     ap.add_argument("--idle", type=float, default=5.0, metavar="SECONDS",
                     help="--asgi: then count each idle worker this long, to show the "
                          "time-based share of the counts (0: skip; default 5)")
     ap.add_argument("--keep-dumps", metavar="DIR", help="keep the workers' callgrind dumps")
     args = ap.parse_args(argv)
-    if args.asgi and (args.baseline or args.rejecting or args.orca):
-        ap.error("--asgi does not combine with --baseline, --rejecting or --orca")
+    if args.asgi and args.fastapi:
+        ap.error("--asgi and --fastapi are separate runs")
+    if (args.asgi or args.fastapi) and (args.baseline or args.orca):
+        ap.error("--asgi and --fastapi do not combine with --baseline or --orca")
     fairness_names, note = choose_fairness(args.fairness)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 2
     print(note, flush=True)
-    if args.asgi:
-        return run_asgi(fairness_names, args.requests, args.keep_dumps, args.idle)
+    if args.asgi or args.fastapi:
+        return run_asgi(fairness_names, args.requests, args.keep_dumps, args.idle,
+                        fastapi=args.fastapi, pf_off=args.pf_headers_off,
+                        rejecting=args.rejecting)
     # the fairness --rejecting and --orca run, and the served request they are compared with
-    side = (fairness.SERVER_DEFAULT if fairness.SERVER_DEFAULT in fairness_names
-            else fairness_names[0])
+    side = side_fairness(fairness_names)
     checkout = None
     if args.baseline:
         base = Path(args.baseline).resolve()
@@ -464,7 +559,7 @@ def main(argv=None) -> int:
         reject_path = os.path.join(tmp, "reject.yaml")
         Path(reject_path).write_text(REJECT_CONFIG)
         runs, against, notes = plan_runs(fairness_names, side, checkout, rejecting=args.rejecting,
-                                         orca=args.orca)
+                                         orca=args.orca, pf_off=args.pf_headers_off)
         for line in notes:
             print(f"note: {line}", flush=True)
         counts = {}
@@ -503,10 +598,13 @@ def main(argv=None) -> int:
               f"under valgrind); at 100 req/s per worker that is "
               f"{per_response + per_refresh / 10:+,.0f} per response, at 1000 req/s "
               f"{per_response + per_refresh / 100:+,.0f}")
+    if args.pf_headers_off:
+        print(f"the PF headers cost {served - counts['apf nopf']:+,.0f} instructions per "
+              f"response (APF_PF_HEADERS=on vs off, {side})")
     if args.rejecting:
         ratio = counts["apf 429"] / served
-        print(f"a 429 costs {ratio:.3f} of a served /hello (target <= 0.25: "
-              f"{'ok' if ratio <= 0.25 else 'MISSED'})")
+        print(f"a 429 costs {ratio:.3f} of a served /hello (target <= {REJECT_TARGET:.3f}: "
+              f"{'ok' if ratio <= REJECT_TARGET else 'MISSED'})")
     return 0
 
 

@@ -462,6 +462,27 @@ def test_a_full_level_without_queues_answers_429_with_retry_after():
     _run(main())
 
 
+def test_repeated_429s_reuse_their_headers_built_once_per_route_and_retry_after(monkeypatch):
+    import apf_gunicorn.asgi.middleware as middleware
+
+    built = []
+    real = middleware.raw_headers
+    monkeypatch.setattr(middleware, "raw_headers", lambda h: built.append(h) or real(h))
+
+    async def main():
+        b = Bench(_ok_app(), queues=0)
+        b.hold()
+        conns = [Conn() for _ in range(3)]
+        for c in conns:
+            await b.mw(_scope(), c.receive, c.send)
+        assert [c.status() for c in conns] == [429] * 3
+        assert conns[0].sent == conns[2].sent  # the same answer, Retry-After included
+        assert b.mw.stats["rejected"] == 3 and b.level().rejected == 3
+        assert len(built) == 1  # the first 429 built them; the others reused them
+
+    _run(main())
+
+
 def test_a_queued_request_is_granted_by_anothers_finish():
     async def main():
         go = asyncio.Event()

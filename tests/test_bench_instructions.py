@@ -92,9 +92,29 @@ def test_plan_the_asgi_runs(bench):
                                             ("uvicorn", True), ("asgi", False), ("asgi", True),
                                             ("asgi", True)]
     assert runs[0][3] is None and runs[2][3] == {"APF_FAIRNESS": "maxmin"}
-    for _, front_end, _, _ in runs:  # every front end has a bare and an APF server and an app
+    for _, front_end, _, _, rejecting in runs:  # a bare and an APF server and an app each
         bare, apf, app = bench.FRONT_ENDS[front_end]
         assert "-k" in bare and "python:apf_gunicorn.conf" in apf and app == bench.ASGI_APP
+        assert not rejecting
+
+
+def test_plan_the_asgi_runs_with_pf_headers_off_and_429s(bench):
+    runs = bench.plan_asgi_runs(["kubernetes", "maxmin"], ("uvicorn",), pf_off=True,
+                                rejecting=True)
+    side = bench.side_fairness(["kubernetes", "maxmin"])
+    assert [r[0] for r in runs] == ["uvicorn bare", "uvicorn apf kubernetes",
+                                    "uvicorn apf maxmin", f"uvicorn apf {side} nopf",
+                                    "uvicorn apf 429"]
+    assert runs[3][3] == {"APF_FAIRNESS": side, "APF_PF_HEADERS": "off"} and not runs[3][4]
+    assert runs[4][3] == {"APF_FAIRNESS": side} and runs[4][4]
+
+
+def test_plan_the_fastapi_runs(bench):
+    runs = bench.plan_asgi_runs(["maxmin"], tuple(bench.FASTAPI_CLASSES))
+    assert [r[0] for r in runs] == ["fastapi bare", "fastapi apf maxmin"]
+    bare, apf, app = bench.FRONT_ENDS["fastapi"]
+    assert "uvicorn_worker.UvicornWorker" in bare and "apf_gunicorn.asgi.UvicornWorker" in apf
+    assert app == bench.FASTAPI_APP and bench.REQUEST_PATH["fastapi"] == "/items/42"
 
 
 def test_the_asgi_report_says_ours_over_bare_against_the_target(bench):
@@ -104,10 +124,20 @@ def test_the_asgi_report_says_ours_over_bare_against_the_target(bench):
     text = "\n".join(lines)
     assert "400 requests over 4 keep-alive connections" in lines[0]
     assert "uvicorn apf kubernetes      540,000" in text and "+40,000 (+8.0%)" in text
-    assert "target <= 1.10" in text
-    assert ("apf_gunicorn.asgi.UvicornWorker / uvicorn_worker.UvicornWorker: kubernetes 1.080 "
-            "ok") in text
-    assert "apf_gunicorn.asgi.ASGIWorker / gunicorn's asgi: kubernetes 1.150 MISSED" in text
+    assert ("apf_gunicorn.asgi.UvicornWorker / uvicorn_worker.UvicornWorker (target <= 1.06): "
+            "kubernetes 1.080 MISSED") in text
+    assert ("apf_gunicorn.asgi.ASGIWorker / gunicorn's asgi (target <= 1.08): kubernetes 1.150 "
+            "MISSED") in text
+
+
+def test_the_asgi_report_says_what_the_pf_headers_and_a_429_cost(bench):
+    counts = {"uvicorn bare": 500_000, "uvicorn apf maxmin": 530_000,
+              "uvicorn apf maxmin nopf": 510_000, "uvicorn apf 429": 15_000}
+    text = "\n".join(bench.asgi_report(counts, dict.fromkeys(counts, 1.5), ["maxmin"], 400,
+                                       classes={"uvicorn": bench.ASGI_CLASSES["uvicorn"]}))
+    assert ("uvicorn: the PF headers cost +20,000 instructions per response "
+            "(APF_PF_HEADERS=on vs off, maxmin)") in text
+    assert "uvicorn: a 429 costs 0.028 of a served request (maxmin; target <= 0.033: ok)" in text
 
 
 def test_the_asgi_report_without_the_time_based_work(bench):
@@ -120,16 +150,17 @@ def test_the_asgi_report_without_the_time_based_work(bench):
     text = "\n".join(bench.asgi_report(counts, elapsed, ["kubernetes"], 400, idle))
     # 1.5 M/s x 4 s / 400 requests = 15,000 per request; bare 5,000
     assert "idle 1,500,000/s: 15,000 of it time-based" in text
-    assert ("uvicorn_worker.UvicornWorker: kubernetes 1.120 MISSED (without the time-based "
-            "work 1.101)") in text  # 545,000 / 495,000
-    assert "gunicorn's asgi: kubernetes 1.100 ok (without the time-based work 1.100)" in text
+    assert ("uvicorn_worker.UvicornWorker (target <= 1.06): kubernetes 1.120 MISSED (without "
+            "the time-based work 1.101)") in text  # 545,000 / 495,000
+    assert ("gunicorn's asgi (target <= 1.08): kubernetes 1.100 MISSED (without the "
+            "time-based work 1.100)") in text
 
 
 def test_asgi_refuses_the_wsgi_only_options(bench, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--asgi", "--rejecting"])
+        bench.main(["--asgi", "--orca"])
     assert exc.value.code == 2
-    assert "--asgi does not combine with --baseline, --rejecting or --orca" in (
+    assert "--asgi and --fastapi do not combine with --baseline or --orca" in (
         capsys.readouterr().err)
 
 
@@ -156,3 +187,34 @@ def test_a_short_callgrind_run_of_an_asgi_worker(bench, tmp_path, front_end):
     # the dump is the worker of ours on that front end
     cmd = next(line for line in Path(dump).read_text().splitlines() if line.startswith("cmd:"))
     assert bench.FRONT_ENDS[front_end][1][-1] in cmd and bench.ASGI_APP in cmd
+
+
+def test_the_asgi_hello_app_holds_a_seat_with_work(bench):
+    """``--asgi --rejecting`` holds the level's one seat with ``HOLD_PATH`` (``/work?ms=N``)."""
+    import asyncio
+
+    from benchmarks.asgi_hello_app import app
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/work", "query_string": b"ms=1"}
+    asyncio.run(app(scope, None, send))
+    assert bench.HOLD_PATH.startswith("/work?ms=")
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b"hello\n"
+
+
+def test_the_pf_report_lines_without_the_time_based_work(bench):
+    counts = {"uvicorn bare": 500_000, "uvicorn apf maxmin": 540_000,
+              "uvicorn apf maxmin nopf": 515_000, "uvicorn apf 429": 270_000}
+    elapsed = dict.fromkeys(counts, 4.0)
+    idle = {"uvicorn bare": 0, "uvicorn apf maxmin": 1_000_000,
+            "uvicorn apf maxmin nopf": 2_000_000, "uvicorn apf 429": 0}
+    text = "\n".join(bench.asgi_report(counts, elapsed, ["maxmin"], 400, idle,
+                                       {"uvicorn": bench.ASGI_CLASSES["uvicorn"]}))
+    # 1 M/s x 4 s / 400 = 10,000 time-based; 2 M/s: 20,000
+    assert "on vs off, maxmin; without the time-based work +35,000)" in text
+    assert "a 429 costs 0.500 of a served request" in text
+    assert "without the time-based work 0.509)" in text  # 270,000 / 530,000

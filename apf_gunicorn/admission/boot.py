@@ -139,6 +139,7 @@ def attach(worker: FrontEnd, m: state.MasterState) -> state.WorkerState:
         work_estimator=_work_estimator(m.settings), retry_after=RetryAfterTracker(),
         encode_detail=encode_detail, load_report=_load_report(m, ledger, gen),
         finish_later=dispatcher.finish_later, route_times=getattr(m, "route_times", None),
+        pf_headers=m.settings.pf_headers,
         **worker.apf_context())
     if index == 0:
         startup.log_route_notes(worker.log, worker.apf_app(), ctx.routes, ctx.max_seats, gen,

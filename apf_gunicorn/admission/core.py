@@ -110,6 +110,8 @@ class WorkerContext:
     # admission.routekinds.RouteTimes with APF_CONCURRENCY_LIMIT=auto (service time per route,
     # this worker's row: ``owner``), else None
     route_times: Any = None
+    # APF_PF_HEADERS: False leaves the X-Kubernetes-PF-* headers out of every answer (Route)
+    pf_headers: bool = True
 
 
 def _gunicorn_accepts(headers: list[tuple[str, str]]) -> bool:
@@ -134,6 +136,8 @@ class Route:
                  inflight=None):
         self.level = level
         self.fs_index = fs_index
+        # the PF headers (empty with APF_PF_HEADERS=off), built once per FlowSchema of the
+        # worker's configuration generation (a reload starts new workers)
         self.headers = headers
         # the same, as ASGI wants them (lower-case names, bytes)
         self.raw_headers = raw_headers(headers)
@@ -396,7 +400,8 @@ class Admission:
 
     def _route(self, c) -> Route:
         fs, pl = c.flow_schema, c.priority_level
-        headers = [(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
+        headers = ([(FS_UID_HEADER, fs.uid or ""), (PL_UID_HEADER, pl.uid or "")]
+                   if self.ctx.pf_headers else [])
         route = Route(self.ctx.level_index[pl.name], self.ctx.fs_index.get(fs.name, 0),
                       headers, pl.name, fs.name, self.ctx.max_seats.get(pl.name, 1 << 30),
                       pl.is_exempt, self.ctx.inflight)
@@ -466,8 +471,12 @@ class Admission:
     def reject_headers(self, route: Route) -> list[tuple[str, str]]:
         """Count a 429 and return its headers (with the level's server-wide Retry-After and,
         with ``APF_LOAD_REPORT=orca``, the load report); the body is :data:`TOO_MANY`."""
+        return [*rejection_headers(route, self.count_rejection(route)), *self.load_headers(True)]
+
+    def count_rejection(self, route: Route) -> int:
+        """Count a 429 of ``route``'s level; its server-wide Retry-After, in seconds."""
         self.stats["rejected"] += 1
-        return [*rejection_headers(route, self.retry_after(route)), *self.load_headers(True)]
+        return self.retry_after(route)
 
     def stopping_headers(self, route: Route) -> list[tuple[str, str]]:
         """The headers of a 503 (body :data:`STOPPING_BODY`) for a queued request of a

@@ -53,6 +53,7 @@ from apf_gunicorn.admission.core import (
     Route,
     WorkerContext,
     raw_headers,
+    rejection_headers,
 )
 from apf_gunicorn.admission.dispatcher import CANCELLED
 from apf_gunicorn.asgi.scope import ScopeEnviron
@@ -94,6 +95,9 @@ class ASGIMiddleware(Admission):
         self._admit_scope = gate.admit_scope if gate is not None else None
         self._parking = ctx.parking
         self._dispatched = ctx.ledger.dispatched
+        # a 429's headers as ASGI bytes, per (route, Retry-After): the same few, built once
+        # (not with APF_LOAD_REPORT=orca, whose header changes)
+        self._rejections: dict[tuple[Route, int], list[tuple[bytes, bytes]]] = {}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         typ = scope["type"]
@@ -151,10 +155,13 @@ class ASGIMiddleware(Admission):
             # The common case: the seats go back when the app returns. The wrapper is a plain
             # function returning the server's own awaitable (no coroutine of ours per message:
             # the PF headers are added to the start message, nothing runs after a send).
-            def send_plain(message: dict) -> Any:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
-                return send(message)
+            if extra:
+                def send_plain(message: dict) -> Any:
+                    if message["type"] == "http.response.start":
+                        message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                    return send(message)
+            else:  # nothing to add (APF_PF_HEADERS=off): the server's own send
+                send_plain = send
 
             try:
                 await self.app(scope, receive, send_plain)
@@ -170,7 +177,7 @@ class ASGIMiddleware(Admission):
 
         async def send_(message: dict) -> None:
             mtype = message["type"]
-            if mtype == "http.response.start":
+            if mtype == "http.response.start" and extra:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
             if held and (mtype == "http.response.start" or mtype in _WS_SETTLED):
@@ -247,10 +254,20 @@ class ASGIMiddleware(Admission):
     async def _answer(self, scope: dict, send: Any, route: Route, status: int) -> None:
         """Answer 429 (counted, with Retry-After) or 503 (the worker is stopping)."""
         if status == 429:
-            headers, body = self.reject_headers(route), TOO_MANY
+            body = TOO_MANY
+            if self._orca is None:
+                retry = self.count_rejection(route)
+                raw = self._rejections.get((route, retry))
+                if raw is None:
+                    if len(self._rejections) >= 1024:
+                        self._rejections.clear()
+                    raw = self._rejections[route, retry] = raw_headers(
+                        rejection_headers(route, retry))
+            else:
+                raw = raw_headers(self.reject_headers(route))
         else:
-            headers, body = self.stopping_headers(route), STOPPING_BODY
-        raw = raw_headers(headers)
+            body = STOPPING_BODY
+            raw = raw_headers(self.stopping_headers(route))
         if scope["type"] == "websocket":
             if "websocket.http.response" in (scope.get("extensions") or {}):
                 await send({"type": "websocket.http.response.start", "status": status,

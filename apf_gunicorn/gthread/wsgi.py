@@ -139,7 +139,9 @@ class APFMiddleware(Admission):
             headers = self._orca.extend(headers, now)
         self.stats["served"] += 1
         resp = getattr(start_response, "__self__", None)
-        if route.checked and type(resp) is _GunicornResponse:
+        if not headers:  # APF_PF_HEADERS=off: nothing to add, no wrapper
+            sr = start_response
+        elif route.checked and type(resp) is _GunicornResponse:
             # gunicorn checks every header of every response with two regular expressions
             # (~3.5k instructions each for these two); ours are constant and passed those
             # checks once (Route.checked), so they join its list after the app's are checked.

@@ -111,6 +111,9 @@ class Settings:
     # APF_POOL_SIGNALS: find the app's connection pools in the workers (signals/), for the
     # metrics, dump_pools and the default limit; "off" leaves the libraries untouched
     pool_signals: bool = True
+    # APF_PF_HEADERS: the X-Kubernetes-PF-FlowSchema-UID / -PriorityLevel-UID response headers
+    # on every response APF answers or lets through (Kubernetes sends them); False: none
+    pf_headers: bool = True
     # connection handling by the accept-gated worker (gthread/worker.py, gthread/head.py)
     header_timeout_ns: int = int(DEFAULT_HEADER_TIMEOUT_S * 1e9)  # whole head, from accept
     exempt_threads: int = DEFAULT_EXEMPT_THREADS  # per worker, only for exempt requests
@@ -438,6 +441,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, workers: int = 1,
         pool_signals=_choice(get, "APF_POOL_SIGNALS", "on", ("on", "off"),
                              "must be 'on' (find the app's connection pools: docs/signals.md) "
                              "or 'off'") == "on",
+        pf_headers=_choice(get, "APF_PF_HEADERS", "on", ("on", "off"),
+                           "must be 'on' (the X-Kubernetes-PF-FlowSchema-UID and "
+                           "X-Kubernetes-PF-PriorityLevel-UID headers on every response, as "
+                           "Kubernetes sends them) or 'off' (left out: docs/server.md)") == "on",
         header_timeout_ns=int(header_s * 1e9),
         exempt_threads=reserve,
         concurrency_limit_set=raw_limit is not None,
