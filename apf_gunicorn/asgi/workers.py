@@ -71,7 +71,7 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
     apf_holds_threads = False
     #: ``(publish, fewest_elsewhere)`` for the accept gate (set by apf_attach; None: no peers)
     apf_peers: tuple | None = None
-    _apf_gate: AcceptGate | None = None
+    _apf_gates: tuple = ()  # one per listening socket
     _apf_nr_conns = 0
 
     @property
@@ -84,8 +84,9 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
     def nr_conns(self, value: int) -> None:
         closed = value < self._apf_nr_conns
         self._apf_nr_conns = value
-        if closed and self._apf_gate is not None:
-            self._apf_gate.connection_closed()
+        if closed:
+            for gate in self._apf_gates:
+                gate.connection_closed()
 
     def _setup_event_loop(self) -> None:
         # gunicorn's _serve makes its servers with self.loop.create_server: this loop makes
@@ -138,7 +139,11 @@ class _GatedLoop:
         worker = self._apf_worker
         gate = _gate(self._apf_loop, [sock], protocol_factory, ssl,
                      lambda: worker._apf_nr_conns, worker.apf_peers)
-        worker._apf_gate = gate
+        worker._apf_gates += (gate,)
+        if len(worker._apf_gates) >= len(worker.sockets):
+            # every listening socket has its gate: the worker (its protocols, per request)
+            # uses the loop itself from now on
+            worker.loop = self._apf_loop
         return gate
 
 
