@@ -135,3 +135,24 @@ def test_the_ledger_says_the_fewest_connections_of_the_other_workers(shm_ledger)
     led.register_worker(2, os.getpid(), time.monotonic_ns())
     led.reap_worker(2, time.monotonic_ns())
     assert led.fewest_connections_elsewhere(0) is None  # a reaped worker's count is cleared
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_gate_serves_tls_with_the_servers_context(tmp_path, worker_class):
+    """The gate hands each accepted socket to the loop with the server's TLS context: a TLS
+    request is answered (and a plain-text one is not served as HTTP)."""
+    from tests.apps.tlsclient import make_cert
+
+    certfile, keyfile = make_cert(tmp_path)
+    with serve_asgi(tmp_path, worker_class, workers=1,
+                    args=("--certfile", certfile, "--keyfile", keyfile)) as srv:
+        status, _, body = srv.request("/work?ms=1")
+        assert (status, body.startswith(b"pid=")) == (200, True), (status, body)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as plain:
+            plain.sendall(b"GET /work?ms=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                answer = plain.recv(4096)
+            except ConnectionResetError:
+                answer = b""
+            assert not answer.startswith(b"HTTP/1.1 200"), answer
