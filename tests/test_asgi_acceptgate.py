@@ -94,7 +94,9 @@ def test_a_worker_that_does_not_accept_holds_no_connection_back(tmp_path):
     if that other one does not accept (its loop blocked, here stopped), the first accepts
     anyway once the backlog has waited MAX_DEFER_S: every connection is served."""
     worker = WORKERS[0] if importlib_has("uvicorn_worker") else WORKERS[1]
-    with serve_asgi(tmp_path, worker, workers=2) as srv:
+    # (kept-alive connections stay open: a keep-alive timeout would free the running worker's
+    # room without the gate's help)
+    with serve_asgi(tmp_path, worker, workers=2, args=("--keep-alive", "60")) as srv:
         pids = srv.workers()
         assert _gates_up(srv, 2), (_published(srv), srv.log()[-2000:])
         stopped = pids[1]
