@@ -104,6 +104,8 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
     log = tmp / f"gunicorn-{kind}-{limit}.log"
     split: list[int] = []
     with running(cmd, env, log, port) as proc:
+        if worker == "uvicorn":
+            _wait_for_every_worker(log)
         ctx = multiprocessing.get_context("fork")
         recv, send = ctx.Pipe(duplex=False)
         t0 = time.monotonic() + 0.5
@@ -146,6 +148,18 @@ def run_row(dsn: str, kind: str, limit: str | None, duration: float, tmp: Path,
              if "concurrency limit" in ln and "->" in ln]
     return {"light": light, "flood": heavy, "limit": samples, "log": lines, "split": split,
             "t0": t0}
+
+
+def _wait_for_every_worker(log: Path, timeout: float = 30.0) -> None:
+    """Wait until every uvicorn worker has started serving (its lifespan done, its accept gate
+    up): ``running`` returns when the first one answers, and connections accepted before the
+    second one joins stay on the first (docs/asgi.md, the accept gate), which on a loaded host
+    (a worker's boot takes seconds) decided the rows' split instead of the server."""
+    deadline = time.monotonic() + timeout
+    while log.read_text(errors="replace").count("Application startup complete.") < WORKERS:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every worker started: see {log}")
+        time.sleep(0.05)
 
 
 def connection_split(master: int, port: int) -> list[int]:

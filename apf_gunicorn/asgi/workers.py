@@ -27,14 +27,19 @@ WSGI apps.
   protocol's address). It serves ASGI3 apps only, with APF as bare: an app that looks like
   an ASGI2 one is warned about at start (:func:`looks_asgi2`).
 
-What the gthread worker adds beyond the middleware (heads read in the poller, 429s from the
-poller, the accept gate, the thread reserve for exempt requests) has no counterpart here: the
-server reads heads and accepts connections itself, and a waiting request holds no thread.
+Both accept through :class:`~apf_gunicorn.asgi.acceptgate.AcceptGate` instead of asyncio's
+server, which takes every pending connection at each wake-up: a worker holding more
+connections than the least-loaded other one stops accepting (docs/asgi.md, "The accept gate").
+
+What else the gthread worker adds beyond the middleware (heads read in the poller, 429s from
+the poller, the thread reserve for exempt requests) has no counterpart here: the server reads
+heads itself, and a waiting request holds no thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import sys
@@ -45,6 +50,7 @@ from gunicorn.workers.gasgi import ASGIWorker as _GunicornASGIWorker
 
 from apf_gunicorn.admission.asyncparking import AsyncParking
 from apf_gunicorn.admission.boot import FrontEnd
+from apf_gunicorn.asgi.acceptgate import AcceptGate
 from apf_gunicorn.asgi.middleware import ASGIMiddleware
 
 try:
@@ -63,6 +69,36 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
         pass
 
     apf_holds_threads = False
+    #: ``(publish, fewest_elsewhere)`` for the accept gate (set by apf_attach; None: no peers)
+    apf_peers: tuple | None = None
+    _apf_gates: tuple = ()  # one per listening socket
+    _apf_nr_conns = 0
+
+    @property
+    def nr_conns(self) -> int:
+        # gunicorn's protocol counts its connections here (connection_made, connection_lost):
+        # a close may give the accept gate room
+        return self._apf_nr_conns
+
+    @nr_conns.setter
+    def nr_conns(self, value: int) -> None:
+        closed = value < self._apf_nr_conns
+        self._apf_nr_conns = value
+        if closed:
+            for gate in self._apf_gates:
+                gate.connection_closed()
+
+    def _setup_event_loop(self) -> None:
+        # gunicorn's _serve makes its servers with self.loop.create_server: this loop makes
+        # accept gates instead
+        super()._setup_event_loop()
+        self.loop = _GatedLoop(self.loop, self)
+
+    def _cleanup(self) -> None:
+        # asyncio.all_tasks(self.loop) there must see the real loop
+        if isinstance(self.loop, _GatedLoop):
+            self.loop = self.loop._apf_loop
+        super()._cleanup()
 
     def apf_parking(self) -> AsyncParking:
         return AsyncParking()
@@ -72,6 +108,7 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
 
     def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
         ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
+        self.apf_peers = _peers(ledger, ctx.owner)
         if looks_asgi2(self.asgi):
             self.log.warning("apf: the app %r looks like an ASGI2 (double-callable) app, which "
                              "gunicorn's ASGIWorker does not serve (it calls every app as "
@@ -81,6 +118,50 @@ class ASGIWorker(FrontEnd, _GunicornASGIWorker):
         middleware = ASGIMiddleware(self.asgi, ctx)
         self.asgi = middleware
         return middleware
+
+
+class _GatedLoop:
+    """gunicorn's ASGIWorker's event loop, whose ``create_server`` on a listening socket
+    returns an :class:`AcceptGate` (started) instead of an ``asyncio.Server``; the rest is the
+    loop's own. (The worker keeps it as ``self.loop``; asyncio's running loop is the real one.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, worker: ASGIWorker) -> None:
+        self._apf_loop = loop
+        self._apf_worker = worker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._apf_loop, name)
+
+    async def create_server(self, protocol_factory: Any, sock: Any = None, ssl: Any = None,
+                            **kwargs: Any) -> Any:
+        if sock is None:
+            return await self._apf_loop.create_server(protocol_factory, ssl=ssl, **kwargs)
+        worker = self._apf_worker
+        gate = _gate(self._apf_loop, [sock], protocol_factory, ssl,
+                     lambda: worker._apf_nr_conns, worker.apf_peers)
+        worker._apf_gates += (gate,)
+        if len(worker._apf_gates) >= len(worker.sockets):
+            # every listening socket has its gate: the worker (its protocols, per request)
+            # uses the loop itself from now on
+            worker.loop = self._apf_loop
+        return gate
+
+
+def _peers(ledger: Any, owner: int | None) -> tuple | None:
+    """The accept gate's view of the other workers: ``(publish, fewest_elsewhere)`` on the
+    ledger's worker record ``owner`` (None: this worker has none)."""
+    if owner is None:
+        return None
+    return (functools.partial(ledger.set_worker_connections, owner),
+            functools.partial(ledger.fewest_connections_elsewhere, owner))
+
+
+def _gate(loop: Any, sockets: list, factory: Any, ssl: Any, open_connections: Any,
+          peers: tuple | None) -> AcceptGate:
+    publish, fewest = peers if peers is not None else (None, None)
+    gate = AcceptGate(loop, sockets, factory, ssl, open_connections, publish, fewest)
+    gate.start()
+    return gate
 
 
 def looks_asgi2(app: Any) -> bool:
@@ -110,6 +191,25 @@ if _StockUvicornWorker is not None:
             super().__init__(config=config)
             self.apf_worker = worker
 
+        async def startup(self, sockets: list | None = None) -> None:
+            # uvicorn makes an asyncio server per listening socket; this accepts through an
+            # accept gate instead, with uvicorn's own protocol factory, so its connection
+            # accounting (server_state.connections, limit_concurrency, shutdown) is unchanged
+            if sockets is None:
+                await super().startup(sockets)
+                return
+            await super().startup(sockets=[])  # lifespan; no server
+            config = self.config
+            connections = _CountedConnections(self.server_state.connections)
+            self.server_state.connections = connections
+            factory = functools.partial(config.http_protocol_class, config=config,
+                                        server_state=self.server_state,
+                                        app_state=self.lifespan.state)
+            gate = _gate(asyncio.get_running_loop(), sockets, factory, config.ssl,
+                         connections.__len__, self.apf_worker.apf_peers)
+            connections.gate = gate
+            self.servers = [gate]
+
         async def on_tick(self, counter: int) -> bool:
             if counter % 10 == 0 and not self.should_exit:
                 self.apf_worker.apf_check_parent(self)
@@ -137,6 +237,21 @@ if _StockUvicornWorker is not None:
                     await asyncio.sleep(0.01)
             await super().shutdown(sockets)
 
+    class _CountedConnections(set):
+        """uvicorn's set of open connections, telling the accept gate when one leaves."""
+
+        gate: AcceptGate | None = None
+
+        def discard(self, item: Any) -> None:
+            set.discard(self, item)
+            if self.gate is not None:
+                self.gate.connection_closed()
+
+        def remove(self, item: Any) -> None:
+            set.remove(self, item)
+            if self.gate is not None:
+                self.gate.connection_closed()
+
     def _awaits_first_request(connection: Any) -> bool:
         """Whether an HTTP connection of uvicorn's is open and has not begun a request yet
         (its ``cycle`` is set once a request's head is parsed, and stays after it)."""
@@ -148,6 +263,8 @@ if _StockUvicornWorker is not None:
 
         apf_server: Any = None
         apf_holds_threads = False
+        #: ``(publish, fewest_elsewhere)`` for the accept gate (set by apf_attach; None: none)
+        apf_peers: tuple | None = None
 
         def apf_parking(self) -> AsyncParking:
             return AsyncParking()
@@ -175,6 +292,7 @@ if _StockUvicornWorker is not None:
 
         def apf_attach(self, ctx, ledger) -> ASGIMiddleware:
             ledger.never_wait_on(threading.get_ident())  # the loop runs on this (main) thread
+            self.apf_peers = _peers(ledger, ctx.owner)
             # self.wsgi stays the app: _serve puts the middleware in front of what uvicorn
             # builds around it
             self.apf_middleware = ASGIMiddleware(self.wsgi, ctx)

@@ -167,7 +167,8 @@ enum {
     W_HEARTBEAT = 2,
     W_ROOM = 3,
     W_GRANT_NAME = 4,
-    WORKER_WORDS = 5,
+    W_CONNS = 5,
+    WORKER_WORDS = 6,
     WORKER_FREE = 0,
     WORKER_ALIVE = 1,
     WORKER_GONE = 2,
@@ -179,6 +180,6 @@ enum {
 #define EXACT_BOUND INT64_C(0x4000000000000)
 #define HIGH_R UINT64_C(0xbffffffffffffffe)
 #define MAX_SERVICE_ESTIMATE_NS INT64_C(0xdf8475800)
-#define LAYOUT_DIGEST "3fbce78d19472720"
+#define LAYOUT_DIGEST "3fa47b036f6d72c4"
 
 #endif

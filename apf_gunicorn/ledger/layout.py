@@ -131,13 +131,16 @@ FREE, WAITING, EXECUTING, LINGERING = 0, 1, 2, 3
 STATE_NAMES = {FREE: "free", WAITING: "waiting", EXECUTING: "executing", LINGERING: "lingering"}
 
 # -- worker record ----------------------------------------------------------------------------
-W_PID, W_STATE, W_HEARTBEAT, W_ROOM, W_GRANT_NAME = range(5)
-WORKER_WORDS = 5
+W_PID, W_STATE, W_HEARTBEAT, W_ROOM, W_GRANT_NAME, W_CONNS = range(6)
+WORKER_WORDS = 6
 # W_ROOM = 1 while the worker has a thread free for a non-exempt request (gthread/worker.py:
 #   a worker without one accepts only while no other worker has one); written and read
 #   lock-free, cleared when the worker is reaped
 # W_GRANT_NAME = the random part of the worker's grant socket name, drawn per process
 #   (admission/channel.py; 0: none bound yet); written by the worker, read lock-free by senders
+# W_CONNS = 1 + the connections an ASGI worker holds open (asgi/acceptgate.py: a worker above
+#   the least-loaded other one stops accepting); 0: the worker does not take part (gthread,
+#   booting, stopping); written and read lock-free, cleared when the worker is reaped
 WORKER_FREE, WORKER_ALIVE, WORKER_GONE = 0, 1, 2
 
 NIL = -1  # "no slot" / "no queue" in link and index fields

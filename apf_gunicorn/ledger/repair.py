@@ -224,6 +224,7 @@ def _rebuild(v: RepairView, now: int | None, drop_owners: set[int] | frozenset) 
             if w[wa + L.W_STATE] != L.WORKER_FREE:
                 w[wa + L.W_STATE] = L.WORKER_GONE
             w[wa + L.W_ROOM] = 0
+            w[wa + L.W_CONNS] = 0
     return granted
 
 

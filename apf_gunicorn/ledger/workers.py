@@ -2,7 +2,8 @@
 
 Each gunicorn worker registers its index and pid (:meth:`WorkerTable.register_worker`; repair
 finds a dead lock holder's slots by pid), publishes whether it has a thread free
-(:meth:`WorkerTable.set_worker_room`, read lock-free by the others' accept gates), and when it
+(:meth:`WorkerTable.set_worker_room`, read lock-free by the others' accept gates; an ASGI
+worker publishes its open connections instead, :meth:`WorkerTable.set_worker_connections`), and when it
 dies the master reaps it (:meth:`WorkerTable.reap_worker`): its waiting requests count as
 cancelled, its executing and lingering seats are freed, and what that frees is dispatched::
 
@@ -69,6 +70,21 @@ class WorkerTable:
         n = rooms.tolist().count(1)
         return n > (1 if self._w[lay.worker(owner) + L.W_ROOM] else 0)
 
+    def set_worker_connections(self, owner: int, connections: int | None) -> None:
+        """Publish how many connections worker ``owner`` holds open (None: it no longer takes
+        part in the ASGI accept gate; one word store, no lock)."""
+        self._w[self._lay.worker(owner) + L.W_CONNS] = 0 if connections is None else connections + 1
+
+    def fewest_connections_elsewhere(self, owner: int) -> int | None:
+        """The fewest open connections a worker other than ``owner`` has published (None: no
+        other worker takes part; lock-free: one word per worker record)."""
+        lay = self._lay
+        base = lay.worker_base + L.W_CONNS
+        words = self._w[base: base + lay.cap.workers * L.WORKER_WORDS: L.WORKER_WORDS].tolist()
+        words[owner] = 0
+        fewest = min(filter(None, words), default=0)
+        return fewest - 1 if fewest else None
+
     def heartbeat(self, owner: int, now: int) -> None:
         """Record that worker ``owner`` is alive at ``now`` (one word store, no lock)."""
         self._w[self._lay.worker(owner) + L.W_HEARTBEAT] = now
@@ -121,6 +137,7 @@ class WorkerTable:
         if self._w[wa + L.W_STATE] != L.WORKER_FREE:
             self._w[wa + L.W_STATE] = L.WORKER_GONE
         self._w[wa + L.W_ROOM] = 0
+        self._w[wa + L.W_CONNS] = 0
 
     def _reap_owner_locked(self, owner: int, now: int) -> None:
         w = self._w
