@@ -137,21 +137,27 @@ def test_a_large_move_is_more_than_a_quarter() -> None:
     assert not large_move(20, 15) and not large_move(8, 10)
 
 
+class Log:
+    """A logger that keeps what the master logs, as (level, line)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, msg, *args) -> None:
+        self.lines.append(("info", msg % args))
+
+    def debug(self, msg, *args) -> None:
+        self.lines.append(("debug", msg % args))
+
+    def exception(self, msg, *args) -> None:
+        self.lines.append(("exception", msg % args))
+
+    def infos(self) -> list[str]:
+        return [line for level, line in self.lines if level == "info"]
+
+
 def test_the_master_logs_a_move_by_more_than_a_quarter() -> None:
     from apf_gunicorn.master.master import MasterServices
-
-    class Log:
-        def __init__(self) -> None:
-            self.lines: list[tuple[str, str]] = []
-
-        def info(self, msg, *args) -> None:
-            self.lines.append(("info", msg % args))
-
-        def debug(self, msg, *args) -> None:
-            self.lines.append(("debug", msg % args))
-
-        def exception(self, msg, *args) -> None:
-            self.lines.append(("exception", msg % args))
 
     m, clock = master(), Clock()
     log = Log()

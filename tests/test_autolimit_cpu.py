@@ -267,26 +267,12 @@ def test_without_the_cpu_the_latency_law_decides_as_before() -> None:
 
 # -- the master -------------------------------------------------------------------------------
 
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def info(self, msg, *args) -> None:
-        self.lines.append(("info", msg % args))
-
-    def debug(self, msg, *args) -> None:
-        self.lines.append(("debug", msg % args))
-
-    def exception(self, msg, *args) -> None:
-        self.lines.append(("exception", msg % args))
-
-
 def run_master(served_per_window: int, ticks: int):
     """The master's ticks against the pool flood of test_autolimit (50 ms a request, no queue
     inside the app), both workers publishing 0.97 of their GILs and ``served_per_window``
     requests a window; returns the master, its services and their info lines."""
     from apf_gunicorn.master.master import MasterServices
-    from tests.test_autolimit import Clock, PoolLoad, master
+    from tests.test_autolimit import Clock, Log, PoolLoad, master
 
     m, clock = master(), Clock()
     table = PoolTable.create(2)

@@ -13,26 +13,9 @@ from apf_gunicorn.master.master import MasterServices
 from apf_gunicorn.master.poollimit import ServerPoolLimit
 from apf_gunicorn.signals.table import PoolTotals
 from tests.apps.flood import Flood
-from tests.test_autolimit import Clock, PoolLoad, master
+from tests.test_autolimit import Clock, Log, PoolLoad, master
 
 S = 1_000_000_000
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def info(self, msg, *args) -> None:
-        self.lines.append(("info", msg % args))
-
-    def debug(self, msg, *args) -> None:
-        self.lines.append(("debug", msg % args))
-
-    def exception(self, msg, *args) -> None:
-        self.lines.append(("exception", msg % args))
-
-    def infos(self) -> list[str]:
-        return [line for level, line in self.lines if level == "info"]
 
 
 class Pools:
