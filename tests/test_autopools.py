@@ -1,18 +1,16 @@
 """``APF_CONCURRENCY_LIMIT=auto`` reads the app's pools first (master/autolimit.py): the
 master's ticks with an injected clock against a real ledger and a flood (tests/test_autolimit's
-``PoolLoad``), the pools' readings made from the flood; and on a real server."""
+``PoolLoad``), the pools' readings made from the flood (the real-server test is test_poollimit's, run for
+nothing set and for auto)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 from apf_gunicorn.control.adaptive_types import CpuSample
 from apf_gunicorn.master.master import MasterServices
 from apf_gunicorn.master.poollimit import ServerPoolLimit
 from apf_gunicorn.signals.table import PoolTotals
-from tests.apps.flood import Flood
 from tests.test_autolimit import Clock, Log, PoolLoad, master
 
 S = 1_000_000_000
@@ -169,43 +167,3 @@ def test_the_cpu_stops_the_pool_rules_rises():
     for _ in range(4):
         second(services, load, pools, clock)
     assert m.settings.concurrency_limit >= 9, log.infos()
-
-
-@pytest.mark.server
-def test_on_a_real_server_auto_follows_the_pool_and_a_tenant_holding_half_of_it(
-        server_factory, tmp_path):
-    """``APF_CONCURRENCY_LIMIT=auto``, 2 workers x 20 threads, a flood on ``/work`` (each
-    request holds a unit of the app's ``apf_gunicorn.resource``, 4 per worker, 50 ms;
-    tests/apps/neighbour_app.py): the work level (1000 of tests/apps/apf.yaml's 2005 shares)
-    gets the pool's 8 seats (limit 15, from auto's 20), goes down to at most 5 (limit <= 10)
-    while a neighbour holds 2 of each worker's 4 units, and comes back to 8 or more."""
-    from tests.apps import neighbour
-    from tests.conftest import free_port
-    from tests.test_server_observability import scrape
-
-    admin = free_port()
-    ctl = str(tmp_path / "neighbour")
-    neighbour.tell(ctl, 0)
-    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "auto",
-           "NEIGHBOUR_FILE": ctl}
-
-    def limit() -> float | None:
-        return scrape(admin).get(("apf_server_concurrency_limit_seats", ()))
-
-    with server_factory(workers=2, threads=20, env=env,
-                        app="tests.apps.neighbour_app:app") as srv:
-        assert srv.wait_for(lambda: limit() == 15, timeout=30), (limit(), srv.log())
-        assert "(limit auto: 2 apf_gunicorn.resource pools, 8 connections server-wide; CPU; " \
-            "8 seats for the busiest level" in srv.log(), srv.log()
-        with Flood(srv.port, "/work?ms=50", user="heavy", connections=24) as flood:
-            neighbour.tell(ctl, 2)
-            down = srv.wait_for(lambda: (v := limit()) is not None and v <= 10 and v,
-                                timeout=60)
-            assert down, (limit(), srv.log())
-            assert "held outside requests" in srv.log(), srv.log()
-            neighbour.tell(ctl, 0)
-            back = srv.wait_for(lambda: (v := limit()) is not None and v >= 15 and v,
-                                timeout=60)
-            assert back, (limit(), srv.log())
-        assert flood.statuses.get(200, 0) > 0 and not flood.errors, flood.statuses
-        assert not any(s >= 500 for s in flood.statuses), flood.statuses

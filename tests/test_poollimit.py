@@ -349,15 +349,18 @@ def test_an_explicit_limit_turns_the_pool_rule_off():
 # -- on a real server ---------------------------------------------------------------------------
 
 @pytest.mark.server
+@pytest.mark.parametrize("setting", ["", "auto"], ids=["nothing set", "auto"])
 def test_on_a_real_server_the_limit_follows_a_tenant_holding_half_the_pool_and_comes_back(
-        server_factory, tmp_path):
-    """Nothing set, 2 workers x 20 threads, a flood on ``/work`` (each request holds a unit of
-    the app's ``apf_gunicorn.resource``, 4 per worker, 50 ms; tests/apps/neighbour_app.py). The
-    work level (1000 of tests/apps/apf.yaml's 2005 shares) starts at the pool's 8 seats (limit
-    15); a neighbour in each worker then holds 2 of its 4 units: the seats go down to at most
-    5 (limit <= 10), the log naming the units held outside requests; when it gives them back,
-    they come back to 8 or more. The pieces between are real (the workers' table, the ledger's
-    seats in flight, the master's tick and log); how fast is the rule's test above."""
+        server_factory, tmp_path, setting):
+    """Nothing set, or ``auto`` (which reads the pools first, the same rule), 2 workers x 20
+    threads, a flood on ``/work`` (each request holds a unit of the app's
+    ``apf_gunicorn.resource``, 4 per worker, 50 ms; tests/apps/neighbour_app.py). The work level
+    (1000 of tests/apps/apf.yaml's 2005 shares) starts at the pool's 8 seats (limit 15, from
+    the default's 20 or auto's); a neighbour in each worker then holds 2 of its 4 units: the
+    seats go down to at most 5 (limit <= 10), the log naming the units held outside requests;
+    when it gives them back, they come back to 8 or more. The pieces between are real (the
+    workers' table, the ledger's seats in flight, the master's tick and log); how fast is the
+    rule's test above."""
     from tests.apps import neighbour
     from tests.conftest import free_port
     from tests.test_server_observability import scrape
@@ -365,7 +368,7 @@ def test_on_a_real_server_the_limit_follows_a_tenant_holding_half_the_pool_and_c
     admin = free_port()
     ctl = str(tmp_path / "neighbour")
     neighbour.tell(ctl, 0)
-    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": "",  # unset
+    env = {"APF_ADMIN_BIND": f"127.0.0.1:{admin}", "APF_CONCURRENCY_LIMIT": setting,  # "": unset
            "NEIGHBOUR_FILE": ctl}
 
     def limit() -> float | None:
@@ -374,6 +377,9 @@ def test_on_a_real_server_the_limit_follows_a_tenant_holding_half_the_pool_and_c
     with server_factory(workers=2, threads=20, env=env,
                         app="tests.apps.neighbour_app:app") as srv:
         assert srv.wait_for(lambda: limit() == 15, timeout=60), (limit(), srv.log())
+        if setting == "auto":
+            assert "(limit auto: 2 apf_gunicorn.resource pools, 8 connections server-wide; " \
+                "CPU; 8 seats for the busiest level" in srv.log(), srv.log()
         with Flood(srv.port, "/work?ms=50", user="heavy", connections=24) as flood:
             neighbour.tell(ctl, 2)
             down = srv.wait_for(lambda: (v := limit()) is not None and v <= 10 and v,
