@@ -1,7 +1,7 @@
 """``APF_CONCURRENCY_LIMIT=auto`` reads the app's pools first (master/autolimit.py): the
 master's ticks with an injected clock against a real ledger and a flood (tests/test_autolimit's
-``PoolLoad``), the pools' readings made from the flood (the real-server test is test_poollimit's, run for
-nothing set and for auto)."""
+``PoolLoad``), the pools' readings made from the flood. The real-server test is
+test_poollimit's, run with nothing set and with auto."""
 
 from __future__ import annotations
 
