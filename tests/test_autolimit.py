@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 from apf_gunicorn.ledger import EXECUTE, QUEUED, Capacity, Ledger
 from apf_gunicorn.ledger.lock import NullLock
-from apf_gunicorn.master.autolimit import ServerAutoLimit, large_move
+from apf_gunicorn.master.autolimit import ServerAutoLimit
+from apf_gunicorn.master.serverlimit import large_move
 from apf_gunicorn.server.generation import configure_ledger, load_generation
 from apf_gunicorn.server.settings import load_settings
 

@@ -28,10 +28,11 @@ import time
 
 from apf_gunicorn.flowcontrol.borrowing import BorrowingStates, run_borrowing
 from apf_gunicorn.master.admin import AdminServer
-from apf_gunicorn.master.autolimit import ServerAutoLimit, large_move
+from apf_gunicorn.master.autolimit import ServerAutoLimit
 from apf_gunicorn.master.metrics import view_of_master_state
 from apf_gunicorn.master.poollimit import ServerPoolLimit
 from apf_gunicorn.master.reclaim import find_gone, reclaim_worker
+from apf_gunicorn.master.serverlimit import large_move
 
 log = logging.getLogger("apf_gunicorn.master")
 

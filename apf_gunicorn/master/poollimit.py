@@ -3,7 +3,7 @@
 The workers find the app's connection pools after the app loads and publish them once a second
 (``signals/``); once a tick (``APF_ADAPTIVE_TICK``, 1 s) the master's services thread reads them
 server-wide and runs the pool rule (:class:`apf_gunicorn.control.poollimit.PoolLimit`). Its
-limit is applied as ``auto``'s is (:func:`apf_gunicorn.master.autolimit.apply_server_limit`).
+limit is applied as ``auto``'s is (:func:`apf_gunicorn.master.serverlimit.apply_server_limit`).
 Until a worker publishes a bounded pool nothing changes: an app without one keeps the default.
 A number in ``APF_CONCURRENCY_LIMIT`` turns this off; under ``auto`` the adaptive limit
 (``master/autolimit.py``) runs the same rule through :meth:`ServerPoolLimit.decide` and applies
@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from apf_gunicorn.control.poollimit import PoolDecision, PoolLimit, PoolLimitSettings
-from apf_gunicorn.master.autolimit import apply_server_limit
+from apf_gunicorn.master.serverlimit import apply_server_limit
 
 #: the first limit waits this long for every live worker to publish its pools
 FIRST_SIGHT_WAIT_NS = 5_000_000_000
