@@ -111,15 +111,22 @@ def override_limits(shapes: dict, specs: list[str]) -> None:
             (v if v.startswith("auto") else f"static {v}", v) for v in values.split(",")]
 
 
-def _metrics(admin: int) -> dict[str, float]:
-    """Every series of the admin endpoint's ``/metrics``, the labelled ones summed per name."""
-    out: dict[str, float] = {}
+def _metrics_lines(admin: int) -> list[str]:
+    """The lines of the admin endpoint's ``/metrics``; none when it does not answer."""
     with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
         conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=2)
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
         conn.close()
-        for line in text.splitlines():
+        return text.splitlines()
+    return []
+
+
+def _metrics(admin: int) -> dict[str, float]:
+    """Every series of the admin endpoint's ``/metrics``, the labelled ones summed per name."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(ValueError):
+        for line in _metrics_lines(admin):
             if line and not line.startswith("#"):
                 name = line.split("{", 1)[0].split(" ", 1)[0]
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import multiprocessing
 import os
@@ -64,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from bench_adaptive import _pct  # noqa: E402
+from bench_adaptive import _metrics_lines, _pct  # noqa: E402
 from plot_effect import GUNICORN, _client_loop, _flood, running  # noqa: E402
 
 from tests.apps import neighbour  # noqa: E402
@@ -197,12 +196,8 @@ def connection_split(master: int, port: int) -> list[int]:
 def _limit_and_seats(admin: int) -> tuple[float | None, float | None]:
     """The server limit and the ``users`` level's nominal seats, from one ``/metrics``."""
     limit = seats = None
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=2)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
-        for line in text.splitlines():
+    with contextlib.suppress(ValueError):
+        for line in _metrics_lines(admin):
             if line.startswith("apf_server_concurrency_limit_seats "):
                 limit = float(line.rsplit(" ", 1)[1])
             elif line.startswith('apf_nominal_limit_seats{priority_level="users"}'):
